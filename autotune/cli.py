@@ -1,0 +1,103 @@
+"""`python -m autotune`: the command line.
+
+Verbs: `search` (the default: `python -m autotune --model mixtral --nodes 4`), `space`, `check`,
+`estimate`, `smoke`. Each verb's work lives in `autotune/commands/<verb>.py` and is imported only
+when that verb runs, so `--help` imports nothing heavy (no torch, ray or megatron).
+
+Bad input ends with one line on stderr and exit code 2; a layout that breaks rules is exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "build_parser"]
+
+VERBS = {
+    "search": "search the feasible space and print the best layouts (the default verb)",
+    "space": "print the size of the feasible space, rejections by rule, and a sample",
+    "check": "check one layout against every validity rule",
+    "estimate": "memory and throughput estimate of one layout (analytic models)",
+    "smoke": "run one layout as a short real megatron-core job (CPU proxy here, GPU where present)",
+}
+
+DEFAULT_SEQ_LENGTH = 4096
+DEFAULT_GLOBAL_BATCH_SIZE = 256
+
+
+def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    g = p.add_argument_group("job")
+    g.add_argument("--model", required=model_required,
+                   help="catalog name (e.g. mixtral, llama3-70b; see `space --list-models`) or a path to a Hugging Face config.json")
+    g.add_argument("--nodes", type=int, default=None, help="number of nodes (default 1)")
+    g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8)")
+    g.add_argument("--gpu", default=None, help="GPU type: h100, h200, a100-80gb, a100-40gb, b200, gb200 (default h100)")
+    g.add_argument("--intra-node", default=None, help="link inside a node (default: the GPU's NVLink generation)")
+    g.add_argument("--inter-node", default=None,
+                   help="network between nodes: ib-ndr, ib-hdr, roce-400g, ethernet-100g (default ib-ndr)")
+    g.add_argument("--cluster", default=None, metavar="YAML",
+                   help="cluster from a YAML file (nodes, gpus_per_node, gpu, intra_node, inter_node); flags given explicitly win")
+    g.add_argument("--seq-length", type=int, default=DEFAULT_SEQ_LENGTH, help=f"sequence length (default {DEFAULT_SEQ_LENGTH})")
+    g.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH_SIZE,
+                   help=f"global batch size in sequences (default {DEFAULT_GLOBAL_BATCH_SIZE})")
+    g.add_argument("--precision", choices=("bf16", "fp8"), default="bf16", help="training precision (default bf16)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_space_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("search space")
+    g.add_argument("--allow-cross-node-tp", action="store_true",
+                   help="let TP (and EP*ETP) span nodes; by default they stay inside one node")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune",
+        description="Find the fastest valid Megatron-Core parallel layout for a model on a GPU cluster.",
+        epilog="Without a verb, `search` runs: python -m autotune --model mixtral --nodes 4",
+    )
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, help_text in VERBS.items():
+        p = sub.add_parser(verb, help=help_text, description=help_text)
+        _add_job_options(p, model_required=verb not in ("smoke", "space"))
+        module = _command_module(verb, optional=True)
+        if module is not None and hasattr(module, "add_arguments"):
+            module.add_arguments(p)
+        if verb in ("search", "space"):
+            _add_space_options(p)
+    return parser
+
+
+def _command_module(verb: str, *, optional: bool = False):
+    """A verb's module. Modules keep heavy imports inside functions, so importing them is cheap."""
+    try:
+        return importlib.import_module(f"autotune.commands.{verb}")
+    except ModuleNotFoundError as e:
+        if optional and e.name == f"autotune.commands.{verb}":
+            return None
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in VERBS and argv[0] not in ("-h", "--help")):
+        argv.insert(0, "search")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = _command_module(args.verb, optional=True)
+    if module is None:
+        parser.error(f"the {args.verb!r} verb is not available in this build")
+    try:
+        return int(module.run(args) or 0)
+    except ValueError as e:  # bad user input: one clear line, exit code 2
+        print(f"autotune {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autotune {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

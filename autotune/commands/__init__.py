@@ -1,0 +1,38 @@
+"""One module per CLI verb, each with `add_arguments(parser)` (optional) and `run(args) -> int`.
+
+Shared here: turning the job options every verb takes into a `Job`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from search_spaces.job import Job
+from search_spaces.layout import TrainingSpec
+
+__all__ = ["job_from_args"]
+
+
+def job_from_args(args: argparse.Namespace) -> Job:
+    """Build the Job from --model, --nodes, --gpus-per-node, --gpu, links, --cluster YAML and training flags.
+
+    Raises ValueError (shown to the user as one line, exit code 2) for unknown names or bad values.
+    """
+    from search_spaces.catalog import get_model
+    from search_spaces.gpus import build_cluster
+
+    model = get_model(args.model)
+    # Flags left unset are None: a --cluster YAML file fills them, then the documented defaults.
+    cluster = build_cluster(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        gpu=args.gpu,
+        intra_node=args.intra_node,
+        inter_node=args.inter_node,
+        yaml_path=args.cluster,
+    )
+    training = TrainingSpec(
+        seq_length=args.seq_length, global_batch_size=args.global_batch_size, precision=args.precision
+    )
+    cluster.gpu.peak_flops(training.precision)  # FP8 on a GPU without FP8 units: a clear error now
+    return Job(model=model, cluster=cluster, training=training)

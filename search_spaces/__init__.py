@@ -1,0 +1,1 @@
+"""Model and cluster catalogs, validity rules and the feasible-space generator. Imports nothing heavy."""

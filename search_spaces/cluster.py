@@ -1,0 +1,77 @@
+"""Immutable GPU, interconnect and cluster specs. Catalog entries live in `gpus.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GPUSpec", "LinkSpec", "ClusterSpec"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """One accelerator. FLOP/s are dense (no sparsity) peaks; `source` names the datasheet."""
+
+    name: str
+    memory_bytes: int
+    bf16_flops: float
+    fp8_flops: float | None  # None: no FP8 tensor cores (A100)
+    hbm_bytes_per_s: float
+    source: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak for the GEMM precision; FP8 on a GPU without FP8 units is a user error."""
+        if precision == "fp8":
+            if self.fp8_flops is None:
+                raise ValueError(f"GPU {self.name} has no FP8 tensor cores; use --precision bf16.")
+            return self.fp8_flops
+        return self.bf16_flops
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkSpec:
+    """An interconnect as one GPU sees it: unidirectional bandwidth per GPU and one-message latency."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    source: str
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """nodes x gpus_per_node GPUs of one type, NVLink-class links inside a node, a network between nodes."""
+
+    nodes: int
+    gpus_per_node: int = 8
+    gpu: GPUSpec
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+
+    def __post_init__(self) -> None:
+        if self.nodes <= 0:
+            raise ValueError(f"`nodes > 0` must hold, but got (nodes={self.nodes}).")
+        if self.gpus_per_node <= 0:
+            raise ValueError(f"`gpus_per_node > 0` must hold, but got (gpus_per_node={self.gpus_per_node}).")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def link_for_group(self, group_size: int, stride: int = 1) -> LinkSpec:
+        """The slowest link a communication group crosses.
+
+        Ranks are laid out tp-cp-ep-dp-pp (TP innermost); a group of `group_size` ranks spaced
+        `stride` apart spans `group_size * stride` consecutive ranks, which stays inside one node
+        when that span is at most `gpus_per_node`.
+        """
+        if group_size <= 1 or group_size * stride <= self.gpus_per_node:
+            return self.intra_node
+        return self.inter_node

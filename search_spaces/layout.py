@@ -1,0 +1,161 @@
+"""One immutable parallel layout, and the training job it runs in.
+
+Short field names inside; `to_megatron()` is the one boundary that maps them to
+megatron-core's `TransformerConfig` / `ModelParallelConfig` names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Literal
+
+__all__ = ["Layout", "Recompute", "Precision", "TrainingSpec", "parse_layout", "MEGATRON_NAMES"]
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp8"]
+RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
+PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8")
+
+# short name -> megatron-core field name (dp / expert_dp are derived, never set there)
+MEGATRON_NAMES: dict[str, str] = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+    "sp": "sequence_parallel",
+    "mbs": "micro_batch_size",
+    "dist_opt": "use_distributed_optimizer",
+    "recompute": "recompute_granularity",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """A Megatron-Core parallel layout. `dp` is explicit so that a layout alone says its world size.
+
+    `vpp=None` means no interleaving (megatron-core's default); `etp=None` means ETP = TP
+    (megatron-core's default when `expert_tensor_parallel_size` is unset).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    dp: int = 1
+    mbs: int = 1
+    sp: bool = False
+    dist_opt: bool = False
+    recompute: Recompute = "none"
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size (parallel folding): world / (PP * EP * ETP), floored."""
+        return (self.tp * self.cp * self.dp) // (self.ep * self.expert_tp)
+
+    @property
+    def vpp_size(self) -> int:
+        return self.vpp or 1
+
+    def num_microbatches(self, global_batch_size: int) -> int:
+        """GBS = MBS * DP * num_microbatches (floored; rules check divisibility)."""
+        return global_batch_size // (self.mbs * self.dp)
+
+    def to_megatron(self) -> dict[str, object]:
+        """megatron-core field names and values, plus the derived `dp` and `expert_dp`."""
+        out: dict[str, object] = {MEGATRON_NAMES[k]: v for k, v in self.short_dict().items() if k in MEGATRON_NAMES}
+        out["expert_tensor_parallel_size"] = self.expert_tp
+        out["recompute_granularity"] = None if self.recompute == "none" else self.recompute
+        out["dp"] = self.dp
+        out["expert_dp"] = self.expert_dp
+        return out
+
+    def short_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}"]
+        if self.vpp:
+            parts.append(f"vpp={self.vpp}")
+        parts += [f"cp={self.cp}", f"ep={self.ep}"]
+        if self.etp is not None:
+            parts.append(f"etp={self.etp}")
+        parts += [f"dp={self.dp}", f"mbs={self.mbs}", f"sp={str(self.sp).lower()}",
+                  f"dist_opt={str(self.dist_opt).lower()}", f"recompute={self.recompute}"]
+        return ",".join(parts)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSpec:
+    """What is trained, independent of the layout."""
+
+    seq_length: int = 4096
+    global_batch_size: int = 256
+    precision: Precision = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.seq_length <= 0:
+            raise ValueError(f"`seq_length > 0` must hold, but got (seq_length={self.seq_length}).")
+        if self.global_batch_size <= 0:
+            raise ValueError(f"`global_batch_size > 0` must hold, but got (global_batch_size={self.global_batch_size}).")
+        if self.precision not in PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {PRECISION_CHOICES}, but got {self.precision!r}.")
+
+
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+_INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs")
+_KNOWN = tuple(f.name for f in fields(Layout))
+
+
+def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
+    """Parse `"tp=2,pp=4,vpp=2,ep=8,sp=true,dist_opt=true,recompute=selective"`.
+
+    Omitted fields take megatron-core's defaults (1, no VPP, ETP = TP, SP off, no distributed
+    optimizer, no recompute). When `dp` is omitted and `world_size` is given, dp is derived as
+    world / (tp * pp * cp) (floored, at least 1; the rules report a world that does not divide).
+    Raises ValueError with a message that says what is wrong.
+    """
+    values: dict[str, object] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip().lower(), raw.strip().lower()
+        if not sep or not raw:
+            raise ValueError(f"layout item {item!r} is not of the form name=value (e.g. 'tp=2').")
+        if key not in _KNOWN:
+            raise ValueError(f"unknown layout field {key!r}; known fields: {', '.join(_KNOWN)}.")
+        if key in values:
+            raise ValueError(f"layout field {key!r} is given twice.")
+        if key in _INT_FIELDS:
+            if key in ("vpp", "etp") and raw in ("none", "null"):
+                values[key] = None
+                continue
+            try:
+                number = int(raw)
+            except ValueError:
+                raise ValueError(f"layout field {key!r} needs a positive integer, but got {raw!r}.") from None
+            if number <= 0:
+                raise ValueError(f"layout field {key!r} needs a positive integer, but got {number}.")
+            values[key] = None if key == "vpp" and number == 1 else number
+        elif key in ("sp", "dist_opt"):
+            if raw not in _BOOL:
+                raise ValueError(f"layout field {key!r} needs true or false, but got {raw!r}.")
+            values[key] = _BOOL[raw]
+        else:  # recompute
+            if raw not in RECOMPUTE_CHOICES:
+                raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got {raw!r}.")
+            values[key] = raw
+    layout = Layout(**values)  # type: ignore[arg-type]
+    if "dp" not in values and world_size is not None:
+        layout = replace(layout, dp=max(1, world_size // (layout.tp * layout.pp * layout.cp)))
+    return layout
