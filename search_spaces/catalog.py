@@ -1,0 +1,198 @@
+"""The model catalog: named `ModelSpec`s with the published parameter counts beside them.
+
+Architecture values are the public Hugging Face `config.json` values of each model (or the paper's
+table where no config exists: GPT-3). Published totals are what the model's card or paper states;
+`tests/test_models.py` checks that each spec's exact count lands within 1% of them.
+`get_model` also accepts a path to a local `config.json` (see `hf_config.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from search_spaces.model import MLASpec, MoESpec, ModelSpec
+
+__all__ = ["PublishedCounts", "PUBLISHED", "get_model", "list_models", "model_names"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PublishedCounts:
+    """Parameter counts a model's authors publish; `active_params` is None for dense models (= total).
+
+    `last_digit` is the place value of the last digit given ("37B" -> 1e9, "3.3B" -> 1e8): authors round
+    or truncate to it, so a count is consistent with the figure when within max(1%, last_digit) of it.
+    DeepSeek-V3's 37.55B active reads "37B" and Qwen3-30B-A3B's 3.35B reads "3.3B" (truncated).
+    """
+
+    total_params: float
+    active_params: float | None
+    source: str
+    last_digit: float = 0.0
+
+    def tolerance(self, published: float) -> float:
+        return max(0.01 * published, self.last_digit)
+
+
+# --- production models -----------------------------------------------------------------------
+LLAMA3_8B = ModelSpec(
+    name="llama3-8b", aliases=("llama-3-8b", "meta-llama-3-8b", "llama3.1-8b", "llama-3.1-8b"),
+    num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8,
+    vocab_size=128256,
+)
+LLAMA3_70B = ModelSpec(
+    name="llama3-70b", aliases=("llama-3-70b", "meta-llama-3-70b", "llama3.1-70b", "llama-3.1-70b"),
+    num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64, num_query_groups=8,
+    vocab_size=128256,
+)
+LLAMA31_405B = ModelSpec(
+    name="llama3.1-405b", aliases=("llama-3.1-405b", "llama3-405b", "meta-llama-3.1-405b"),
+    num_layers=126, hidden_size=16384, ffn_hidden_size=53248, num_attention_heads=128, num_query_groups=8,
+    vocab_size=128256,
+)
+MIXTRAL_8X7B = ModelSpec(
+    name="mixtral-8x7b", aliases=("mixtral", "mixtral-8x7b-v0.1"),
+    num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8,
+    vocab_size=32000,
+    moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=14336),
+)
+MIXTRAL_8X22B = ModelSpec(
+    name="mixtral-8x22b", aliases=("mixtral-8x22b-v0.1",),
+    num_layers=56, hidden_size=6144, ffn_hidden_size=16384, num_attention_heads=48, num_query_groups=8,
+    vocab_size=32768,
+    moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=16384),
+)
+QWEN2_7B = ModelSpec(
+    name="qwen2-7b", aliases=("qwen2-7b-instruct",),
+    num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28, num_query_groups=4,
+    vocab_size=152064, add_qkv_bias=True,
+)
+QWEN3_30B_A3B = ModelSpec(
+    name="qwen3-30b-a3b", aliases=("qwen3-30b",),
+    num_layers=48, hidden_size=2048, ffn_hidden_size=6144, num_attention_heads=32, num_query_groups=4,
+    kv_channels=128, vocab_size=151936, qk_layernorm=True,
+    moe=MoESpec(num_experts=128, topk=8, expert_ffn_hidden_size=768),
+)
+QWEN3_235B_A22B = ModelSpec(
+    name="qwen3-235b-a22b", aliases=("qwen3-235b",),
+    num_layers=94, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=64, num_query_groups=4,
+    kv_channels=128, vocab_size=151936, qk_layernorm=True,
+    moe=MoESpec(num_experts=128, topk=8, expert_ffn_hidden_size=1536),
+)
+# The multi-token-prediction module (num_nextn_predict_layers=1, 14B) is left out, as in the published 671B / 37B.
+DEEPSEEK_V3 = ModelSpec(
+    name="deepseek-v3", aliases=("deepseek-v3-671b", "deepseek-r1", "dsv3"),
+    num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128, vocab_size=129280,
+    qk_layernorm=True,
+    moe=MoESpec(num_experts=256, topk=8, expert_ffn_hidden_size=2048, shared_expert_ffn_hidden_size=2048,
+                first_dense_layers=3),
+    mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
+)
+# GPT-3 (Brown et al. 2020, Table 2.1): learned positions (n_ctx 2048), biases, LayerNorm, GELU, tied embeddings.
+GPT3_175B = ModelSpec(
+    name="gpt3-175b", aliases=("gpt3", "gpt-3", "gpt-3-175b"),
+    num_layers=96, hidden_size=12288, ffn_hidden_size=4 * 12288, num_attention_heads=96, vocab_size=50257,
+    gated_linear_unit=False, tied_embeddings=True, add_bias_linear=True, normalization="LayerNorm",
+    max_position_embeddings=2048,
+)
+
+# --- tiny models for tests and CPU runs --------------------------------------------------------
+# 8 layers, 16 heads, 8 query groups, 8 experts, ffn and vocab multiples of 8: every TP, PP, PP*VPP,
+# EP and ETP in {1, 2, 4, 8} divides them. vocab 1024 = 128 * 8 needs no padding up to TP=8.
+TINY_GPT = ModelSpec(
+    name="tiny-gpt", aliases=("tiny", "tiny-dense"),
+    num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16, num_query_groups=8,
+    vocab_size=1024,
+)
+TINY_MOE = ModelSpec(
+    name="tiny-moe", aliases=("tiny-mixtral",),
+    num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16, num_query_groups=8,
+    vocab_size=1024,
+    moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256),
+)
+TINY_MLA = ModelSpec(
+    name="tiny-mla", aliases=("tiny-deepseek",),
+    num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16, vocab_size=1024,
+    qk_layernorm=True,
+    moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=128, shared_expert_ffn_hidden_size=128,
+                first_dense_layers=1),
+    mla=MLASpec(q_lora_rank=64, kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16),
+)
+
+_MODELS: tuple[ModelSpec, ...] = (
+    LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_30B_A3B,
+    QWEN3_235B_A22B, DEEPSEEK_V3, GPT3_175B, TINY_GPT, TINY_MOE, TINY_MLA,
+)
+
+PUBLISHED: dict[str, PublishedCounts] = {
+    "llama3-8b": PublishedCounts(
+        total_params=8.03e9, active_params=None,
+        source="Hugging Face meta-llama/Meta-Llama-3-8B safetensors metadata (8.03B params)"),
+    "llama3-70b": PublishedCounts(
+        total_params=70.6e9, active_params=None,
+        source="Hugging Face meta-llama/Meta-Llama-3-70B safetensors metadata (70.6B params)"),
+    "llama3.1-405b": PublishedCounts(
+        total_params=405.9e9, active_params=None,
+        source="Hugging Face meta-llama/Llama-3.1-405B safetensors metadata (405.85B); model card says 405B"),
+    "mixtral-8x7b": PublishedCounts(
+        total_params=46.7e9, active_params=12.9e9,
+        source="Mistral AI, 'Mixtral of experts' blog (Dec 2023) and arXiv 2401.04088: 46.7B total, 12.9B active"),
+    "mixtral-8x22b": PublishedCounts(
+        total_params=141e9, active_params=39e9,
+        source="Mistral AI, 'Cheaper, Better, Faster, Stronger' blog (Apr 2024): 141B total, 39B active"),
+    "qwen2-7b": PublishedCounts(
+        total_params=7.62e9, active_params=None,
+        source="Hugging Face Qwen/Qwen2-7B safetensors metadata (7.62B); Qwen2 report arXiv 2407.10671 says 7B"),
+    "qwen3-30b-a3b": PublishedCounts(
+        total_params=30.5e9, active_params=3.3e9, last_digit=0.1e9,
+        source="Hugging Face Qwen/Qwen3-30B-A3B model card: 30.5B total, 3.3B activated"),
+    "qwen3-235b-a22b": PublishedCounts(
+        total_params=235e9, active_params=22e9,
+        source="Hugging Face Qwen/Qwen3-235B-A22B model card: 235B total, 22B activated"),
+    "deepseek-v3": PublishedCounts(
+        total_params=671e9, active_params=37e9, last_digit=1e9,
+        source="DeepSeek-V3 technical report arXiv 2412.19437: 671B total, 37B activated (MTP module excluded)"),
+    "gpt3-175b": PublishedCounts(
+        total_params=175e9, active_params=None,
+        source="Brown et al. 2020, 'Language Models are Few-Shot Learners' arXiv 2005.14165, Table 2.1: 175.0B"),
+}
+
+
+def list_models() -> list[ModelSpec]:
+    """Every catalog model, production models first, then the tiny test models."""
+    return list(_MODELS)
+
+
+def model_names() -> list[str]:
+    return [m.name for m in _MODELS]
+
+
+def _by_name() -> dict[str, ModelSpec]:
+    table: dict[str, ModelSpec] = {}
+    for model in _MODELS:
+        for key in (model.name, *model.aliases):
+            table[key.lower()] = model
+    return table
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.lower().endswith(".json") or Path(name).is_file()
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name or alias (case-insensitive), or a model read from a local HF config.json.
+
+    A directory holding a `config.json` is accepted too. Unknown names raise ValueError listing the known ones.
+    """
+    key = name_or_path.strip()
+    if _looks_like_path(key) or (Path(key).is_dir() and (Path(key) / "config.json").is_file()):
+        from search_spaces.hf_config import model_from_hf_config
+
+        return model_from_hf_config(key)
+    model = _by_name().get(key.lower())
+    if model is None:
+        raise ValueError(
+            f"Unknown model {name_or_path!r}; use one of {', '.join(model_names())}, "
+            "or give a path to a Hugging Face config.json."
+        )
+    return model
