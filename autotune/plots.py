@@ -1,0 +1,260 @@
+"""The search's four plots, drawn with matplotlib on a pandas DataFrame of trials.
+
+Every function takes the trials table (one row per trial, see `trials_frame`) and returns a
+`matplotlib.figure.Figure` built without pyplot, so it is safe in scripts, threads and notebooks
+(Jupyter displays a returned Figure). matplotlib and pandas are imported inside the functions:
+importing this module costs nothing.
+
+Columns the plots read (missing ones are tolerated where they can be):
+`trial`, `status`, `layout`, `tokens_per_s_per_gpu`, `memory_gib`, and the breakdowns as
+`time.<term>` (seconds) and `memory.<term>` (bytes) columns.
+
+    >>> from autotune import plots
+    >>> fig = plots.pareto(result.trials, capacity_gib=80)   # doctest: +SKIP
+    >>> fig.savefig("pareto.png")                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from autotune.measurement import Measurement
+
+__all__ = [
+    "trials_frame",
+    "pareto_mask",
+    "top_feasible",
+    "pareto",
+    "time_breakdown",
+    "memory_breakdown",
+    "progress",
+    "save_all",
+    "TIME_TERMS",
+    "PLOT_FILES",
+]
+
+GIB = 1024**3
+
+# Display order and labels of the time terms; terms a backend adds beyond these are stacked after them.
+TIME_TERMS: dict[str, str] = {
+    "compute": "compute",
+    "recompute": "recompute",
+    "tp": "TP comm",
+    "pp_bubble": "PP bubble",
+    "pp": "PP p2p",
+    "dp": "DP comm",
+    "ep": "EP all-to-all",
+    "cp": "CP ring",
+    "optimizer": "optimizer",
+}
+PLOT_FILES: dict[str, str] = {
+    "pareto": "pareto.png",
+    "time_breakdown": "time_breakdown.png",
+    "memory_breakdown": "memory_breakdown.png",
+    "progress": "progress.png",
+}
+_LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "sp", "dist_opt", "recompute")
+
+
+def trials_frame(measurements: Iterable[Measurement]) -> pd.DataFrame:
+    """One row per measurement, in trial order: layout fields, status, totals and breakdowns.
+
+    Breakdown terms become `time.<term>` (seconds) and `memory.<term>` (bytes) columns.
+    """
+    import pandas as pd
+
+    rows = []
+    for i, m in enumerate(measurements):
+        row: dict[str, object] = {"trial": i, "status": m.status, "ok": m.ok, "layout": str(m.layout)}
+        row.update({f: getattr(m.layout, f) for f in _LAYOUT_FIELDS})
+        row.update(
+            tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
+            memory_gib=m.memory_gib,
+            step_time_s=m.step_time_s,
+            tflops_per_gpu=m.tflops_per_gpu,
+            mfu=m.mfu,
+            reason=m.reason,
+            source=m.source,
+        )
+        row.update({f"time.{k}": v for k, v in m.time.items()})
+        row.update({f"memory.{k}": v for k, v in m.memory.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ok(df: pd.DataFrame) -> pd.Series:
+    if "ok" in df:
+        return df["ok"].astype(bool)
+    return df["status"] == "ok"
+
+
+def pareto_mask(df: pd.DataFrame) -> pd.Series:
+    """True for feasible trials no other feasible trial beats on both axes.
+
+    Dominance: higher tokens/s per GPU and lower memory per GPU (one strictly better).
+    Sorting by memory then scanning keeps it O(n log n).
+    """
+    import pandas as pd
+
+    mask = pd.Series(False, index=df.index)
+    feasible = df[_ok(df)].dropna(subset=["tokens_per_s_per_gpu", "memory_gib"])
+    order = feasible.sort_values(["memory_gib", "tokens_per_s_per_gpu"], ascending=[True, False])
+    best = float("-inf")
+    for idx, tps in order["tokens_per_s_per_gpu"].items():
+        if tps > best:
+            mask[idx] = True
+            best = tps
+    return mask
+
+
+def top_feasible(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
+    """The k feasible trials with the highest tokens/s per GPU, one row per distinct layout."""
+    feasible = df[_ok(df)].dropna(subset=["tokens_per_s_per_gpu"])
+    feasible = feasible.sort_values("tokens_per_s_per_gpu", ascending=False, kind="stable")
+    return feasible.drop_duplicates(subset="layout").head(k)
+
+
+def _figure(width_in: float = 7.0, height_in: float = 4.2) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
+
+
+def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, title: str = "") -> Figure:
+    """Tokens/s per GPU against memory per GPU: feasible dots, infeasible crosses, the front, the capacity line."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    measured = df.dropna(subset=["memory_gib"]) if "memory_gib" in df else df.iloc[0:0]
+    ok = _ok(measured)
+    feasible, infeasible = measured[ok], measured[~ok]
+    y_col = "tokens_per_s_per_gpu"
+    ax.scatter(feasible["memory_gib"], feasible[y_col], s=18, color="tab:blue", alpha=0.7,
+               label=f"feasible ({len(feasible)})")
+    if len(infeasible):
+        # An OOM layout may carry no throughput; draw it on the x axis so its memory still shows.
+        y = infeasible[y_col].fillna(0.0) if y_col in infeasible else [0.0] * len(infeasible)
+        ax.scatter(infeasible["memory_gib"], y, s=22, marker="x", color="tab:red", alpha=0.7,
+                   label=f"infeasible ({len(infeasible)})")
+    front = measured[pareto_mask(measured)].sort_values("memory_gib")
+    if len(front):
+        ax.step(front["memory_gib"], front[y_col], where="post", color="tab:green", linewidth=1.5,
+                label=f"Pareto front ({len(front)})")
+        best = front.loc[front[y_col].idxmax()]
+        ax.scatter([best["memory_gib"]], [best[y_col]], s=120, marker="*", color="gold",
+                   edgecolor="black", zorder=5, label="best")
+    if capacity_gib is not None:
+        ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1,
+                   label=f"GPU memory ({capacity_gib:.0f} GiB)")
+    ax.set_xlabel("memory per GPU (GiB)")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title(title or "Throughput against memory")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+def _ordered_terms(columns: Iterable[str], prefix: str, known: Mapping[str, str] | None = None) -> list[str]:
+    terms = [c[len(prefix):] for c in columns if c.startswith(prefix)]
+    known = known or {}
+    head = [t for t in known if t in terms]
+    return head + [t for t in terms if t not in known]
+
+
+def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float,
+                  labels: Mapping[str, str] | None = None) -> None:
+    import numpy as np
+
+    terms = _ordered_terms(rows.columns, prefix, labels)
+    y = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    colors = _colors(len(terms))
+    for term, color in zip(terms, colors):
+        values = rows[prefix + term].fillna(0.0).to_numpy(dtype=float) * scale
+        if not values.any():
+            continue
+        ax.barh(y, values, left=left, color=color, label=(labels or {}).get(term, term))
+        left += values
+    ax.set_yticks(y, [_short(s) for s in rows["layout"]], fontsize="x-small")
+    ax.invert_yaxis()
+    ax.grid(axis="x", alpha=0.3)
+    handles, names = ax.get_legend_handles_labels()
+    if handles:
+        ax.figure.legend(handles, names, loc="outside lower center", ncols=min(len(handles), 5), fontsize="x-small")
+
+
+def _colors(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _short(layout: str) -> str:
+    """Drop the defaults from a layout string so tick labels stay short."""
+    keep = [p for p in layout.split(",") if p not in ("sp=false", "dist_opt=false", "recompute=none", "cp=1", "ep=1")]
+    return ",".join(keep)
+
+
+def time_breakdown(df: pd.DataFrame, *, k: int = 5) -> Figure:
+    """Stacked step time of the top-k feasible layouts: compute, TP, PP bubble, DP, EP, CP, optimizer."""
+    rows = top_feasible(df, k)
+    fig = _figure(7.5, 1.6 + 0.5 * max(len(rows), 1))
+    ax = fig.add_subplot()
+    _stacked_bars(ax, rows, "time.", 1.0, TIME_TERMS)
+    ax.set_xlabel("time per step (s)")
+    ax.set_title(f"Where the step time goes (top {len(rows)} layouts)")
+    return fig
+
+
+def memory_breakdown(df: pd.DataFrame, *, k: int = 5, capacity_gib: float | None = None) -> Figure:
+    """Stacked memory per GPU of the top-k feasible layouts, with the GPU's capacity as a line."""
+    rows = top_feasible(df, k)
+    fig = _figure(7.5, 1.6 + 0.5 * max(len(rows), 1))
+    ax = fig.add_subplot()
+    _stacked_bars(ax, rows, "memory.", 1.0 / GIB)
+    if capacity_gib is not None:
+        ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("memory per GPU (GiB)")
+    ax.set_title(f"Memory per GPU (top {len(rows)} layouts)")
+    return fig
+
+
+def progress(df: pd.DataFrame) -> Figure:
+    """Best feasible tokens/s per GPU found so far, by trial number; each feasible trial as a dot."""
+    fig = _figure(7.0, 3.6)
+    ax = fig.add_subplot()
+    ordered = df.sort_values("trial") if "trial" in df else df.reset_index(drop=True).rename_axis("trial").reset_index()
+    tps = ordered["tokens_per_s_per_gpu"].where(_ok(ordered))
+    ax.scatter(ordered["trial"], tps, s=10, color="tab:blue", alpha=0.5, label="feasible trial")
+    ax.step(ordered["trial"], tps.cummax(), where="post", color="tab:green", label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_title("Search progress")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    return fig
+
+
+def save_all(df: pd.DataFrame, folder, *, capacity_gib: float | None = None, k: int = 5) -> dict[str, str]:
+    """Write the four plots as PNG files into `folder`; returns plot name -> file path."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "pareto": pareto(df, capacity_gib=capacity_gib),
+        "time_breakdown": time_breakdown(df, k=k),
+        "memory_breakdown": memory_breakdown(df, k=k, capacity_gib=capacity_gib),
+        "progress": progress(df),
+    }
+    paths = {}
+    for name, fig in figures.items():
+        path = folder / PLOT_FILES[name]
+        fig.savefig(path)
+        paths[name] = str(path)
+    return paths
