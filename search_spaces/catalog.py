@@ -50,6 +50,11 @@ LLAMA31_405B = ModelSpec(
     num_layers=126, hidden_size=16384, ffn_hidden_size=53248, num_attention_heads=128, num_query_groups=8,
     vocab_size=128256,
 )
+MISTRAL_7B = ModelSpec(
+    name="mistral-7b", aliases=("mistral-7b-v0.1", "mistral"),
+    num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8,
+    vocab_size=32000,
+)
 MIXTRAL_8X7B = ModelSpec(
     name="mixtral-8x7b", aliases=("mixtral", "mixtral-8x7b-v0.1"),
     num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8,
@@ -66,6 +71,11 @@ QWEN2_7B = ModelSpec(
     name="qwen2-7b", aliases=("qwen2-7b-instruct",),
     num_layers=28, hidden_size=3584, ffn_hidden_size=18944, num_attention_heads=28, num_query_groups=4,
     vocab_size=152064, add_qkv_bias=True,
+)
+QWEN3_8B = ModelSpec(
+    name="qwen3-8b", aliases=("qwen3-8b-base",),
+    num_layers=36, hidden_size=4096, ffn_hidden_size=12288, num_attention_heads=32, num_query_groups=8,
+    vocab_size=151936, qk_layernorm=True,
 )
 QWEN3_30B_A3B = ModelSpec(
     name="qwen3-30b-a3b", aliases=("qwen3-30b",),
@@ -120,7 +130,7 @@ TINY_MLA = ModelSpec(
 )
 
 _MODELS: tuple[ModelSpec, ...] = (
-    LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_30B_A3B,
+    LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MISTRAL_7B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_8B, QWEN3_30B_A3B,
     QWEN3_235B_A22B, DEEPSEEK_V3, GPT3_175B, TINY_GPT, TINY_MOE, TINY_MLA,
 )
 
@@ -134,6 +144,9 @@ PUBLISHED: dict[str, PublishedCounts] = {
     "llama3.1-405b": PublishedCounts(
         total_params=405.9e9, active_params=None,
         source="Hugging Face meta-llama/Llama-3.1-405B safetensors metadata (405.85B); model card says 405B"),
+    "mistral-7b": PublishedCounts(
+        total_params=7.24e9, active_params=None,
+        source="Hugging Face mistralai/Mistral-7B-v0.1 safetensors metadata (7.24B); Mistral AI's blog says 7.3B"),
     "mixtral-8x7b": PublishedCounts(
         total_params=46.7e9, active_params=12.9e9,
         source="Mistral AI, 'Mixtral of experts' blog (Dec 2023) and arXiv 2401.04088: 46.7B total, 12.9B active"),
@@ -143,6 +156,9 @@ PUBLISHED: dict[str, PublishedCounts] = {
     "qwen2-7b": PublishedCounts(
         total_params=7.62e9, active_params=None,
         source="Hugging Face Qwen/Qwen2-7B safetensors metadata (7.62B); Qwen2 report arXiv 2407.10671 says 7B"),
+    "qwen3-8b": PublishedCounts(
+        total_params=8.2e9, active_params=None, last_digit=0.1e9,
+        source="Hugging Face Qwen/Qwen3-8B model card: 8.2B parameters (6.95B non-embedding)"),
     "qwen3-30b-a3b": PublishedCounts(
         total_params=30.5e9, active_params=3.3e9, last_digit=0.1e9,
         source="Hugging Face Qwen/Qwen3-30B-A3B model card: 30.5B total, 3.3B activated"),

@@ -74,6 +74,18 @@ class ModelSpec:
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"`{name} > 0` must hold, but got ({name}={value}) for model {self.name!r}.")
+        if self.num_query_groups is not None and (
+            self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups != 0
+        ):
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_query_groups ({self.num_query_groups}) for model {self.name!r}."
+            )
+        if self.mla is None and self.kv_channels is None and self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads}) unless kv_channels is given, for model {self.name!r}."
+            )
         if self.moe is not None and self.moe.first_dense_layers >= self.num_layers:
             raise ValueError(
                 f"`first_dense_layers < num_layers` must hold, but got "
@@ -102,8 +114,13 @@ class ModelSpec:
         return self.num_layers - self.num_moe_layers
 
     @property
+    def _norm_params_per_dim(self) -> int:
+        """RMSNorm has a weight per channel; LayerNorm a weight and a bias."""
+        return 2 if self.normalization == "LayerNorm" else 1
+
+    @property
     def _norm_params(self) -> int:
-        return self.hidden_size * (2 if self.normalization == "LayerNorm" else 1)
+        return self.hidden_size * self._norm_params_per_dim
 
     # --- parameter counts per component (unpadded vocabulary) ------------------------------
     @property
@@ -127,8 +144,9 @@ class ModelSpec:
             if m.q_lora_rank is None:
                 q = h * a * qk
             else:  # linear_q_down_proj, q_layernorm, linear_q_up_proj
-                q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * qk
-            kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank  # down proj + kv_layernorm
+                q = h * m.q_lora_rank + m.q_lora_rank * self._norm_params_per_dim + m.q_lora_rank * a * qk
+            kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim)  # linear_kv_down_proj
+            kv += m.kv_lora_rank * self._norm_params_per_dim  # kv_layernorm
             kv += m.kv_lora_rank * a * (m.qk_head_dim + m.v_head_dim)  # linear_kv_up_proj
             proj = a * m.v_head_dim * h
             bias = h if self.add_bias_linear else 0
@@ -140,7 +158,7 @@ class ModelSpec:
             bias += (a + 2 * g) * d
         if self.add_bias_linear:
             bias += h
-        qk_norm = 2 * d if self.qk_layernorm else 0
+        qk_norm = 2 * d * self._norm_params_per_dim if self.qk_layernorm else 0  # q_layernorm + k_layernorm
         return norm + qkv + proj + bias + qk_norm
 
     def mlp_params(self, ffn: int) -> int:
