@@ -1,0 +1,384 @@
+"""One short megatron-core training job for one layout, inside one worker of an initialised process group.
+
+`run_job(config)` runs on every rank: it (re)initialises `parallel_state` for the layout, builds the GPT
+model chunks (local layer spec; dense or MoE; one chunk per virtual stage), wraps them in megatron-core's
+DDP and optimizer (distributed optimizer when the layout says so), runs warm-up and timed steps on
+synthetic tokens through `get_forward_backward_func()` (1F1B, interleaved with VPP), and returns this
+rank's `RankResult` as a plain dict. Device is the only difference between GPU (NCCL, cuda) and the CPU
+proxy (gloo, patched megatron-core; see `cpu_patches`).
+
+Sources: megatron-core 0.16.1 `models/gpt/gpt_model.py`, `models/gpt/gpt_layer_specs.py`,
+`distributed/distributed_data_parallel.py`, `optimizer/__init__.py`, `pipeline_parallel/schedules.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+from search_spaces.layout import Layout
+from search_spaces.model import ModelSpec
+
+__all__ = ["JobConfig", "run_job", "JobRejected"]
+
+SEED = 1234
+
+
+class JobRejected(Exception):
+    """megatron-core refused the layout while building it (config, parallel groups, model)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobConfig:
+    model: ModelSpec
+    layout: Layout
+    seq_length: int
+    num_microbatches: int
+    precision: Literal["bf16", "fp32"] = "bf16"
+    warmup_steps: int = 1
+    timed_steps: int = 3
+    dropout: float = 0.0
+    moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
+    measure_memory: bool = True
+    lr: float = 1e-3
+
+
+def _device() -> Any:
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# --- building ---------------------------------------------------------------------------------
+def init_parallel_state(layout: Layout) -> None:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
+        create_gloo_process_groups=False,
+    )
+    model_parallel_cuda_manual_seed(SEED)
+
+
+def transformer_config(cfg: JobConfig) -> Any:
+    """ModelSpec + Layout -> megatron-core TransformerConfig (every fusion off: none exists on CPU)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    m, lay = cfg.model, cfg.layout
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    moe: dict[str, Any] = {}
+    if m.moe is not None:
+        moe = dict(
+            num_moe_experts=m.moe.num_experts,
+            moe_router_topk=m.moe.topk,
+            moe_ffn_hidden_size=m.moe.expert_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=m.moe.shared_expert_ffn_hidden_size or None,
+            moe_layer_freq=[0] * m.moe.first_dense_layers + [1] * (m.num_layers - m.moe.first_dense_layers),
+            moe_token_dispatcher_type=cfg.moe_dispatcher,
+            moe_grouped_gemm=False,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=1e-2,
+            moe_router_dtype="fp32",
+        )
+    recompute: dict[str, Any] = {}
+    if lay.recompute == "full":
+        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif lay.recompute == "selective":
+        recompute = dict(recompute_granularity="selective")
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.query_groups,
+        kv_channels=m.head_dim,
+        gated_linear_unit=m.gated_linear_unit,
+        activation_func=F.silu if m.gated_linear_unit else F.gelu,
+        normalization=m.normalization,
+        add_bias_linear=m.add_bias_linear,
+        add_qkv_bias=m.add_qkv_bias,
+        qk_layernorm=m.qk_layernorm,
+        hidden_dropout=cfg.dropout,
+        attention_dropout=cfg.dropout,
+        tensor_model_parallel_size=lay.tp,
+        pipeline_model_parallel_size=lay.pp,
+        virtual_pipeline_model_parallel_size=lay.vpp,
+        context_parallel_size=lay.cp,
+        expert_model_parallel_size=lay.ep,
+        expert_tensor_parallel_size=lay.expert_tp,
+        sequence_parallel=lay.sp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=cfg.precision == "bf16",
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        deallocate_pipeline_outputs=True,
+        **moe,
+        **recompute,
+    )
+
+
+def _layer_spec(cfg: JobConfig) -> Any:
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    m = cfg.model
+    spec = get_gpt_layer_local_spec(
+        num_experts=m.moe.num_experts if m.moe else None, moe_grouped_gemm=False,
+        qk_layernorm=m.qk_layernorm, normalization=m.normalization,
+    )
+    if cfg.layout.cp > 1:
+        from trainers.cp_attention import ContextParallelCoreAttention
+
+        spec.submodules.self_attention.submodules.core_attention = ContextParallelCoreAttention
+    return spec
+
+
+def build_model_chunks(cfg: JobConfig, tconfig: Any) -> list[Any]:
+    """One GPTModel per virtual pipeline stage, bf16-wrapped when asked, each on this rank's device."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    m = cfg.model
+    spec = _layer_spec(cfg)
+    chunks = []
+    for vp_stage in range(cfg.layout.vpp_size):
+        vp = vp_stage if cfg.layout.vpp else None
+        model = GPTModel(
+            config=tconfig,
+            transformer_layer_spec=spec,
+            vocab_size=m.vocab_size,
+            max_sequence_length=max(cfg.seq_length, m.max_position_embeddings),
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            share_embeddings_and_output_weights=m.tied_embeddings,
+            position_embedding_type="learned_absolute" if m.max_position_embeddings else "rope",
+            vp_stage=vp,
+        )
+        model.to(_device())
+        if cfg.precision == "bf16":
+            model = Float16Module(tconfig, model)
+        chunks.append(model)
+    return chunks
+
+
+def wrap_ddp_and_optimizer(cfg: JobConfig, tconfig: Any, chunks: list[Any]) -> tuple[list[Any], Any]:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=cfg.layout.dist_opt,
+    )
+    ddp_chunks = [
+        DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
+        for i, chunk in enumerate(chunks)
+    ]
+    opt_config = OptimizerConfig(
+        optimizer="adam", lr=cfg.lr, weight_decay=0.01, clip_grad=1.0,
+        bf16=cfg.precision == "bf16", params_dtype=tconfig.params_dtype,
+        use_distributed_optimizer=cfg.layout.dist_opt,
+    )
+    optimizer = get_megatron_optimizer(opt_config, ddp_chunks, use_gloo_process_groups=False)
+    tconfig.no_sync_func = [c.no_sync for c in ddp_chunks] if len(ddp_chunks) > 1 else ddp_chunks[0].no_sync
+    tconfig.finalize_model_grads_func = finalize_model_grads
+    tconfig.grad_scale_func = optimizer.scale_loss
+    return ddp_chunks, optimizer
+
+
+# --- data and step -----------------------------------------------------------------------------
+def _batch(cfg: JobConfig, step: int, microbatch: int) -> dict[str, Any]:
+    """Synthetic tokens, the same on every TP/CP/PP rank of one DP replica, split for this CP rank."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    dp_rank = parallel_state.get_data_parallel_rank()
+    gen = torch.Generator().manual_seed(SEED + 1_000_003 * step + 1009 * microbatch + dp_rank)
+    b, s = cfg.layout.mbs, cfg.seq_length
+    tokens = torch.randint(0, cfg.model.vocab_size, (b, s + 1), generator=gen)
+    batch = {
+        "tokens": tokens[:, :-1].contiguous(),
+        "labels": tokens[:, 1:].contiguous(),
+        "loss_mask": torch.ones(b, s),
+        "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous(),
+    }
+    batch = {k: v.to(_device()) for k, v in batch.items()}
+    return get_batch_on_this_cp_rank(batch)
+
+
+def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, dict[str, Any]]:
+    """Mean token loss. With CP each rank holds part of the sequence: the count (and the reported loss)
+    is summed over the CP group, and the loss scaled by CP because DDP averages grads over DP x CP
+    (as in Megatron-LM's pretrain_gpt loss_func)."""
+    import torch
+    from megatron.core import parallel_state
+
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    local = torch.stack([torch.sum(losses * mask), mask.sum()])
+    total = local.detach().clone()
+    cp = parallel_state.get_context_parallel_world_size()
+    if cp > 1:
+        torch.distributed.all_reduce(total, group=parallel_state.get_context_parallel_group())
+    loss = local[0] / total[1] * cp
+    return loss, {"lm loss": total[0] / total[1]}
+
+
+def _forward_step(batches: Any, model: Any) -> tuple[Any, Any]:
+    batch = next(batches)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+def _train_step(cfg: JobConfig, chunks: list[Any], optimizer: Any, step: int) -> float | None:
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    # each chunk of the interleaved schedule pulls micro-batches from its own iterator
+    iterators = [iter([_batch(cfg, step, i) for i in range(cfg.num_microbatches)]) for _ in chunks]
+    data = iterators if len(chunks) > 1 else iterators[0]
+    losses = get_forward_backward_func()(
+        forward_step_func=_forward_step,
+        data_iterator=data,
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=cfg.num_microbatches,
+        seq_length=cfg.seq_length,
+        micro_batch_size=cfg.layout.mbs,
+        forward_only=False,
+    )
+    optimizer.step()
+    if not losses:
+        return None
+    return float(sum(float(x["lm loss"]) for x in losses) / len(losses))
+
+
+# --- measuring ---------------------------------------------------------------------------------
+def group_sizes() -> dict[str, int]:
+    """The group sizes megatron-core formed, as its own getters report them."""
+    from megatron.core import parallel_state as ps
+
+    return {
+        "world": ps.torch.distributed.get_world_size(),
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "vpp": ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        "cp": ps.get_context_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+        "ep": ps.get_expert_model_parallel_world_size(),
+        "etp": ps.get_expert_tensor_parallel_world_size(),
+        "expert_dp": ps.get_expert_data_parallel_world_size(),
+    }
+
+
+def _ranks() -> dict[str, int]:
+    from megatron.core import parallel_state as ps
+
+    return {"rank": ps.torch.distributed.get_rank(), "tp_rank": ps.get_tensor_model_parallel_rank(),
+            "pp_rank": ps.get_pipeline_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank(),
+            "cp_rank": ps.get_context_parallel_rank()}
+
+
+def _memory(cfg: JobConfig, chunks: list[Any], optimizer: Any, activations_peak_bytes: int) -> dict[str, float]:
+    import torch
+
+    from trainers import memory_probe
+
+    grads, grads_unpadded = memory_probe.gradient_bytes(chunks)
+    memory = {
+        "weights": float(memory_probe.weights_bytes(chunks)),
+        "gradients": float(grads),
+        "gradients_unpadded": float(grads_unpadded),
+        "optimizer": float(memory_probe.optimizer_bytes(optimizer, chunks)),
+        "activations": float(activations_peak_bytes),
+    }
+    memory["total"] = memory["weights"] + memory["gradients"] + memory["optimizer"] + memory["activations"]
+    if torch.cuda.is_available():
+        memory["allocator_peak"] = float(torch.cuda.max_memory_allocated())
+    return memory
+
+
+def _measured_step(cfg: JobConfig, chunks: list[Any], optimizer: Any, step: int) -> tuple[float | None, int]:
+    """One step with the saved-tensor tracker on: (loss, peak bytes of saved activations)."""
+    from trainers.memory_probe import SavedTensorTracker, param_storage_ptrs
+
+    tracker = SavedTensorTracker(param_storage_ptrs(chunks))
+    with tracker.hooks():
+        loss = _train_step(cfg, chunks, optimizer, step)
+    return loss, tracker.peak_bytes
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    torch.distributed.barrier()
+
+
+def run_job(cfg: JobConfig) -> dict[str, Any]:
+    """Build and train `cfg` on this rank; return its measurements (a plain dict).
+
+    Raises JobRejected when megatron-core refuses the layout while building, with its message.
+    Any other exception propagates (a crash, or out-of-memory).
+    """
+    import torch
+
+    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+
+    apply_cpu_patches()
+    with cpu_device_mode():
+        t0 = time.perf_counter()
+        try:
+            init_parallel_state(cfg.layout)
+            tconfig = transformer_config(cfg)
+            chunks = build_model_chunks(cfg, tconfig)
+            chunks, optimizer = wrap_ddp_and_optimizer(cfg, tconfig, chunks)
+        except (AssertionError, ValueError, RuntimeError, NotImplementedError) as e:
+            raise JobRejected(f"{type(e).__name__}: {e}") from e
+        build_s = time.perf_counter() - t0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        losses: list[float | None] = []
+        step_times: list[float] = []
+        activations = 0
+        for step in range(cfg.warmup_steps + cfg.timed_steps):
+            _sync()
+            start = time.perf_counter()
+            if step == 0 and cfg.measure_memory:
+                loss, activations = _measured_step(cfg, chunks, optimizer, step)
+            else:
+                loss = _train_step(cfg, chunks, optimizer, step)
+            _sync()
+            losses.append(loss)
+            if step >= cfg.warmup_steps:
+                step_times.append(time.perf_counter() - start)
+        memory = _memory(cfg, chunks, optimizer, activations)
+        result = {
+            **_ranks(),
+            "groups": group_sizes(),
+            "losses": losses,
+            "step_times_s": step_times,
+            "build_s": build_s,
+            "memory": memory,
+        }
+        del chunks, optimizer
+    return result

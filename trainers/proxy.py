@@ -1,0 +1,177 @@
+"""Scale a model and a layout down to a CPU proxy job with the same parallel structure.
+
+Pure Python (no torch). The proxy keeps every parallel size of the layout (TP, PP, VPP, CP, EP, ETP,
+SP, distributed optimizer, recompute, micro-batch) and shrinks what those sizes only need to divide:
+
+- layers: `pp * vpp` virtual stages of `layers_per_virtual_stage` layers each (megatron-core needs
+  `num_layers % (pp * vpp) == 0` for a uniform split), plus room for leading dense layers of a MoE;
+- heads: `tp * heads_per_tp` heads of `head_dim` channels; query groups a multiple of TP;
+- FFN and expert FFN: multiples of TP and ETP; experts: a multiple of EP, at least top-k;
+- vocabulary: a multiple of 128 * TP (megatron's padding rule, so none is added);
+- sequence: a multiple of TP (sequence parallel) and of 2 * CP (the zig-zag split of context parallelism);
+- data parallel: as many ranks as `max_workers` allows, keeping the expert-DP size integral;
+  the reduction is recorded, never hidden;
+- micro-batches per step: enough to fill the pipeline (a multiple of PP, at least 2 * PP with VPP).
+
+On a GPU the same function runs with `scale_model=False`: the model keeps its shape, only DP may shrink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import lcm
+
+from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.model import ModelSpec, MoESpec
+
+__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel"]
+
+HEAD_DIM = 16
+HEADS_PER_TP = 2
+FFN_PER_HIDDEN = 2
+SEQ_LENGTH = 64
+VOCAB_QUANTUM = 128
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProxyPlan:
+    """What actually runs: the proxy model, the layout on `layout.world_size` workers, and the batch."""
+
+    model: ModelSpec
+    layout: Layout
+    training: TrainingSpec
+    num_microbatches: int
+    original_layout: Layout
+    scaled_model: bool
+    dp_reduction: str  # "" when the layout runs at its own DP size
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.global_batch_size * self.training.seq_length
+
+    def describe(self) -> dict[str, object]:
+        m = self.model
+        return {
+            "proxy_model": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+            "num_attention_heads": m.num_attention_heads, "num_query_groups": m.query_groups,
+            "ffn_hidden_size": m.ffn_hidden_size, "vocab_size": m.vocab_size,
+            "num_experts": m.moe.num_experts if m.moe else 0, "topk": m.moe.topk if m.moe else 0,
+            "seq_length": self.training.seq_length, "global_batch_size": self.training.global_batch_size,
+            "num_microbatches": self.num_microbatches, "world_size": self.world_size,
+            "scaled_model": self.scaled_model, "dp_reduction": self.dp_reduction,
+        }
+
+
+def _round_up(value: int, quantum: int) -> int:
+    return -(-value // quantum) * quantum
+
+
+def reduce_data_parallel(layout: Layout, max_workers: int) -> Layout:
+    """The layout with the largest DP' <= DP that fits `max_workers` and keeps expert DP integral.
+
+    expert DP = tp * cp * dp / (ep * etp) must be a whole number (megatron-core's parallel folding), so
+    DP' steps down until (tp * cp * dp') % (ep * etp) == 0. Raises ValueError when even DP' = 1 does
+    not fit: the model-parallel part alone (tp * pp * cp) needs more workers than there are.
+    """
+    model_parallel = layout.tp * layout.pp * layout.cp
+    if model_parallel > max_workers:
+        raise ValueError(
+            f"tp({layout.tp}) * pp({layout.pp}) * cp({layout.cp}) = {model_parallel} workers are needed, "
+            f"but only {max_workers} fit on this machine; raise --max-workers or profile a smaller layout."
+        )
+    for dp in range(min(layout.dp, max_workers // model_parallel), 0, -1):
+        if (layout.tp * layout.cp * dp) % (layout.ep * layout.expert_tp) == 0:
+            return replace(layout, dp=dp)
+    raise ValueError(
+        f"no data-parallel size <= {layout.dp} makes tp*cp*dp a multiple of ep*etp = {layout.ep * layout.expert_tp} "
+        f"within {max_workers} workers."
+    )
+
+
+def _proxy_moe(moe: MoESpec, layout: Layout, first_dense: int) -> MoESpec:
+    experts = min(moe.num_experts, _round_up(max(4, moe.topk if moe.topk <= 2 else 2), layout.ep))
+    experts = max(experts, layout.ep)
+    topk = min(moe.topk, 2, experts)
+    ffn = _round_up(2 * HEAD_DIM * HEADS_PER_TP, layout.expert_tp * 8)
+    shared = _round_up(ffn, layout.tp) if moe.shared_expert_ffn_hidden_size else 0
+    return MoESpec(num_experts=experts, topk=topk, expert_ffn_hidden_size=ffn,
+                   shared_expert_ffn_hidden_size=shared, first_dense_layers=first_dense,
+                   shared_expert_gate=moe.shared_expert_gate)
+
+
+def _proxy_model(model: ModelSpec, layout: Layout, layers_per_virtual_stage: int) -> ModelSpec:
+    tp = layout.tp
+    heads = tp * HEADS_PER_TP
+    groups = heads if model.query_groups == model.num_attention_heads else tp
+    hidden = heads * HEAD_DIM
+    virtual_stages = layout.pp * layout.vpp_size
+    first_dense = 0 if model.moe is None or model.moe.first_dense_layers == 0 else 1
+    num_layers = virtual_stages * layers_per_virtual_stage
+    if first_dense >= num_layers:
+        num_layers += virtual_stages
+    return ModelSpec(
+        name=f"{model.name}-proxy",
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=_round_up(FFN_PER_HIDDEN * hidden, tp * 8),
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=HEAD_DIM,
+        vocab_size=_round_up(1024, VOCAB_QUANTUM * tp),
+        gated_linear_unit=model.gated_linear_unit,
+        tied_embeddings=model.tied_embeddings,
+        add_bias_linear=model.add_bias_linear,
+        add_qkv_bias=model.add_qkv_bias,
+        qk_layernorm=model.qk_layernorm,
+        normalization=model.normalization,
+        max_position_embeddings=0 if model.max_position_embeddings == 0 else 4 * SEQ_LENGTH,
+        moe=None if model.moe is None else _proxy_moe(model.moe, layout, first_dense),
+        mla=None,  # MLA proxies run as GQA attention (the local spec's MLA needs fused kernels)
+    )
+
+
+def _seq_length(layout: Layout, base: int) -> int:
+    quantum = lcm(layout.tp if layout.sp else 1, 2 * layout.cp if layout.cp > 1 else 1)
+    return _round_up(base, quantum)
+
+
+def _num_microbatches(layout: Layout, wanted: int) -> int:
+    """At least PP micro-batches (2 * PP with VPP), a multiple of PP (interleaved schedules need it)."""
+    floor = layout.pp * (2 if layout.vpp else 1)
+    return _round_up(max(wanted, floor), layout.pp)
+
+
+def plan_proxy(
+    model: ModelSpec,
+    layout: Layout,
+    training: TrainingSpec,
+    *,
+    max_workers: int,
+    scale_model: bool = True,
+    microbatches: int | None = None,
+    layers_per_virtual_stage: int = 1,
+    seq_length: int = SEQ_LENGTH,
+) -> ProxyPlan:
+    """The proxy job for `layout`: same parallel structure, a small model, DP as large as fits.
+
+    `microbatches` (default: the layout's own count, capped at 2 * PP or 4) sets micro-batches per step.
+    """
+    run_layout = reduce_data_parallel(layout, max_workers)
+    reduction = "" if run_layout.dp == layout.dp else f"dp {layout.dp} -> {run_layout.dp} (max_workers={max_workers})"
+    own = max(1, layout.num_microbatches(training.global_batch_size))
+    wanted = microbatches if microbatches is not None else min(own, max(4, 2 * layout.pp))
+    nmb = _num_microbatches(run_layout, wanted)
+    if scale_model:
+        proxy_model = _proxy_model(model, run_layout, layers_per_virtual_stage)
+        seq = _seq_length(run_layout, seq_length)
+    else:
+        proxy_model, seq = model, training.seq_length
+    proxy_training = TrainingSpec(
+        seq_length=seq, global_batch_size=nmb * run_layout.mbs * run_layout.dp, precision="bf16"
+    )
+    return ProxyPlan(model=proxy_model, layout=run_layout, training=proxy_training, num_microbatches=nmb,
+                     original_layout=layout, scaled_model=scale_model, dp_reduction=reduction)
