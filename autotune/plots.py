@@ -41,16 +41,17 @@ __all__ = [
 GIB = 1024**3
 
 # Display order and labels of the time terms; terms a backend adds beyond these are stacked after them.
-TIME_TERMS: dict[str, str] = {
+TIME_TERMS: dict[str, str] = {  # keys of the analytic backend's breakdown (autotune/throughput.py TIME_KEYS)
     "compute": "compute",
     "recompute": "recompute",
-    "tp": "TP comm",
+    "tp_comm": "TP comm",
     "pp_bubble": "PP bubble",
-    "pp": "PP p2p",
-    "dp": "DP comm",
-    "ep": "EP all-to-all",
-    "cp": "CP ring",
+    "pp_p2p": "PP p2p",
+    "dp_comm": "DP comm",
+    "ep_comm": "EP all-to-all",
+    "cp_comm": "CP ring",
     "optimizer": "optimizer",
+    "overhead": "overhead",
 }
 PLOT_FILES: dict[str, str] = {
     "pareto": "pareto.png",

@@ -22,8 +22,8 @@ def _ok(layout: Layout, tps: float, mem_gib: float) -> Measurement:
     return Measurement(
         layout=layout, status="ok", source="analytic", memory_bytes=mem_gib * GIB,
         memory={"weights": 0.3 * mem_gib * GIB, "optimizer": 0.3 * mem_gib * GIB, "activations": 0.4 * mem_gib * GIB},
-        step_time_s=1000.0 / tps, time={"compute": 700.0 / tps, "tp": 100.0 / tps, "pp_bubble": 150.0 / tps,
-                                         "dp": 50.0 / tps},
+        step_time_s=1000.0 / tps, time={"compute": 700.0 / tps, "tp_comm": 100.0 / tps, "pp_bubble": 150.0 / tps,
+                                         "dp_comm": 50.0 / tps},
         tokens_per_s_per_gpu=tps, mfu=0.4,
     )
 
