@@ -1,0 +1,69 @@
+"""The analytic backend: validity rules, then the memory model, then the throughput model. Pure arithmetic.
+
+`AnalyticBackend().evaluate(job, layout)` returns a `Measurement`:
+- status "invalid" with the violations when a validity rule fails (`search_spaces.rules.check`);
+- status "oom" when the memory model's peak exceeds the GPU's memory minus `headroom_bytes`;
+- status "ok" otherwise.
+Memory and time figures are filled for "oom" layouts too, so a search can show the closest misses.
+No torch, ray or megatron import anywhere on this path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from search_spaces.job import Job
+from search_spaces.layout import Layout
+
+from autotune.efficiency import DEFAULT_CALIBRATION, Calibration
+from autotune.measurement import Measurement
+from autotune.throughput import estimate_time
+
+__all__ = ["AnalyticBackend", "check_rules"]
+
+GIB = 1024**3
+
+
+def check_rules(job: Job, layout: Layout) -> tuple[str, ...]:
+    """Violations as one line each (`rule: message`); () when every rule passes."""
+    from search_spaces.rules import check
+
+    return tuple(str(v) for v in check(job, layout))
+
+
+def _memory(job: Job, layout: Layout):
+    from autotune.memory import estimate_memory
+
+    return estimate_memory(job, layout)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnalyticBackend:
+    """Backend over autotune's own cost models. `headroom_bytes` is kept free on each GPU (default 0)."""
+
+    headroom_bytes: float = 0.0
+    calibration: Calibration = DEFAULT_CALIBRATION
+    name: str = "analytic"
+
+    def evaluate(self, job: Job, layout: Layout) -> Measurement:
+        violations = check_rules(job, layout)
+        if violations:
+            return Measurement(layout=layout, status="invalid", source="analytic", reason="; ".join(violations),
+                               violations=violations)
+        memory = _memory(job, layout)
+        time = estimate_time(job, layout, self.calibration)
+        capacity = job.cluster.gpu.memory_bytes - self.headroom_bytes
+        peak = memory.total_bytes
+        status, reason = "ok", ""
+        if peak > capacity:
+            status = "oom"
+            reason = (f"peak memory {peak / GIB:.1f} GiB exceeds {capacity / GIB:.1f} GiB per GPU "
+                      f"(largest term: {memory.dominant})")
+        return Measurement(
+            layout=layout, status=status, source="analytic", reason=reason,
+            memory_bytes=peak, memory=memory.as_dict(),
+            step_time_s=time.step_time_s, time=time.as_dict(),
+            tokens_per_s_per_gpu=time.tokens_per_s_per_gpu, tflops_per_gpu=time.tflops_per_gpu, mfu=time.mfu,
+            extra={"dominant_time": time.dominant, "dominant_memory": memory.dominant,
+                   "model_flops_per_step": time.model_flops_per_step},
+        )

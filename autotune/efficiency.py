@@ -1,0 +1,128 @@
+"""Achieved fractions of peak: every fitted constant of the throughput model, in one place.
+
+The throughput model (`autotune/throughput.py`) derives FLOPs, bytes and message sizes from the
+model and the layout; what it cannot derive is how close real kernels get to the datasheet peaks.
+Those fractions live here, in `Calibration`, each named and documented, and nowhere else.
+
+Fitting procedure (reproduce with `python bench/bench_calibration.py --fit`): the constants marked
+*fitted* below are chosen by a coordinate search (each constant over a grid, a few sweeps) that
+minimises the mean absolute percentage error of predicted vs published tokens/s per GPU over the
+trustworthy rows of `/work/shared/data/calibration-runs.csv` (see `bench/bench_calibration.py` for
+which rows count and which layout defaults are assumed where a source is silent). The result is
+pasted into `DEFAULT_CALIBRATION`. Constants marked *assumed* are set from vendor figures or common
+measurements, not fitted (the published runs cannot separate them from the fitted ones).
+
+GEMM efficiency depends on the shape a layout produces: each of M, N, K contributes a saturating
+factor d / (d + d_half), so thin matrices (large TP: N or K = h / TP) run further from peak than
+square ones, and a memory roofline (bytes / HBM bandwidth) bounds very small GEMMs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from search_spaces.cluster import GPUSpec
+
+__all__ = [
+    "GpuFractions",
+    "Calibration",
+    "DEFAULT_CALIBRATION",
+    "gpu_family",
+    "gemm_efficiency",
+    "gemm_time_s",
+    "attention_time_s",
+    "memory_bound_time_s",
+]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuFractions:
+    """Fractions of one GPU generation's dense peak reached by large kernels (fitted per generation).
+
+    The A100 figures are fitted on 2021-2022 Megatron-LM runs (no FlashAttention, no TP communication
+    overlap), the H100 figures on 2024-2025 Megatron-Core runs (FlashAttention / cuDNN attention,
+    `tp_comm_overlap`), so each describes its software era as much as its chip.
+    """
+
+    gemm_peak_fraction: float  # fitted: a large, square BF16 GEMM, fraction of dense peak
+    attention_peak_fraction: float  # fitted: the attention core (QK^T, softmax, PV), fraction of dense peak
+    tp_comm_exposed_fraction: float  # fitted: share of TP all-gather/reduce-scatter not hidden under GEMMs
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """Every constant of the throughput model that is fitted or assumed rather than derived."""
+
+    # --- compute ------------------------------------------------------------------------
+    per_gpu_family: dict[str, GpuFractions] = field(default_factory=dict)
+    default_family: str = "h100"  # GPUs of an unknown family (H200, B200, ...) use this generation's fractions
+    gemm_dim_half: float = 96.0  # fitted: a GEMM dimension of this size halves that dimension's factor
+    fp8_gemm_speedup_fraction: float = 0.8  # assumed: FP8 GEMMs reach this fraction of the BF16 fraction of peak
+    hbm_fraction: float = 0.8  # assumed: memory-bound kernels reach 80% of datasheet HBM bandwidth
+    kernel_overhead_s: float = 4e-6  # assumed: fixed cost per GEMM launch (small GEMMs never reach the roofline)
+    # --- communication ------------------------------------------------------------------
+    link_fraction: float = 0.8  # assumed: NCCL bus bandwidth / link bandwidth for large messages
+    ep_comm_exposed_fraction: float = 0.7  # fitted: share of the expert all-to-all not hidden
+    cp_overlap_fraction: float = 0.8  # fitted: share of the attention time that can hide the CP ring exchange
+    dp_overlap_fraction: float = 0.8  # fitted: share of DP grad reduce / param gather that overlaps (all but the last bucket)
+    # --- per-step fixed cost ------------------------------------------------------------
+    step_overhead_s: float = 0.0  # fitted: data loading, logging, synchronisation per iteration
+    moe_layer_overhead_s: float = 0.0  # fitted: per MoE layer and micro-batch (routing, permutation, host syncs)
+
+    def fractions(self, gpu: GPUSpec) -> GpuFractions:
+        return self.per_gpu_family.get(gpu_family(gpu), self.per_gpu_family[self.default_family])
+
+
+def gpu_family(gpu: GPUSpec) -> str:
+    """'a100' or 'h100' from a GPU spec's name or aliases; other names map to themselves (lowercase)."""
+    names = (gpu.name, *gpu.aliases)
+    for family in ("a100", "h100"):
+        if any(family in n.lower() for n in names):
+            return family
+    return gpu.name.lower()
+
+
+DEFAULT_CALIBRATION = Calibration(
+    per_gpu_family={
+        "a100": GpuFractions(gemm_peak_fraction=0.80, attention_peak_fraction=0.35, tp_comm_exposed_fraction=1.0),
+        "h100": GpuFractions(gemm_peak_fraction=0.70, attention_peak_fraction=0.45, tp_comm_exposed_fraction=0.3),
+    },
+)
+
+
+def gemm_efficiency(m: float, n: float, k: float, dim_half: float) -> float:
+    """Shape factor in (0, 1]: prod over d in (M, N, K) of d / (d + d_half).
+
+    A saturating curve: tile quantisation and wave tails cost a roughly constant number of rows or
+    columns per dimension, so the loss fades as 1 / d. Multiply by the family's peak fraction.
+    """
+    return (m / (m + dim_half)) * (n / (n + dim_half)) * (k / (k + dim_half))
+
+
+def gemm_time_s(m: float, n: float, k: float, *, gpu: GPUSpec, precision: str, cal: Calibration,
+                count: float = 1.0) -> float:
+    """Time of `count` GEMMs of shape (M x K) @ (K x N): roofline max(FLOPs / achieved peak, bytes / HBM).
+
+    FLOPs = 2*M*N*K (one multiply-add is two FLOPs); bytes = element size * (M*K + K*N + M*N).
+    """
+    if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k
+    fraction = cal.fractions(gpu).gemm_peak_fraction * gemm_efficiency(m, n, k, cal.gemm_dim_half)
+    peak = gpu.peak_flops(precision)
+    if precision == "fp8":
+        fraction *= cal.fp8_gemm_speedup_fraction
+    element_bytes = 1.0 if precision == "fp8" else 2.0
+    compute_s = flops / (peak * fraction)
+    memory_s = element_bytes * (m * k + k * n + m * n) / (gpu.hbm_bytes_per_s * cal.hbm_fraction)
+    return count * (max(compute_s, memory_s) + cal.kernel_overhead_s)
+
+
+def attention_time_s(flops: float, *, gpu: GPUSpec, cal: Calibration) -> float:
+    """Attention core (FlashAttention-style fused kernel, BF16): FLOPs / (peak * attention fraction)."""
+    return flops / (gpu.bf16_flops * cal.fractions(gpu).attention_peak_fraction)
+
+
+def memory_bound_time_s(nbytes: float, *, gpu: GPUSpec, cal: Calibration) -> float:
+    """Elementwise kernels (norms, activations, dropout, optimizer): bytes moved / achieved HBM bandwidth."""
+    return nbytes / (gpu.hbm_bytes_per_s * cal.hbm_fraction)

@@ -1,0 +1,430 @@
+"""Step time of one layout: compute, communication, pipeline bubble and optimizer, as a visible sum.
+
+Symbols (Narayanan et al. 2021, arXiv 2104.04473; Korthikanti et al. 2022, arXiv 2205.05198):
+s sequence length, b micro-batch size, h hidden size, a attention heads, g query groups, d head dim,
+f FFN size, V vocabulary, L layers, t TP, p PP, v VPP, c CP, e EP, E experts, k top-k, m micro-batches.
+
+Every term is a named function below. Model FLOPs follow Megatron-LM's
+`num_floating_point_operations` (megatron/training/training.py); hardware time is derived from the
+GEMM shapes each GPU runs, with the achieved-peak fractions of `autotune/efficiency.py` (the only
+fitted constants). The step time is
+
+    step = m * stage_max + (p - 1) / v * stage_avg + dp_exposed + optimizer + overhead
+
+where stage_* is one micro-batch's forward + backward (+ recompute) through a pipeline stage,
+including its exposed TP, EP, CP and p2p communication. See docs/throughput-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from search_spaces.cluster import LinkSpec
+from search_spaces.job import Job
+from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.model import ModelSpec
+
+from autotune.efficiency import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    attention_time_s,
+    gemm_time_s,
+    memory_bound_time_s,
+)
+
+__all__ = [
+    "TimeEstimate",
+    "estimate_time",
+    "model_flops_per_step",
+    "forward_flops_per_token",
+    "padded_vocab_size",
+    "ring_collective_s",
+    "all_to_all_s",
+    "pipeline_bubble_s",
+    "dp_comm_s",
+    "optimizer_step_s",
+    "stage_params",
+    "TIME_KEYS",
+]
+
+VOCAB_DIVISOR = 128  # Megatron-LM --make-vocab-size-divisible-by default
+ADAM_BYTES_PER_PARAM = 34.0  # read grad 4 + master 4 + m 4 + v 4, write master 4 + m 4 + v 4 + bf16 param 2, grad norm 4
+GRAD_BYTES = 4.0  # Megatron-LM reduces gradients in fp32 for bf16 training (accumulate_allreduce_grads_in_fp32)
+PARAM_BYTES = 2.0  # bf16 parameters all-gathered by the distributed optimizer
+
+TIME_KEYS = ("compute", "recompute", "tp_comm", "ep_comm", "cp_comm", "pp_p2p", "pp_bubble", "dp_comm",
+             "optimizer", "overhead")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeEstimate:
+    """One layout's step time and its breakdown (seconds per step; the breakdown sums to step_time_s)."""
+
+    step_time_s: float
+    breakdown: dict[str, float]
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    mfu: float
+    model_flops_per_step: float
+
+    @property
+    def dominant(self) -> str:
+        """The largest non-compute term (the layout's bottleneck beyond the math), or 'compute' when all are zero."""
+        name = max((k for k in self.breakdown if k != "compute"), key=self.breakdown.__getitem__)
+        return name if self.breakdown[name] > 0 else "compute"
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.breakdown)
+
+
+# --- model FLOPs (the MFU numerator) ---------------------------------------------------------
+def padded_vocab_size(model: ModelSpec) -> int:
+    """V padded to a multiple of 128 (Megatron-LM `make_vocab_size_divisible_by`, TP=1 so MFU is layout-free)."""
+    return -(-model.vocab_size // VOCAB_DIVISOR) * VOCAB_DIVISOR
+
+
+def _attention_forward_flops_per_token(model: ModelSpec, s: int) -> float:
+    """Forward FLOPs of one attention block per token, causal (half of the s x s scores are computed)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.mla is not None:
+        x = model.mla
+        qk = x.qk_head_dim + x.qk_pos_emb_head_dim
+        q = h * a * qk if x.q_lora_rank is None else x.q_lora_rank * (h + a * qk + 1)
+        kv = x.kv_lora_rank * (h + a * (x.qk_head_dim + x.v_head_dim) + 1) + h * x.qk_pos_emb_head_dim
+        proj = a * x.v_head_dim * h
+        core = 0.5 * s * a * (qk + x.v_head_dim)
+        return 2.0 * (q + kv + proj + core)
+    d, g = model.head_dim, model.query_groups
+    qkv_proj = h * (a + 2 * g) * d + a * d * h
+    core = 0.5 * s * a * d * 2  # QK^T and PV, causal halving
+    return 2.0 * (qkv_proj + core)
+
+
+def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per token, Megatron-LM `num_floating_point_operations` / (3 * B * s).
+
+    Per layer: GQA/MLA projections 2*h*(a+2g)*d + 2*a*d*h, causal attention core 2*s*a*d
+    (QK^T and PV, halved for causality), MLP 2*h*f*(3 if gated else 2) for dense layers, and
+    top-k routed experts plus shared experts for MoE layers; logits 2*h*V (padded V). Router,
+    norms and embeddings are not counted (as in Megatron-LM).
+    """
+    h = model.hidden_size
+    gate = 3 if model.gated_linear_unit else 2
+    attention = model.num_layers * _attention_forward_flops_per_token(model, seq_length)
+    dense_mlp = model.num_dense_mlp_layers * 2.0 * h * model.ffn_hidden_size * gate
+    moe_mlp = 0.0
+    if model.moe is not None:
+        x = model.moe
+        per_layer = 2.0 * h * gate * (x.topk * x.expert_ffn_hidden_size + x.shared_expert_ffn_hidden_size)
+        moe_mlp = model.num_moe_layers * per_layer
+    logits = 2.0 * h * padded_vocab_size(model)
+    return attention + dense_mlp + moe_mlp + logits
+
+
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
+    """Model FLOPs of one iteration: 3 (forward, dgrad, wgrad) * forward FLOPs/token * GBS * s.
+
+    Megatron-LM `num_floating_point_operations(args, batch_size)` (megatron/training/training.py,
+    recent versions with causal attention); Narayanan et al. 2021 Appendix for the 3x. Recompute
+    is hardware work, not model FLOPs, so it is not counted here.
+    """
+    tokens = training.global_batch_size * training.seq_length
+    return 3.0 * forward_flops_per_token(model, training.seq_length) * tokens
+
+
+# --- communication primitives ---------------------------------------------------------------
+def ring_collective_s(nbytes: float, n: int, link: LinkSpec, cal: Calibration) -> float:
+    """Ring all-gather or reduce-scatter of a tensor of `nbytes` over n ranks: (n-1)/n * bytes / bw + (n-1) * latency.
+
+    An all-reduce is two of these (reduce-scatter then all-gather). Patarasuk & Yuan 2009; NCCL docs
+    ("bus bandwidth").
+    """
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / (link.bandwidth_bytes_per_s * cal.link_fraction) + (n - 1) * link.latency_s
+
+
+def all_to_all_s(nbytes_per_rank: float, n: int, link: LinkSpec, cal: Calibration) -> float:
+    """All-to-all where each rank holds `nbytes_per_rank`, keeps 1/n and sends the rest: (n-1)/n * bytes / bw + latency."""
+    if n <= 1 or nbytes_per_rank <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes_per_rank / (link.bandwidth_bytes_per_s * cal.link_fraction) + link.latency_s
+
+
+# --- parameters per GPU (for DP communication and the optimizer) ------------------------------
+def stage_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
+    """(dense, expert) parameters held by one GPU of the heaviest stage.
+
+    Dense: ceil(L/p) layers' non-expert parameters / t, plus the larger of embedding and output / t.
+    Expert: ceil(L/p) layers' routed experts / (e * etp) (MoE parallel folding, arXiv 2504.14960).
+    """
+    layers = math.ceil(model.num_layers / layout.pp)
+    ends = model.embedding_params + model.output_params
+    if model.tied_embeddings:
+        ends -= model.vocab_size * model.hidden_size
+    per_layer_dense = (model.dense_params - ends) / model.num_layers
+    end_params = max(model.embedding_params, model.output_params) if layout.pp > 1 else ends
+    dense = (layers * per_layer_dense + end_params) / layout.tp
+    expert = layers * model.routed_expert_params / model.num_layers / (layout.ep * layout.expert_tp)
+    return dense, expert
+
+
+def dp_comm_s(job: Job, layout: Layout, cal: Calibration) -> float:
+    """Gradient reduce (and parameter all-gather with the distributed optimizer), before overlap.
+
+    Dense gradients are reduced over the DP x CP group (stride t), expert gradients over the expert-DP
+    group (stride e * etp). Distributed optimizer (ZeRO-1): reduce-scatter fp32 grads + all-gather bf16
+    params; otherwise an all-reduce (2 ring passes) of fp32 grads. Megatron-core
+    `distributed/param_and_grad_buffer.py`.
+    """
+    cluster = job.cluster
+    dense, expert = stage_params(job.model, layout)
+    total = 0.0
+    for params, group, stride in ((dense, layout.dp * layout.cp, layout.tp),
+                                  (expert, layout.expert_dp, layout.ep * layout.expert_tp)):
+        if params <= 0 or group <= 1:
+            continue
+        link = cluster.link_for_group(group, stride)
+        if layout.dist_opt:
+            total += ring_collective_s(params * GRAD_BYTES, group, link, cal)
+            total += ring_collective_s(params * PARAM_BYTES, group, link, cal)
+        else:
+            total += 2 * ring_collective_s(params * GRAD_BYTES, group, link, cal)
+    return total
+
+
+def optimizer_step_s(job: Job, layout: Layout, cal: Calibration) -> float:
+    """Adam over this GPU's shard, memory-bound: params * ~34 B / HBM bandwidth (shard = 1/DP with dist opt)."""
+    dense, expert = stage_params(job.model, layout)
+    if layout.dist_opt:
+        dense /= layout.dp * layout.cp
+        expert /= max(layout.expert_dp, 1)
+    return memory_bound_time_s((dense + expert) * ADAM_BYTES_PER_PARAM, gpu=job.cluster.gpu, cal=cal)
+
+
+def pipeline_bubble_s(stage_avg_s: float, layout: Layout) -> float:
+    """(p - 1) / v micro-batch slots idle per step: Narayanan et al. 2021 eq. (1) and Sec. 2.2.2 (interleaved)."""
+    return (layout.pp - 1) / layout.vpp_size * stage_avg_s
+
+
+# --- one micro-batch through one layer --------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MicrobatchTimes:
+    """One micro-batch, forward + backward, on one GPU: an average layer, the last stage's extras, p2p."""
+
+    per_layer: dict[str, float]  # keys of TIME_KEYS; average over dense and MoE layers
+    last_stage: dict[str, float]  # logits GEMM and loss, on the last stage only
+    p2p_s: float  # pipeline sends of one micro-batch on one stage (all v chunks, both directions)
+    overlap_window_s: float  # one layer's forward + backward compute (what DP communication can hide under)
+
+
+def _attention_gemms_fwd_s(model: ModelSpec, tokens: float, t: int, gpu, precision: str, cal: Calibration) -> float:
+    """Forward GEMMs of one attention block on one GPU: QKV (column-parallel) and output projection (row-parallel).
+
+    GQA: each rank holds a/t query heads and g/t KV groups (one replicated group when t > g,
+    megatron-core `get_num_query_groups_per_partition`). MLA: down-projections are replicated,
+    up-projections and the output projection are split by t (megatron-core `multi_latent_attention.py`).
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.mla is not None:
+        x = model.mla
+        qk = x.qk_head_dim + x.qk_pos_emb_head_dim
+        if x.q_lora_rank is None:
+            q = gemm_time_s(tokens, a * qk / t, h, gpu=gpu, precision=precision, cal=cal)
+        else:
+            q = gemm_time_s(tokens, x.q_lora_rank, h, gpu=gpu, precision=precision, cal=cal)
+            q += gemm_time_s(tokens, a * qk / t, x.q_lora_rank, gpu=gpu, precision=precision, cal=cal)
+        kv = gemm_time_s(tokens, x.kv_lora_rank + x.qk_pos_emb_head_dim, h, gpu=gpu, precision=precision, cal=cal)
+        kv += gemm_time_s(tokens, a * (x.qk_head_dim + x.v_head_dim) / t, x.kv_lora_rank, gpu=gpu,
+                          precision=precision, cal=cal)
+        proj = gemm_time_s(tokens, h, a * x.v_head_dim / t, gpu=gpu, precision=precision, cal=cal)
+        return q + kv + proj
+    d, g = model.head_dim, model.query_groups
+    g_local = g / t if g >= t else 1
+    qkv = gemm_time_s(tokens, (a / t + 2 * g_local) * d, h, gpu=gpu, precision=precision, cal=cal)
+    proj = gemm_time_s(tokens, h, a * d / t, gpu=gpu, precision=precision, cal=cal)
+    return qkv + proj
+
+
+def _attention_core_fwd_flops(model: ModelSpec, tokens: float, s: int, t: int) -> float:
+    """Causal attention core per GPU: 2 * tokens * (s/2) * (a/t) * (d_qk + d_v) (QK^T and PV; CP splits queries)."""
+    a = model.num_attention_heads
+    if model.mla is not None:
+        x = model.mla
+        width = x.qk_head_dim + x.qk_pos_emb_head_dim + x.v_head_dim
+    else:
+        width = 2 * model.head_dim
+    return 2.0 * tokens * (s / 2) * (a / t) * width
+
+
+def _kv_width(model: ModelSpec, t: int) -> float:
+    """Elements of K and V per token on one TP rank (what context parallelism passes around the ring)."""
+    if model.mla is not None:
+        x = model.mla
+        return model.num_attention_heads / t * (x.qk_head_dim + x.qk_pos_emb_head_dim + x.v_head_dim)
+    g = model.query_groups
+    return 2 * (g / t if g >= t else 1) * model.head_dim
+
+
+def _mlp_gemms_fwd_s(model: ModelSpec, tokens: float, ffn: float, t: int, gpu, precision: str, cal: Calibration,
+                     count: float = 1.0) -> float:
+    """fc1 (h -> f/t, doubled when gated) and fc2 (f/t -> h) for `count` MLPs of `tokens` rows each."""
+    h = model.hidden_size
+    fc1_out = (2 if model.gated_linear_unit else 1) * ffn / t
+    return (gemm_time_s(tokens, fc1_out, h, gpu=gpu, precision=precision, cal=cal, count=count)
+            + gemm_time_s(tokens, h, ffn / t, gpu=gpu, precision=precision, cal=cal, count=count))
+
+
+def _tp_block_comm_s(tokens: float, h: int, t: int, sp: bool, link: LinkSpec, cal: Calibration) -> tuple[float, float]:
+    """(forward, backward) TP communication of one block (attention or MLP) for one micro-batch.
+
+    With SP: forward all-gather + reduce-scatter, backward reduce-scatter + all-gather + the input
+    all-gather redone for the weight gradient (Korthikanti et al. 2022 Sec. 4.2.2): 2 + 3 ring passes.
+    Without SP: one all-reduce forward, one backward (Shoeybi et al. 2019 Fig. 4): 2 + 2 ring passes.
+    """
+    one = ring_collective_s(tokens * h * 2.0, t, link, cal)
+    return 2 * one, (3 if sp else 2) * one
+
+
+def microbatch_times(job: Job, layout: Layout, cal: Calibration) -> MicrobatchTimes:
+    """Forward + backward (+ recompute) of one micro-batch through one average layer, term by term.
+
+    tokens = b * s / c rows per GEMM; backward GEMMs cost 2x forward (dgrad + wgrad, same shapes
+    transposed); the attention core's backward 2.5x its forward (FlashAttention-2: 5 matmuls vs 2).
+    """
+    model, cluster, training = job.model, job.cluster, job.training
+    gpu, precision = cluster.gpu, training.precision
+    s, h = training.seq_length, model.hidden_size
+    t, c, ep, etp = layout.tp, layout.cp, layout.ep, layout.expert_tp
+    tokens = layout.mbs * s / c
+    sp = layout.sp and t > 1
+    h_act = h / t if sp else h  # hidden width of norm/dropout activations on one rank
+
+    attn_fwd = _attention_gemms_fwd_s(model, tokens, t, gpu, precision, cal)
+    core_fwd = attention_time_s(_attention_core_fwd_flops(model, tokens, s, t), gpu=gpu, cal=cal)
+    core_bwd = 2.5 * core_fwd
+    rope = 4 * model.num_attention_heads / t * model.head_dim  # rotary on q and k: read + write, about q's width twice
+    attn_elem_fwd = memory_bound_time_s(2.0 * tokens * (5 * h_act + rope), gpu=gpu, cal=cal)
+    tp_link = cluster.link_for_group(t, 1)
+    tp_f, tp_b = _tp_block_comm_s(tokens, h, t, sp, tp_link, cal)
+
+    # dense MLP layer
+    gate_io = 3 if model.gated_linear_unit else 2
+    dense_fwd = _mlp_gemms_fwd_s(model, tokens, model.ffn_hidden_size, t, gpu, precision, cal)
+    dense_elem = memory_bound_time_s(2.0 * tokens * (5 * h_act + gate_io * model.ffn_hidden_size / t), gpu=gpu, cal=cal)
+    # MoE layer (parallel folding: routed tokens per GPU = tokens * k / t, spread over E/e local experts)
+    moe_fwd = moe_elem = moe_tp_f = moe_tp_b = a2a = 0.0
+    if model.moe is not None:
+        x = model.moe
+        local_experts = x.num_experts / ep
+        rows = tokens * x.topk * ep * etp / (t * x.num_experts)  # rows per local expert GEMM
+        moe_fwd = _mlp_gemms_fwd_s(model, rows, x.expert_ffn_hidden_size, etp, gpu, precision, cal, count=local_experts)
+        moe_fwd += gemm_time_s(tokens / t, x.num_experts, h, gpu=gpu, precision="bf16", cal=cal)  # router
+        pairs = tokens * x.topk / t
+        moe_bytes = pairs * (gate_io * x.expert_ffn_hidden_size + 4 * h) + 5 * h_act * tokens
+        if x.shared_expert_ffn_hidden_size:
+            moe_fwd += _mlp_gemms_fwd_s(model, tokens, x.shared_expert_ffn_hidden_size, t, gpu, precision, cal)
+            moe_bytes += tokens * gate_io * x.shared_expert_ffn_hidden_size / t
+            moe_tp_f, moe_tp_b = _tp_block_comm_s(tokens, h, t, sp, tp_link, cal)
+        moe_elem = memory_bound_time_s(2.0 * moe_bytes, gpu=gpu, cal=cal)
+        if etp > 1:
+            etp_f, etp_b = _tp_block_comm_s(pairs * etp, h, etp, True, cluster.link_for_group(etp, 1), cal)
+            moe_tp_f, moe_tp_b = moe_tp_f + etp_f, moe_tp_b + etp_b
+        a2a = all_to_all_s(pairs * h * 2.0, ep, cluster.link_for_group(ep, etp), cal)  # one dispatch or combine
+
+    n_moe, n_dense = model.num_moe_layers, model.num_dense_mlp_layers
+    w_moe, w_dense = n_moe / model.num_layers, n_dense / model.num_layers
+
+    mlp_fwd = w_dense * (dense_fwd + dense_elem) + w_moe * (moe_fwd + moe_elem)
+    fwd_compute = attn_fwd + core_fwd + attn_elem_fwd + mlp_fwd
+    bwd_compute = 2 * (attn_fwd + attn_elem_fwd + mlp_fwd) + core_bwd
+    tp_fwd = tp_f + w_dense * tp_f + w_moe * moe_tp_f
+    tp_bwd = tp_b + w_dense * tp_b + w_moe * moe_tp_b
+    ep_fwd, ep_bwd = w_moe * 2 * a2a, w_moe * 2 * a2a
+
+    cp_s = 0.0
+    if c > 1:
+        kv_bytes = tokens * _kv_width(model, t) * 2.0
+        cp_link = cluster.link_for_group(c, t)
+        step = kv_bytes / (cp_link.bandwidth_bytes_per_s * cal.link_fraction) + cp_link.latency_s
+        cp_total = 3 * (c - 1) * step  # forward KV, backward KV + dKV (Liu et al. 2023 ring attention)
+        cp_s = max(0.0, cp_total - cal.cp_overlap_fraction * (core_fwd + core_bwd))
+
+    if layout.recompute == "full":  # every layer's forward again, with its communication
+        recompute = fwd_compute + cal.fractions(gpu).tp_comm_exposed_fraction * tp_fwd + cal.ep_comm_exposed_fraction * ep_fwd
+    elif layout.recompute == "selective":  # the attention core (Korthikanti et al. 2022 Sec. 5)
+        recompute = core_fwd
+    else:
+        recompute = 0.0
+
+    per_layer = {
+        "compute": fwd_compute + bwd_compute,
+        "recompute": recompute,
+        "tp_comm": cal.fractions(gpu).tp_comm_exposed_fraction * (tp_fwd + tp_bwd),
+        "ep_comm": cal.ep_comm_exposed_fraction * (ep_fwd + ep_bwd),
+        "cp_comm": cp_s,
+        "overhead": w_moe * 2 * cal.moe_layer_overhead_s,
+    }
+    vocab = padded_vocab_size(model)
+    logits = 3 * gemm_time_s(tokens, vocab / t, h, gpu=gpu, precision=precision, cal=cal)
+    loss = memory_bound_time_s(tokens * vocab / t * 12.0, gpu=gpu, cal=cal)  # fp32 logits read/written fwd + bwd
+    last_stage = {"compute": logits + loss}
+
+    p2p = 0.0
+    if layout.pp > 1:
+        pp_link = cluster.link_for_group(layout.pp, t * c * layout.dp)
+        nbytes = tokens * h_act * 2.0
+        p2p = 2 * layout.vpp_size * (nbytes / (pp_link.bandwidth_bytes_per_s * cal.link_fraction) + pp_link.latency_s)
+    return MicrobatchTimes(per_layer=per_layer, last_stage=last_stage, p2p_s=p2p, overlap_window_s=fwd_compute + bwd_compute)
+
+
+# --- the step --------------------------------------------------------------------------------
+def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION) -> TimeEstimate:
+    """Step time, tokens/s per GPU, model TFLOP/s per GPU and MFU of `layout` on `job`.
+
+    m = GBS / (b * DP) micro-batches; the slowest stage (the last, with the logits) sets the steady
+    state, the average stage sets the bubble. DP communication overlaps with the last micro-batch's
+    backward (grad reduce-scatter) and the first micro-batch's forward (param all-gather), all but
+    the last bucket (`dp_overlap_fraction`), never more than that compute.
+    """
+    model, training, cluster = job.model, job.training, job.cluster
+    m = max(layout.num_microbatches(training.global_batch_size), 1)
+    mb = microbatch_times(job, layout, cal)
+    layers_max = math.ceil(model.num_layers / layout.pp)
+    layers_avg = model.num_layers / layout.pp
+    per_layer = mb.per_layer
+    stage_max = {k: v * layers_max for k, v in per_layer.items()}
+    for key, value in mb.last_stage.items():
+        stage_max[key] = stage_max.get(key, 0.0) + value
+    stage_avg_s = sum(per_layer.values()) * layers_avg + sum(mb.last_stage.values()) / layout.pp
+
+    breakdown = {key: 0.0 for key in TIME_KEYS}
+    for key, value in stage_max.items():
+        breakdown[key] += m * value
+    breakdown["pp_bubble"] = pipeline_bubble_s(stage_avg_s, layout)
+    if layout.pp > 1:
+        breakdown["pp_p2p"] += m * mb.p2p_s
+    breakdown["dp_comm"] = _exposed_dp_s(dp_comm_s(job, layout, cal), mb.overlap_window_s * layers_max, cal)
+    breakdown["optimizer"] = optimizer_step_s(job, layout, cal)
+    breakdown["overhead"] += cal.step_overhead_s
+
+    step_s = sum(breakdown.values())
+    world = layout.world_size
+    flops = model_flops_per_step(model, training)
+    peak = cluster.gpu.peak_flops(training.precision)
+    tokens = training.global_batch_size * training.seq_length
+    return TimeEstimate(
+        step_time_s=step_s,
+        breakdown=breakdown,
+        tokens_per_s_per_gpu=tokens / step_s / world,
+        tflops_per_gpu=flops / step_s / world / 1e12,
+        mfu=flops / (step_s * peak * world),
+        model_flops_per_step=flops,
+    )
+
+
+def _exposed_dp_s(comm_s: float, window_s: float, cal: Calibration) -> float:
+    """DP time left on the critical path: comm - min(overlap fraction * comm, backward window)."""
+    return comm_s - min(cal.dp_overlap_fraction * comm_s, window_s)
+
