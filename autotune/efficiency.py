@@ -19,7 +19,8 @@ square ones, and a memory roofline (bytes / HBM bandwidth) bounds very small GEM
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 
 from search_spaces.cluster import GPUSpec
 
@@ -54,7 +55,7 @@ class Calibration:
     """Every constant of the throughput model that is fitted or assumed rather than derived."""
 
     # --- compute ------------------------------------------------------------------------
-    per_gpu_family: dict[str, GpuFractions] = field(default_factory=dict)
+    per_gpu_family: tuple[tuple[str, GpuFractions], ...] = ()  # (family, fractions) pairs; a tuple keeps this hashable
     default_family: str = "h100"  # GPUs of an unknown family (H200, B200, ...) use this generation's fractions
     gemm_dim_half: float = 96.0  # fitted: a GEMM dimension of this size halves that dimension's factor
     fp8_gemm_speedup_fraction: float = 0.8  # assumed: FP8 GEMMs reach this fraction of the BF16 fraction of peak
@@ -67,12 +68,24 @@ class Calibration:
     dp_overlap_fraction: float = 0.8  # fitted: share of DP grad reduce / param gather that overlaps (all but the last bucket)
     # --- per-step fixed cost ------------------------------------------------------------
     step_overhead_s: float = 0.0  # fitted: data loading, logging, synchronisation per iteration
-    moe_layer_overhead_s: float = 0.0  # fitted: per MoE layer and micro-batch (routing, permutation, host syncs)
+    moe_layer_overhead_s: float = 0.0  # fitted: per MoE layer and micro-batch, forward or backward (host syncs, launches)
+
 
     def fractions(self, gpu: GPUSpec) -> GpuFractions:
-        return self.per_gpu_family.get(gpu_family(gpu), self.per_gpu_family[self.default_family])
+        """The fractions of `gpu`'s family, or of `default_family` for GPUs the data does not cover."""
+        family = gpu_family(gpu)
+        fallback = None
+        for name, fractions in self.per_gpu_family:
+            if name == family:
+                return fractions
+            if name == self.default_family:
+                fallback = fractions
+        if fallback is None:
+            raise ValueError(f"Calibration has no fractions for GPU family {family!r} nor the default {self.default_family!r}.")
+        return fallback
 
 
+@lru_cache(maxsize=64)
 def gpu_family(gpu: GPUSpec) -> str:
     """'a100' or 'h100' from a GPU spec's name or aliases; other names map to themselves (lowercase)."""
     names = (gpu.name, *gpu.aliases)
@@ -83,10 +96,15 @@ def gpu_family(gpu: GPUSpec) -> str:
 
 
 DEFAULT_CALIBRATION = Calibration(
-    per_gpu_family={
-        "a100": GpuFractions(gemm_peak_fraction=0.80, attention_peak_fraction=0.35, tp_comm_exposed_fraction=1.0),
-        "h100": GpuFractions(gemm_peak_fraction=0.70, attention_peak_fraction=0.45, tp_comm_exposed_fraction=0.3),
-    },
+    per_gpu_family=(
+        ("a100", GpuFractions(gemm_peak_fraction=0.78, attention_peak_fraction=0.15, tp_comm_exposed_fraction=1.0)),
+        ("h100", GpuFractions(gemm_peak_fraction=0.74, attention_peak_fraction=0.70, tp_comm_exposed_fraction=0.3)),
+    ),
+    gemm_dim_half=128.0,
+    ep_comm_exposed_fraction=0.2,
+    dp_overlap_fraction=0.3,
+    moe_layer_overhead_s=1.5e-3,
+    step_overhead_s=0.0,
 )
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
-from search_spaces.cluster import LinkSpec
+from search_spaces.cluster import ClusterSpec, LinkSpec
 from search_spaces.job import Job
 from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec
@@ -40,6 +41,8 @@ __all__ = [
     "forward_flops_per_token",
     "padded_vocab_size",
     "ring_collective_s",
+    "expert_all_to_all_s",
+    "pipeline_p2p_s",
     "all_to_all_s",
     "pipeline_bubble_s",
     "dp_comm_s",
@@ -292,13 +295,55 @@ def microbatch_times(job: Job, layout: Layout, cal: Calibration) -> MicrobatchTi
 
     tokens = b * s / c rows per GEMM; backward GEMMs cost 2x forward (dgrad + wgrad, same shapes
     transposed); the attention core's backward 2.5x its forward (FlashAttention-2: 5 matmuls vs 2).
+    The layer terms depend on (t, c, e, etp, b, SP, recompute) only, so they are cached across the
+    layouts of a search that differ in p, v, DP or the optimizer.
     """
+    per_layer, last_stage, window = _layer_terms(job, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs,
+                                                 layout.sp and layout.tp > 1, layout.recompute, cal)
+    return MicrobatchTimes(per_layer=per_layer, last_stage=last_stage, p2p_s=pipeline_p2p_s(job, layout, cal),
+                           overlap_window_s=window)
+
+
+def pipeline_p2p_s(job: Job, layout: Layout, cal: Calibration) -> float:
+    """Pipeline sends of one micro-batch on one stage: 2 * v messages (activation forward, gradient backward)
+    of b*s*h/(t if SP)/c bf16 elements on the PP group's link (stride t*c*DP). Narayanan et al. 2021 Sec. 4.1."""
+    if layout.pp <= 1:
+        return 0.0
+    link = job.cluster.link_for_group(layout.pp, layout.tp * layout.cp * layout.dp)
+    h = job.model.hidden_size
+    nbytes = layout.mbs * job.training.seq_length / layout.cp * (h / layout.tp if layout.sp else h) * 2.0
+    return 2 * layout.vpp_size * (nbytes / (link.bandwidth_bytes_per_s * cal.link_fraction) + link.latency_s)
+
+
+def expert_all_to_all_s(nbytes_per_rank: float, ep: int, etp: int, cluster: ClusterSpec, cal: Calibration) -> float:
+    """One token dispatch (or combine) over the EP group, two-level when it spans nodes.
+
+    Each rank sends (e-1)/e of its routed copies; with the group spread over n nodes, (n-1)/n of
+    them leave the node on the network link and the rest move over NVLink, concurrently:
+    max(remote bytes / network bw, local bytes / NVLink bw) + latency.
+    """
+    if ep <= 1 or nbytes_per_rank <= 0:
+        return 0.0
+    span = ep * etp
+    if span <= cluster.gpus_per_node:
+        return all_to_all_s(nbytes_per_rank, ep, cluster.intra_node, cal)
+    nodes = span / cluster.gpus_per_node
+    per_node = ep / nodes
+    remote = nbytes_per_rank * (nodes - 1) / nodes
+    local = nbytes_per_rank * (per_node - 1) / ep
+    inter, intra = cluster.inter_node, cluster.intra_node
+    return max(remote / (inter.bandwidth_bytes_per_s * cal.link_fraction),
+               local / (intra.bandwidth_bytes_per_s * cal.link_fraction)) + inter.latency_s
+
+
+@lru_cache(maxsize=4096)
+def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool, recompute: str,
+                 cal: Calibration) -> tuple[dict[str, float], dict[str, float], float]:
+    """(per-layer terms, last-stage terms, one layer's fwd + bwd compute) for one micro-batch."""
     model, cluster, training = job.model, job.cluster, job.training
     gpu, precision = cluster.gpu, training.precision
     s, h = training.seq_length, model.hidden_size
-    t, c, ep, etp = layout.tp, layout.cp, layout.ep, layout.expert_tp
-    tokens = layout.mbs * s / c
-    sp = layout.sp and t > 1
+    tokens = mbs * s / c
     h_act = h / t if sp else h  # hidden width of norm/dropout activations on one rank
 
     attn_fwd = _attention_gemms_fwd_s(model, tokens, t, gpu, precision, cal)
@@ -331,7 +376,7 @@ def microbatch_times(job: Job, layout: Layout, cal: Calibration) -> MicrobatchTi
         if etp > 1:
             etp_f, etp_b = _tp_block_comm_s(pairs * etp, h, etp, True, cluster.link_for_group(etp, 1), cal)
             moe_tp_f, moe_tp_b = moe_tp_f + etp_f, moe_tp_b + etp_b
-        a2a = all_to_all_s(pairs * h * 2.0, ep, cluster.link_for_group(ep, etp), cal)  # one dispatch or combine
+        a2a = expert_all_to_all_s(pairs * h * 2.0, ep, etp, cluster, cal)  # one dispatch or combine
 
     n_moe, n_dense = model.num_moe_layers, model.num_dense_mlp_layers
     w_moe, w_dense = n_moe / model.num_layers, n_dense / model.num_layers
@@ -351,9 +396,9 @@ def microbatch_times(job: Job, layout: Layout, cal: Calibration) -> MicrobatchTi
         cp_total = 3 * (c - 1) * step  # forward KV, backward KV + dKV (Liu et al. 2023 ring attention)
         cp_s = max(0.0, cp_total - cal.cp_overlap_fraction * (core_fwd + core_bwd))
 
-    if layout.recompute == "full":  # every layer's forward again, with its communication
+    if recompute == "full":  # every layer's forward again, with its communication
         recompute = fwd_compute + cal.fractions(gpu).tp_comm_exposed_fraction * tp_fwd + cal.ep_comm_exposed_fraction * ep_fwd
-    elif layout.recompute == "selective":  # the attention core (Korthikanti et al. 2022 Sec. 5)
+    elif recompute == "selective":  # the attention core (Korthikanti et al. 2022 Sec. 5)
         recompute = core_fwd
     else:
         recompute = 0.0
@@ -371,12 +416,7 @@ def microbatch_times(job: Job, layout: Layout, cal: Calibration) -> MicrobatchTi
     loss = memory_bound_time_s(tokens * vocab / t * 12.0, gpu=gpu, cal=cal)  # fp32 logits read/written fwd + bwd
     last_stage = {"compute": logits + loss}
 
-    p2p = 0.0
-    if layout.pp > 1:
-        pp_link = cluster.link_for_group(layout.pp, t * c * layout.dp)
-        nbytes = tokens * h_act * 2.0
-        p2p = 2 * layout.vpp_size * (nbytes / (pp_link.bandwidth_bytes_per_s * cal.link_fraction) + pp_link.latency_s)
-    return MicrobatchTimes(per_layer=per_layer, last_stage=last_stage, p2p_s=p2p, overlap_window_s=fwd_compute + bwd_compute)
+    return per_layer, last_stage, fwd_compute + bwd_compute
 
 
 # --- the step --------------------------------------------------------------------------------
