@@ -1,0 +1,326 @@
+"""Activation memory per GPU: Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2), generalised.
+
+Korthikanti counts, per transformer layer and micro-batch, the tensors autograd keeps for the backward pass,
+in bytes (2-byte activations, 1-byte dropout masks): attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorm inputs
+4sbh; 34sbh + 5as^2b in all. Tensor parallelism splits everything except the LayerNorm/dropout tensors and the
+GEMM inputs after a norm (10sbh stay replicated: `sbh(10 + 24/t + 5as/(ht))`); sequence parallelism splits those
+too (`sbh/t (34 + 5as/h)`); selective recompute drops the 5as^2b attention-core term; full recompute keeps only
+each layer's input (2sbh, /t with SP). Here each tensor is one named term so that the generalisations show:
+gated MLPs (SwiGLU keeps fc1's 2*ffn output and the ffn-wide activation), GQA (K and V are g/a of Q), MLA
+latents, MoE routing (top-k copies of each token reach the experts), context parallelism (s -> s/CP) and flash
+attention (no s^2 scores, only the fp32 log-sum-exp). The pipeline schedule decides how many micro-batches each
+stage keeps (`inflight_microbatches_per_chunk`); the loss adds fp32 logits on the last stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.model import ModelSpec
+
+__all__ = [
+    "ActivationAssumptions",
+    "attention_activation_bytes",
+    "mlp_activation_bytes",
+    "moe_activation_bytes",
+    "layer_activation_bytes",
+    "embedding_activation_bytes",
+    "output_activation_bytes",
+    "transient_activation_bytes",
+    "UnitActivations",
+    "unit_activation_bytes",
+    "inflight_microbatches_per_chunk",
+]
+
+ACT_BYTES = 2  # bf16 activations (FP8 runs too: see `ActivationAssumptions`)
+MASK_BYTES = 1  # dropout masks (Korthikanti: 1 byte per element)
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActivationAssumptions:
+    """What the activation formulas assume beyond the `Layout`.
+
+    - `flash_attention`: Transformer Engine's fused/flash attention (megatron-core's default with TE) stores no
+      s^2 scores, only Q, K, V, the output and an fp32 log-sum-exp. Set False for pre-2022 runs (Korthikanti).
+    - `recompute_modules`: what `recompute="selective"` recomputes; megatron-core's default is `("core_attn",)`.
+      Others: "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj" (`TransformerConfig`).
+    - `dropout`: whether dropout masks are kept; None means "LayerNorm (GPT-style) models yes, RMSNorm models
+      no" (megatron's default is 0.1, Llama/Qwen/DeepSeek recipes set hidden and attention dropout to 0).
+    - `moe_token_imbalance`: tokens on the busiest expert rank over the balanced share (1.0: forced balance).
+    - FP8: activations are counted as BF16. TE saves FP8 copies of GEMM inputs, but norms, attention and
+      activation-function tensors stay in BF16; the BF16 count is an upper bound.
+    """
+
+    flash_attention: bool = True
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    dropout: bool | None = None
+    moe_token_imbalance: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """Symbols of Korthikanti's Table 2 for one GPU: s (local sequence), b, h, a, t, and the SP divisor."""
+
+    s: int  # sequence per CP rank
+    s_full: int
+    b: int
+    t: int  # TP
+    sp_div: int  # t with SP, 1 without
+    recompute: str
+    modules: frozenset[str]
+    dropout: bool
+    flash: bool
+
+    @property
+    def tokens(self) -> int:
+        return self.s * self.b
+
+
+def _shape(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions: ActivationAssumptions) -> _Shape:
+    dropout = assumptions.dropout if assumptions.dropout is not None else model.normalization == "LayerNorm"
+    modules = frozenset(assumptions.recompute_modules) if layout.recompute == "selective" else frozenset()
+    return _Shape(
+        s=training.seq_length // layout.cp, s_full=training.seq_length, b=layout.mbs, t=layout.tp,
+        sp_div=layout.tp if layout.sp else 1, recompute=layout.recompute, modules=modules, dropout=dropout,
+        flash=assumptions.flash_attention,
+    )
+
+
+def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
+    """One layer's attention block incl. its input norm (Korthikanti Sec. 4.1 'Attention block' + LayerNorm).
+
+    norm_input 2sbh, qkv_input (norm output) 2sbh — both /t only with SP; Q, K, V 2sb(a + 2g)d/t (Korthikanti's
+    4sbh + 2sbh for MHA); core attention: 5as^2b/t without flash attention (softmax 2, its dropout mask 1,
+    dropout output 2), an fp32 log-sum-exp 4sba/t with it, none when selective recompute covers 'core_attn';
+    proj_input (attention output) 2sbh/t; dropout mask sbh. qk-layernorm keeps its inputs (2sb(a + g)d/t).
+    MLA keeps the two latents before and after their norms (2 x 2sb(q_lora + kv_lora), /t with SP).
+    """
+    T, t, sd = x.tokens, x.t, x.sp_div
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    terms = {"attn_norm_input": ACT_BYTES * T * h / sd}
+    terms["qkv_input"] = 0.0 if "layernorm" in x.modules else ACT_BYTES * T * h / sd
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        latent = 2 * ((m.q_lora_rank or 0) + m.kv_lora_rank)
+        terms["mla_latents"] = ACT_BYTES * T * latent / sd
+        qkv_width, o_width = a * (2 * qk + m.v_head_dim), a * m.v_head_dim
+    else:
+        qkv_width, o_width = (a + 2 * g) * d, a * d
+        if model.qk_layernorm:
+            terms["qk_norm_input"] = ACT_BYTES * T * (a + g) * d / t
+    terms["qkv"] = ACT_BYTES * T * qkv_width / t
+    if "core_attn" in x.modules:
+        terms["core_attention"] = 0.0
+    elif x.flash:
+        terms["core_attention"] = FP32_BYTES * T * a / t
+    else:  # Korthikanti: 2as^2b softmax + as^2b mask + 2as^2b dropout output; K/V span the full sequence
+        terms["core_attention"] = 5.0 * a * x.b * x.s * x.s_full / t
+    terms["proj_input"] = ACT_BYTES * T * o_width / t
+    terms["attn_dropout_mask"] = MASK_BYTES * T * h / sd if x.dropout else 0.0
+    return terms
+
+
+def mlp_activation_bytes(model: ModelSpec, x: _Shape, ffn: int) -> dict[str, float]:
+    """One dense layer's MLP incl. its pre-MLP norm (Korthikanti Sec. 4.1 'MLP': 19sbh for ffn = 4h).
+
+    norm_input 2sbh and fc1_input 2sbh (/t with SP); fc1 output 2sb*ffn/t (4sb*ffn/t when gated: SwiGLU keeps
+    both halves); activation output = fc2 input 2sb*ffn/t; dropout mask sbh. 'mlp' recompute keeps only the input.
+    """
+    T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
+    fc1_out = 2 * ffn if model.gated_linear_unit else ffn
+    inner = "mlp" in x.modules
+    return {
+        "mlp_norm_input": ACT_BYTES * T * h / sd,
+        "fc1_input": 0.0 if "layernorm" in x.modules and not inner else ACT_BYTES * T * h / sd,
+        "fc1_output": 0.0 if inner else ACT_BYTES * T * fc1_out / t,
+        "activation_output": 0.0 if inner else ACT_BYTES * T * ffn / t,
+        "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
+    }
+
+
+def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance: float) -> dict[str, float]:
+    """One MoE layer incl. its pre-MLP norm (megatron-core `moe_layer.py`, `experts.py`, `token_dispatcher.py`).
+
+    Each GPU routes T_r = sb/t tokens (SP shard); with balanced routing every EP rank receives T_r * topk token
+    copies, all-gathered over the ETP group: T_e = T_r * topk * ETP. The experts keep their input 2T_e*h, fc1
+    output 2T_e*fc1/ETP, the activation output 2T_e*ffn/ETP (kept by the routing-probability multiply that
+    megatron-core 0.16 fuses into the activation) and its product, the fc2 input 2T_e*ffn/ETP. 'moe_act'
+    recompute drops the last two, 'moe' recompute the whole expert part. The router keeps fp32 scores and
+    probabilities (8 T_r E). Shared experts are a TP-split dense MLP on the same input.
+    """
+    assert model.moe is not None
+    m = model.moe
+    T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
+    etp = layout.expert_tp
+    routed = T / sd
+    expert_tokens = routed * m.topk * etp * imbalance
+    ffn = m.expert_ffn_hidden_size
+    fc1 = 2 * ffn if model.gated_linear_unit else ffn
+    if "moe" in x.modules:
+        experts = 0.0
+    elif "moe_act" in x.modules:
+        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp)
+    else:
+        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + 2 * ffn / etp)
+    shared = 0.0
+    if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and "moe" not in x.modules:
+        sffn = m.shared_expert_ffn_hidden_size
+        shared = ACT_BYTES * T * ((2 * sffn if model.gated_linear_unit else sffn) + sffn) / t
+    return {
+        "mlp_norm_input": ACT_BYTES * T * h / sd,
+        "moe_input": ACT_BYTES * T * h / sd,
+        "router": 2 * FP32_BYTES * routed * m.num_experts,
+        "experts": experts,
+        "shared_experts": shared,
+        "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
+    }
+
+
+def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                           assumptions: ActivationAssumptions, *, moe: bool) -> dict[str, float]:
+    """One transformer layer, one micro-batch, one GPU, by tensor. Full recompute keeps only the layer input
+    (Korthikanti Table 2 'full': 2sbh, /t with SP); the rest is recomputed in the backward pass."""
+    x = _shape(model, training, layout, assumptions)
+    if x.recompute == "full":
+        return {"layer_input": ACT_BYTES * x.tokens * model.hidden_size / x.sp_div}
+    terms = attention_activation_bytes(model, x)
+    if moe:
+        terms.update(moe_activation_bytes(model, x, layout, assumptions.moe_token_imbalance))
+    else:
+        terms.update(mlp_activation_bytes(model, x, model.ffn_hidden_size))
+    return terms
+
+
+def embedding_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
+    """First chunk: the embedding's dropout mask (sbh, /t with SP). Its output is the first layer's input,
+    counted there; the backward of the lookup needs only the token ids."""
+    return {"embedding_dropout_mask": MASK_BYTES * x.tokens * model.hidden_size / x.sp_div if x.dropout else 0.0}
+
+
+def output_activation_bytes(model: ModelSpec, x: _Shape, vocab: int) -> dict[str, float]:
+    """Last chunk: final-norm input and output-layer input (2sbh each, /t with SP) and the fp32 softmax that
+    `vocab_parallel_cross_entropy` keeps for the backward pass (4sbV/t; Korthikanti Sec. 4.3 counts 4sbv/t
+    for the output layer and loss)."""
+    T, h = x.tokens, model.hidden_size
+    return {
+        "final_norm_input": ACT_BYTES * T * h / x.sp_div,
+        "output_layer_input": ACT_BYTES * T * h / x.sp_div,
+        "logits_fp32": FP32_BYTES * T * vocab / x.t,
+    }
+
+
+def transient_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                               assumptions: ActivationAssumptions, *, has_output: bool, has_moe: bool,
+                               vocab: int) -> dict[str, float]:
+    """Memory live for one micro-batch only, counted once per stage:
+    - full recompute: one layer's complete activations while it is recomputed in the backward pass
+      (Korthikanti Sec. 5: the recomputed layer's working set);
+    - loss: the bf16 logits and their fp32 copy alive during the cross-entropy forward (2 + 4 B per logit;
+      megatron-core `tensor_parallel/cross_entropy.py` casts to float before the softmax)."""
+    out: dict[str, float] = {}
+    if layout.recompute == "full":
+        working = replace(layout, recompute="none")
+        out["recompute_working_set"] = sum(
+            layer_activation_bytes(model, training, working, assumptions,
+                                   moe=has_moe and model.moe is not None).values())
+    if has_output:
+        x = _shape(model, training, layout, assumptions)
+        out["loss_transient"] = (ACT_BYTES + FP32_BYTES) * x.tokens * vocab / x.t
+    return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class UnitActivations:
+    """Per-micro-batch activation bytes of the building blocks for one layout, so that a stage's activations
+    are `sum(in-flight x chunk)` plus the transients. `*_terms` keep the breakdown by tensor."""
+
+    dense_terms: tuple[tuple[str, float], ...]
+    moe_terms: tuple[tuple[str, float], ...]
+    embedding_terms: tuple[tuple[str, float], ...]
+    output_terms: tuple[tuple[str, float], ...]
+    transient_terms: dict[tuple[bool, bool], tuple[tuple[str, float], ...]]
+    dense_layer: float
+    moe_layer: float
+    embedding: float
+    output: float
+
+    def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool) -> float:
+        total = dense * self.dense_layer + moe * self.moe_layer
+        if has_embedding:
+            total += self.embedding
+        if has_output:
+            total += self.output
+        return total
+
+    def transient(self, *, has_output: bool, has_moe: bool) -> float:
+        return sum(v for _, v in self.transient_terms[(has_output, has_moe)])
+
+    def breakdown(self, *, chunks: tuple[tuple[int, int, int], ...], inflight: tuple[int, ...], first_dense: int,
+                  last: int, has_output: bool, has_moe: bool) -> tuple[tuple[str, float], ...]:
+        """The named terms of one stage: in-flight micro-batches x chunk terms, plus transients."""
+        out: dict[str, float] = {}
+
+        def add(terms: tuple[tuple[str, float], ...], weight: float) -> None:
+            for name, value in terms:
+                out[name] = out.get(name, 0.0) + weight * value
+
+        for (k, start, n), n_inflight in zip(chunks, inflight):
+            dense = max(0, min(start + n, first_dense) - start)
+            add(self.dense_terms, n_inflight * dense)
+            add(self.moe_terms, n_inflight * (n - dense))
+            if k == 0:
+                add(self.embedding_terms, n_inflight)
+            if k == last:
+                add(self.output_terms, n_inflight)
+        add(self.transient_terms[(has_output, has_moe)], 1)
+        return tuple(out.items())
+
+
+def unit_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                          assumptions: ActivationAssumptions, vocab: int) -> UnitActivations:
+    """The building blocks for `layout`, cached on the fields that change activations (not DP, PP, optimizer)."""
+    key = replace(layout, pp=1, vpp=None, dp=1, dist_opt=False, ep=1)
+    return _units(model, training, key, assumptions, vocab)
+
+
+@lru_cache(maxsize=8192)
+def _units(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions: ActivationAssumptions,
+           vocab: int) -> UnitActivations:
+    x = _shape(model, training, layout, assumptions)
+    dense = tuple(layer_activation_bytes(model, training, layout, assumptions, moe=False).items())
+    moe = tuple(layer_activation_bytes(model, training, layout, assumptions, moe=True).items()) \
+        if model.moe is not None else ()
+    emb = tuple(embedding_activation_bytes(model, x).items())
+    out = tuple(output_activation_bytes(model, x, vocab).items())
+    transients = {
+        (o, m): tuple(transient_activation_bytes(model, training, layout, assumptions, has_output=o, has_moe=m,
+                                                 vocab=vocab).items())
+        for o in (False, True) for m in (False, True)
+    }
+    return UnitActivations(
+        dense_terms=dense, moe_terms=moe, embedding_terms=emb, output_terms=out, transient_terms=transients,
+        dense_layer=sum(v for _, v in dense), moe_layer=sum(v for _, v in moe),
+        embedding=sum(v for _, v in emb), output=sum(v for _, v in out),
+    )
+
+
+def inflight_microbatches_per_chunk(pp: int, vpp: int, microbatches: int, stage: int) -> tuple[int, ...]:
+    """Micro-batches whose activations stage `stage` holds at its peak, per model chunk (megatron-core
+    `pipeline_parallel/schedules.py`).
+
+    1F1B: `min(PP - stage - 1, m)` warm-up forwards, then one more before the first backward: stage 0 keeps
+    min(PP, m) (Narayanan et al. 2021 Sec. 2.2.1). Interleaved: `(PP - stage - 1) * 2 + (VPP - 1) * PP` warm-up
+    forwards plus one, visiting the chunks in groups of PP micro-batches; for stage 0 that is PP*VPP + PP - 1
+    chunk-micro-batches, PP * (1 + (PP - 1) / (PP * VPP)) stage-micro-batches (Korthikanti Sec. 4.2.3).
+    """
+    if vpp == 1:
+        return (min(pp - stage, microbatches),)
+    total = microbatches * vpp
+    n = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, total)
+    groups, rem = divmod(n, pp)
+    cycles, partial = divmod(groups, vpp)
+    return tuple(cycles * pp + (pp if c < partial else 0) + (rem if c == partial else 0) for c in range(vpp))

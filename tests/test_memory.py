@@ -1,0 +1,268 @@
+"""The memory model: exact byte counts per parameter, Korthikanti's activation formulas, pipeline in-flight
+micro-batches, parameter placement over stages, and the sanity properties (more TP/PP, the distributed
+optimizer and recompute never raise memory)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autotune.memory import (
+    DEFAULT_ASSUMPTIONS,
+    MemoryAssumptions,
+    chunk_layer_counts,
+    estimate_memory,
+    padded_vocab_size,
+    stage_params,
+)
+from autotune.memory_activations import (
+    ActivationAssumptions,
+    inflight_microbatches_per_chunk,
+    layer_activation_bytes,
+)
+from search_spaces.catalog import get_model
+from search_spaces.gpus import build_cluster
+from search_spaces.job import Job
+from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.model import ModelSpec
+
+# Korthikanti's GPT: MHA, ffn = 4h, GeLU, LayerNorm, dropout masks kept, no flash attention.
+GPT = ModelSpec(name="gpt-k", num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
+                vocab_size=51200, gated_linear_unit=False, normalization="LayerNorm", add_bias_linear=True)
+KORTHIKANTI = ActivationAssumptions(flash_attention=False, dropout=True)
+
+
+def _job(model: ModelSpec | str, *, seq: int = 2048, gbs: int = 64, precision: str = "bf16", nodes: int = 8) -> Job:
+    model = get_model(model) if isinstance(model, str) else model
+    return Job(model=model, cluster=build_cluster(nodes=nodes, gpu="h100"),
+               training=TrainingSpec(seq_length=seq, global_batch_size=gbs, precision=precision))
+
+
+def _state_bytes(job: Job, layout: Layout) -> tuple[float, int]:
+    est = estimate_memory(job, layout)
+    return est.weights_bytes + est.gradients_bytes + est.optimizer_bytes, est.params_per_gpu
+
+
+# --- bytes per parameter (Megatron-LM theoretical_memory_usage.py) -----------------------------------------
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2), (8, 4)])
+def test_18_bytes_per_param_without_distributed_optimizer(tp, pp):
+    # 2 (bf16 weight) + 4 (fp32 grad) + 12 (fp32 master, Adam m, v) = 18
+    state, params = _state_bytes(_job("llama3-8b"), Layout(tp=tp, pp=pp, dp=4))
+    assert state == 18 * params
+
+
+@pytest.mark.parametrize("dp", [1, 2, 8, 64])
+def test_distributed_optimizer_costs_6_plus_12_over_dp(dp):
+    state, params = _state_bytes(_job("llama3-8b"), Layout(tp=2, dp=dp, dist_opt=True))
+    assert state == pytest.approx((6 + 12 / dp) * params)
+
+
+def test_distributed_optimizer_shards_over_dp_times_cp():
+    # dense params: optimizer over intra_dp_cp_group: 12 / (DP * CP) = 12 / (4 * 2) = 1.5 B/param
+    est = estimate_memory(_job("llama3-8b", seq=8192), Layout(tp=2, cp=2, dp=4, dist_opt=True))
+    assert est.optimizer_bytes == pytest.approx(1.5 * est.params_per_gpu)
+
+
+def test_expert_optimizer_shards_over_expert_dp():
+    # tiny-moe, TP=2 DP=4 EP=4 ETP=1: expert_dp = 2*1*4 / (4*1) = 2, dense shard DP*CP = 4
+    job = _job("tiny-moe")
+    layout = Layout(tp=2, dp=4, ep=4, etp=1, sp=True, dist_opt=True)
+    sp = stage_params(job.model, layout)[0]
+    est = estimate_memory(job, layout)
+    assert est.optimizer_bytes == pytest.approx(12 / 4 * sp.dense_params_per_gpu + 12 / 2 * sp.expert_params_per_gpu)
+
+
+def test_fp8_adds_weight_caches_for_gemm_weights_only():
+    layout = Layout(tp=2, dp=4)
+    bf16 = estimate_memory(_job("llama3-8b"), layout)
+    fp8 = estimate_memory(_job("llama3-8b", precision="fp8"), layout)
+    gemm = stage_params(get_model("llama3-8b"), layout)[bf16.stage].gemm_params_per_gpu
+    assert fp8.weights_bytes - bf16.weights_bytes == 2 * gemm  # FP8 copy + transpose, 1 B each
+    assert 0 < gemm < bf16.params_per_gpu  # embeddings, norms are not GEMM weights
+
+
+# --- parameter placement ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("vocab,tp,padded", [(50257, 1, 50304), (50257, 8, 51200), (1024, 8, 1024), (128256, 8, 129024)])
+def test_vocab_padded_to_multiple_of_128_tp(vocab, tp, padded):
+    assert padded_vocab_size(vocab, tp) == padded
+
+
+@pytest.mark.parametrize("layers,pp,vpp,counts", [
+    (8, 2, 1, (4, 4)),
+    (8, 2, 2, (2, 2, 2, 2)),
+    (94, 8, 4, (2,) + (3,) * 30 + (2,)),  # (94 + 2) / 32 = 3, embedding and loss count as a layer
+    (61, 16, 1, (4,) * 13 + (3,) * 3),  # no even split: the remainder goes to the first chunks
+])
+def test_chunk_layer_counts(layers, pp, vpp, counts):
+    assert chunk_layer_counts(layers, pp, vpp) == counts
+    assert sum(counts) == layers
+
+
+@pytest.mark.parametrize("name,pp", [("tiny-gpt", 1), ("tiny-gpt", 4), ("tiny-moe", 2), ("tiny-mla", 2),
+                                     ("gpt3-175b", 8), ("deepseek-v3", 16)])
+def test_stage_totals_add_up_to_the_model(name, pp):
+    model = get_model(name)
+    stages = stage_params(model, Layout(pp=pp))
+    pad_rows = padded_vocab_size(model.vocab_size, 1) - model.vocab_size
+    tied_copy = model.vocab_size + pad_rows if (model.tied_embeddings and pp > 1) else 0
+    outputs = 1 if model.tied_embeddings else 2  # padded embedding and (untied) output layer
+    expected = model.dense_params + outputs * pad_rows * model.hidden_size + tied_copy * model.hidden_size
+    assert sum(s.dense_params for s in stages) == expected
+    assert sum(s.expert_params for s in stages) == model.routed_expert_params
+    assert [s.dense_params_per_gpu for s in stages] == [s.dense_params for s in stages]  # TP = EP = 1
+
+
+def test_deepseek_first_dense_layers_land_in_stage_0():
+    stages = stage_params(get_model("deepseek-v3"), Layout(pp=16))
+    assert (stages[0].layers, stages[0].moe_layers) == (4, 1)  # 3 dense + 1 MoE
+    assert all(s.moe_layers == s.layers for s in stages[1:])
+
+
+def test_embedding_first_stage_output_last_stage_with_vpp():
+    stages = stage_params(get_model("tiny-gpt"), Layout(pp=2, vpp=2))
+    assert [(s.has_embedding, s.has_output) for s in stages] == [(True, False), (False, True)]
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-moe", "llama3-70b", "mixtral-8x7b", "deepseek-v3"])
+def test_more_tp_never_raises_weight_memory(name):
+    model = get_model(name)
+    per_gpu = [max(s.params_per_gpu for s in stage_params(model, Layout(tp=tp))) for tp in (1, 2, 4, 8)]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+
+
+@pytest.mark.parametrize("name,pps", [("tiny-gpt", (1, 2, 4, 8)), ("llama3-70b", (1, 2, 4, 8, 16)),
+                                      ("deepseek-v3", (1, 2, 4, 8, 16))])
+def test_more_pp_never_raises_weight_memory(name, pps):
+    model = get_model(name)
+    per_gpu = [max(s.params_per_gpu for s in stage_params(model, Layout(tp=2, pp=pp))) for pp in pps]
+    assert per_gpu == sorted(per_gpu, reverse=True)
+
+
+# --- activations: Korthikanti et al. 2022, Table 2 ---------------------------------------------------------
+def _layer(model, layout, seq=2048, assumptions=KORTHIKANTI, moe=False):
+    return sum(layer_activation_bytes(model, TrainingSpec(seq_length=seq), layout, assumptions, moe=moe).values())
+
+
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+def test_korthikanti_tp_with_sequence_parallel(t):
+    s, b, h, a = 2048, 2, 1024, 16
+    expected = s * b * h / t * (34 + 5 * a * s / h)
+    assert _layer(GPT, Layout(tp=t, sp=t > 1, mbs=b)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_korthikanti_tp_without_sequence_parallel(t):
+    s, b, h, a = 2048, 1, 1024, 16
+    expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert _layer(GPT, Layout(tp=t)) == pytest.approx(expected)
+
+
+def test_korthikanti_selective_recompute_drops_the_attention_scores():
+    s, h, t = 2048, 1024, 4
+    assert _layer(GPT, Layout(tp=t, sp=True, recompute="selective")) == pytest.approx(s * h / t * 34)
+
+
+def test_korthikanti_full_recompute_keeps_the_layer_input():
+    s, h, t = 2048, 1024, 4
+    assert _layer(GPT, Layout(tp=t, sp=True, recompute="full")) == pytest.approx(2 * s * h / t)
+
+
+def test_gated_mlp_keeps_both_fc1_halves_and_the_activation():
+    # SwiGLU, RMSNorm, no dropout, flash: the MLP part is 2sbh (norm) + 2sbh (fc1 in) + (4 + 2) sb*ffn / t
+    model = get_model("llama3-8b")
+    terms = layer_activation_bytes(model, TrainingSpec(seq_length=4096), Layout(tp=2, sp=True),
+                                   DEFAULT_ASSUMPTIONS, moe=False)
+    s, f, t = 4096, 14336, 2
+    assert terms["fc1_output"] + terms["activation_output"] == 6 * s * f / t
+
+
+def test_gqa_keys_and_values_are_g_over_a_of_the_queries():
+    model = get_model("llama3-8b")  # a = 32, g = 8, d = 128
+    terms = layer_activation_bytes(model, TrainingSpec(seq_length=4096), Layout(), DEFAULT_ASSUMPTIONS, moe=False)
+    assert terms["qkv"] == 2 * 4096 * (32 + 2 * 8) * 128
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_divides_activations(cp):
+    model = get_model("llama3-8b")
+    one = _layer(model, Layout(tp=2, sp=True), seq=8192, assumptions=DEFAULT_ASSUMPTIONS)
+    assert _layer(model, Layout(tp=2, sp=True, cp=cp), seq=8192, assumptions=DEFAULT_ASSUMPTIONS) == \
+        pytest.approx(one / cp)
+
+
+def test_moe_expert_activations_scale_with_topk():
+    # expert tensors hold T * topk token copies: doubling topk doubles them
+    base = get_model("tiny-moe")
+    top4 = replace(base, moe=replace(base.moe, topk=4))
+    x = (TrainingSpec(seq_length=256), Layout(tp=2, sp=True, ep=2, etp=1), DEFAULT_ASSUMPTIONS)
+    e2 = layer_activation_bytes(base, *x, moe=True)["experts"]
+    e4 = layer_activation_bytes(top4, *x, moe=True)["experts"]
+    assert e4 == 2 * e2
+    h, f, tokens = 128, 256, 256 / 2 * 2  # SP shard of 256 tokens, top-2
+    assert e2 == 2 * tokens * (h + 2 * f + 2 * f)
+
+
+# --- pipeline in-flight micro-batches ----------------------------------------------------------------------
+@pytest.mark.parametrize("pp,m,expected", [(4, 16, 4), (8, 4, 4), (1, 8, 1)])
+def test_1f1b_first_stage_keeps_min_pp_microbatches(pp, m, expected):
+    assert inflight_microbatches_per_chunk(pp, 1, m, 0) == (expected,)
+
+
+def test_1f1b_last_stage_keeps_one_microbatch():
+    assert inflight_microbatches_per_chunk(8, 1, 64, 7) == (1,)
+
+
+@pytest.mark.parametrize("pp,vpp", [(4, 2), (8, 4), (16, 3)])
+def test_interleaving_factor_on_first_stage(pp, vpp):
+    # in stage-micro-batches: sum(chunk counts) / VPP = PP * (1 + (PP - 1) / (PP * VPP))
+    counts = inflight_microbatches_per_chunk(pp, vpp, 64, 0)
+    assert sum(counts) / vpp == pytest.approx(pp * (1 + (pp - 1) / (pp * vpp)))
+
+
+# --- the estimate and its sanity properties -----------------------------------------------------------------
+LAYOUTS = [
+    Layout(tp=2, pp=2, dp=16, sp=True),
+    Layout(tp=4, pp=4, vpp=2, dp=4, sp=True, mbs=2),
+    Layout(tp=8, pp=1, cp=2, dp=4, sp=True),
+    Layout(tp=1, pp=8, dp=8),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+@pytest.mark.parametrize("name", ["llama3-70b", "mixtral-8x7b"])
+def test_distributed_optimizer_never_raises_memory(name, layout):
+    job = _job(name, seq=4096, gbs=256)
+    if job.model.moe is not None:
+        layout = replace(layout, ep=2, etp=1)
+    assert estimate_memory(job, replace(layout, dist_opt=True)).total_bytes <= estimate_memory(job, layout).total_bytes
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+@pytest.mark.parametrize("name", ["llama3-70b", "deepseek-v3"])
+def test_full_recompute_lowers_activations(name, layout):
+    job = _job(name, seq=4096, gbs=256)
+    by = {r: estimate_memory(job, replace(layout, recompute=r)).activations_bytes for r in ("none", "selective", "full")}
+    assert by["full"] < by["selective"] <= by["none"]
+
+
+def test_breakdown_sums_to_total_and_names_the_dominant_term():
+    est = estimate_memory(_job("llama3-70b", seq=4096, gbs=256), Layout(tp=8, pp=4, dp=2, sp=True))
+    parts = est.as_dict()
+    assert set(parts) == {"weights", "gradients", "optimizer", "activations", "overhead"}
+    assert sum(parts.values()) == pytest.approx(est.total_bytes)
+    assert est.dominant == max(parts, key=parts.get)
+    assert sum(v for _, v in est.activation_terms) == pytest.approx(est.activations_bytes)
+
+
+def test_first_stage_is_the_peak_for_an_even_dense_pipeline():
+    # stage 0 holds PP micro-batches and the embedding; the last stage holds one micro-batch and the logits
+    est = estimate_memory(_job("llama3-70b", seq=4096, gbs=256), Layout(tp=8, pp=4, dp=2, sp=True))
+    assert est.stage == 0
+
+
+def test_overhead_is_fixed_plus_a_fraction():
+    custom = MemoryAssumptions(cuda_context_bytes=0, nccl_buffer_bytes=0, fragmentation_fraction=0.1)
+    est = estimate_memory(_job("tiny-gpt"), Layout(), custom)
+    counted = est.total_bytes - est.overhead_bytes
+    assert est.overhead_bytes == pytest.approx(0.1 * counted)
