@@ -44,6 +44,7 @@ __all__ = [
     "open_progress",
     "progress_actor_name",
     "ReportingBackend",
+    "track",
     "trial_name",
     "add_arguments",
     "session",
@@ -191,11 +192,11 @@ def _progress_class():
     return ray.remote(num_cpus=0, max_restarts=0)(SearchProgress)
 
 
-def open_progress(search_name: str, total_trials: int | None = None):
-    """The named progress actor of a search (created if absent); needs a connected Ray."""
+def open_progress(actor_key: str, total_trials: int | None = None, *, display_name: str | None = None):
+    """The progress actor `autotune-search:<actor_key>` (created if absent); needs a connected Ray."""
     cls = _progress_class()
-    return cls.options(name=progress_actor_name(search_name), namespace=NAMESPACE, get_if_exists=True).remote(
-        search_name, total_trials
+    return cls.options(name=progress_actor_name(actor_key), namespace=NAMESPACE, get_if_exists=True).remote(
+        display_name or actor_key, total_trials
     )
 
 
@@ -223,6 +224,22 @@ class ReportingBackend:
         if attribute in ("inner", "progress", "name"):
             raise AttributeError(attribute)
         return getattr(self.inner, attribute)
+
+
+def track(backend: Backend, search_name: str, total_trials: int | None = None) -> Backend:
+    """`backend` wrapped in a `ReportingBackend` when this process is connected to Ray, else unchanged.
+
+    The one call a search driver makes to be visible in the dashboard: each evaluation becomes a
+    named task `trial <layout> [<status>]` and the progress actor `autotune-search:<name>` counts them.
+    """
+    import sys
+    import uuid
+
+    ray = sys.modules.get("ray")  # never import ray just to find out it is not running
+    if ray is None or not ray.is_initialized():
+        return backend
+    progress = open_progress(f"{search_name}-{uuid.uuid4().hex[:6]}", total_trials, display_name=search_name)
+    return ReportingBackend(backend, progress)
 
 
 def trial_name(trial) -> str:

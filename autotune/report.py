@@ -169,6 +169,9 @@ def render_report(data: ReportInput) -> str:
             f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")
 
 
+_LAUNCH_TITLES = {"megatron_bridge": "Megatron-Bridge overrides", "megatron_lm": "Megatron-LM arguments"}
+
+
 def report_input(result) -> ReportInput:
     """Adapt a search result (`autotune.results.SearchResult` or `autotune.api.Result`) to `ReportInput`."""
     from autotune.api import Result
@@ -179,7 +182,7 @@ def report_input(result) -> ReportInput:
         title=res.title,
         job=res.job_summary(),
         best_layout=None if res.best is None else str(res.best),
-        launch=res.launch_forms(),
+        launch={_LAUNCH_TITLES.get(k, k): v for k, v in res.launch_forms().items()},
         capacity_gib=res.capacity_gib,
     )
 
