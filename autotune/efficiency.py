@@ -64,6 +64,7 @@ class Calibration:
     # --- communication ------------------------------------------------------------------
     link_fraction: float = 0.8  # assumed: NCCL bus bandwidth / link bandwidth for large messages
     ep_comm_exposed_fraction: float = 0.7  # fitted: share of the expert all-to-all not hidden
+    pp_p2p_exposed_fraction: float = 1.0  # fitted: share of pipeline send/recv time on the critical path
     cp_overlap_fraction: float = 0.8  # fitted: share of the attention time that can hide the CP ring exchange
     dp_overlap_fraction: float = 0.8  # fitted: share of DP grad reduce / param gather that overlaps (all but the last bucket)
     # --- per-step fixed cost ------------------------------------------------------------
@@ -97,11 +98,12 @@ def gpu_family(gpu: GPUSpec) -> str:
 
 DEFAULT_CALIBRATION = Calibration(
     per_gpu_family=(
-        ("a100", GpuFractions(gemm_peak_fraction=0.78, attention_peak_fraction=0.15, tp_comm_exposed_fraction=1.0)),
-        ("h100", GpuFractions(gemm_peak_fraction=0.74, attention_peak_fraction=0.70, tp_comm_exposed_fraction=0.3)),
+        ("a100", GpuFractions(gemm_peak_fraction=0.80, attention_peak_fraction=0.15, tp_comm_exposed_fraction=1.0)),
+        ("h100", GpuFractions(gemm_peak_fraction=0.72, attention_peak_fraction=0.80, tp_comm_exposed_fraction=0.2)),
     ),
     gemm_dim_half=128.0,
     ep_comm_exposed_fraction=0.2,
+    pp_p2p_exposed_fraction=1.0,
     dp_overlap_fraction=0.3,
     moe_layer_overhead_s=1.5e-3,
     step_overhead_s=0.0,

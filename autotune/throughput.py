@@ -444,7 +444,7 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
         breakdown[key] += m * value
     breakdown["pp_bubble"] = pipeline_bubble_s(stage_avg_s, layout)
     if layout.pp > 1:
-        breakdown["pp_p2p"] += m * mb.p2p_s
+        breakdown["pp_p2p"] += m * mb.p2p_s * cal.pp_p2p_exposed_fraction
     breakdown["dp_comm"] = _exposed_dp_s(dp_comm_s(job, layout, cal), mb.overlap_window_s * layers_max, cal)
     breakdown["optimizer"] = optimizer_step_s(job, layout, cal)
     breakdown["overhead"] += cal.step_overhead_s

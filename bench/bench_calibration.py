@@ -228,6 +228,7 @@ FIT_GRID: dict[str, list[float]] = {
     "a100.tp_comm_exposed_fraction": [x / 10 for x in range(0, 11)],
     "h100.tp_comm_exposed_fraction": [x / 10 for x in range(0, 11)],
     "ep_comm_exposed_fraction": [x / 10 for x in range(0, 11)],
+    "pp_p2p_exposed_fraction": [x / 10 for x in range(0, 11)],
     "dp_overlap_fraction": [x / 10 for x in range(0, 11)],
     "moe_layer_overhead_s": [0, 1e-4, 2e-4, 4e-4, 6e-4, 8e-4, 1e-3, 1.5e-3, 2e-3],
     "step_overhead_s": [0, 0.01, 0.02, 0.05, 0.1],

@@ -1,0 +1,100 @@
+"""`python -m autotune estimate --model llama3-70b --nodes 8 --layout "tp=4,pp=4,vpp=5"`: one layout, analytic.
+
+Prints the validity verdict, the memory breakdown and the throughput breakdown (rich tables), or with
+--json one object: feasible, status, reason, violations, layout (megatron-core names), memory_gib,
+memory (GiB per term), step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, time (seconds per term),
+dominant_time. Exit code 0 when the layout is feasible, 1 when it breaks a rule or runs out of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_arguments", "run", "estimate_object"]
+
+GIB = 1024**3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--layout", required=True,
+        help='layout as name=value pairs, e.g. "tp=4,pp=4,vpp=5,sp=true,dist_opt=true,recompute=selective"; '
+             "fields: tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, recompute. Omitted fields take "
+             "megatron-core's defaults (1, no VPP, ETP = TP, SP off, no distributed optimizer, no recompute); "
+             "dp defaults to world / (tp * pp * cp)",
+    )
+    parser.add_argument("--headroom-gib", type=float, default=0.0,
+                        help="GiB to keep free on each GPU when judging out-of-memory (default 0)")
+
+
+def estimate_object(measurement) -> dict[str, object]:
+    """The --json object of one Measurement."""
+    m = measurement
+    return {
+        "feasible": m.status == "ok",
+        "status": m.status,
+        "reason": m.reason,
+        "violations": list(m.violations),
+        "layout": m.layout.to_megatron(),
+        "memory_gib": m.memory_gib,
+        "memory": {k: v / GIB for k, v in m.memory.items()},
+        "step_time_s": m.step_time_s,
+        "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+        "tflops_per_gpu": m.tflops_per_gpu,
+        "mfu": m.mfu,
+        "time": dict(m.time),
+        "dominant_time": m.extra.get("dominant_time"),
+    }
+
+
+def _print_rich(job, m) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
+                  f"{job.cluster.gpu.name}, seq {job.training.seq_length}, GBS {job.training.global_batch_size}, "
+                  f"{job.training.precision}")
+    console.print(f"layout: {m.layout}")
+    verdict = {"ok": "[green]feasible[/green]", "oom": "[red]out of memory[/red]",
+               "invalid": "[red]invalid[/red]"}.get(m.status, m.status)
+    console.print(f"verdict: {verdict}" + (f" ({m.reason})" if m.reason and m.status != "invalid" else ""))
+    for v in m.violations:
+        console.print(f"  [red]x[/red] {v}")
+    if m.memory:
+        table = Table(title=f"memory per GPU (peak {m.memory_gib:.1f} GiB of {job.cluster.gpu.memory_gib:.0f} GiB)")
+        table.add_column("term")
+        table.add_column("GiB", justify="right")
+        table.add_column("share", justify="right")
+        for name, value in m.memory.items():
+            table.add_row(name, f"{value / GIB:.2f}", f"{value / m.memory_bytes:.0%}")
+        console.print(table)
+    if m.time:
+        table = Table(title=f"step time {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                            f"{m.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {m.mfu:.1%}")
+        table.add_column("term")
+        table.add_column("seconds", justify="right")
+        table.add_column("share", justify="right")
+        for name, value in m.time.items():
+            table.add_row(name, f"{value:.4f}", f"{value / m.step_time_s:.1%}")
+        console.print(table)
+        console.print(f"largest term beyond compute: {m.extra.get('dominant_time')}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from search_spaces.layout import parse_layout
+
+    from autotune.analytic import AnalyticBackend
+    from autotune.commands import job_from_args
+
+    if args.headroom_gib < 0:
+        raise ValueError(f"`--headroom-gib >= 0` must hold, but got ({args.headroom_gib}).")
+    job = job_from_args(args)
+    layout = parse_layout(args.layout, world_size=job.world_size)
+    m = AnalyticBackend(headroom_bytes=args.headroom_gib * GIB).evaluate(job, layout)
+    if args.json:
+        print(json.dumps(estimate_object(m), indent=2))
+    else:
+        _print_rich(job, m)
+    return 0 if m.status == "ok" else 1
