@@ -1,0 +1,392 @@
+"""The feasible space: every valid layout of a job, built directly, and the choices of each dimension.
+
+Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on the earlier ones:
+
+    tp         divisors of the world; heads, query groups and FFN sizes allow it; inside one node by default
+    cp         seq_length % (2*CP) == 0 and TP*CP divides the world
+    pp         divides world / (TP*CP) and num_layers              -> DP = world / (TP*CP*PP)
+    vpp        None, or v >= 2 with PP >= min_pp_for_vpp and num_layers % (PP*v) == 0
+    ep         dense: 1. MoE: divides num_experts and TP*CP*DP      (EP*ETP inside one node by default)
+    etp        dense: None (= TP). MoE: explicit, EP*ETP divides TP*CP*DP; 1 when the model has biases
+    mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
+    sp         False when TP == 1; True for MoE with TP > 1; both for dense TP > 1 (when the sequence splits)
+    dist_opt   SpaceOptions.dist_opt (free)
+    recompute  SpaceOptions.recompute (free)
+
+Every prefix the space offers has at least one valid completion, so a define-by-run search never
+reaches a dead end. The search driver builds its Optuna space like this:
+
+    space = feasible_space(job, options)
+    values = {}
+    for name in DIMENSIONS:
+        values[name] = trial.suggest_categorical(param_name, space.choices(name, values))
+    layout = space.layout(values)
+
+(Optuna wants a fixed choice list per parameter name, so `param_name` should carry the prefix the
+choices depend on, e.g. `space.param_name(name, values)`.)
+
+`rejections(job, options)` counts, over the naive product of per-dimension ranges
+(`SpaceReport.dimensions`), how many candidates each rule removed. Each rejected candidate is
+counted once, against the *first* rule it breaks, rules being checked dimension by dimension in
+`DIMENSIONS` order (a rule is checked as soon as the fields it reads are chosen; at one
+dimension, validity rules in `rules.RULES` order, then the search-space restrictions). The count
+is a depth-first walk over valid prefixes only, so it never materialises the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from math import prod
+
+from search_spaces.job import Job
+from search_spaces.layout import RECOMPUTE_CHOICES, Layout
+from search_spaces.rules import RULES, Rule, Violation
+
+__all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
+           "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules"]
+
+DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "dist_opt", "recompute")
+SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:8]  # dist_opt and recompute are free: no rule reads them
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceOptions:
+    """Search-space choices (not validity rules): what the generator enumerates.
+
+    tp_within_node: TP groups stay inside one node (gpus_per_node % TP == 0).
+    expert_within_node: for MoE, EP*ETP groups stay inside one node (gpus_per_node % (EP*ETP) == 0).
+    min_pp_for_vpp: interleaving needs PP >= this; 2 is megatron-core's rule, 3 is Megatron-LM's
+        training-script rule when --overlap-p2p-comm is off.
+    max_*: caps on a dimension (None: no cap beyond validity).
+    """
+
+    tp_within_node: bool = True
+    expert_within_node: bool = True
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    recompute: tuple[str, ...] = RECOMPUTE_CHOICES
+    dist_opt: tuple[bool, ...] = (False, True)
+    min_pp_for_vpp: int = 2
+    max_tp: int | None = None
+    max_cp: int | None = None
+    max_pp: int | None = None
+    max_vpp: int | None = None
+    max_ep: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.micro_batch_sizes or any(m <= 0 for m in self.micro_batch_sizes):
+            raise ValueError(f"micro_batch_sizes must be positive integers, but got {self.micro_batch_sizes}.")
+        if not self.recompute or any(r not in RECOMPUTE_CHOICES for r in self.recompute):
+            raise ValueError(f"recompute choices must be a non-empty subset of {RECOMPUTE_CHOICES}, "
+                             f"but got {self.recompute}.")
+        if not self.dist_opt:
+            raise ValueError("dist_opt choices must not be empty; use (False,), (True,) or (False, True).")
+        if self.min_pp_for_vpp < 2:
+            raise ValueError(f"`min_pp_for_vpp >= 2` must hold (megatron-core), but got ({self.min_pp_for_vpp}).")
+        for name in ("max_tp", "max_cp", "max_pp", "max_vpp", "max_ep"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"`{name} >= 1` must hold, but got ({name}={value}).")
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    """Positive divisors of n, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+def _capped(values: tuple[int, ...], cap: int | None) -> tuple[int, ...]:
+    return values if cap is None else tuple(v for v in values if v <= cap)
+
+
+# --- search-space restrictions, in the same shape as validity rules (for the rejection report) ----
+def _tp_within_node(job: Job, layout: Layout) -> Violation | None:
+    gpn = job.cluster.gpus_per_node
+    if gpn % layout.tp == 0:
+        return None
+    return Violation(rule="tp_within_node", fields={"tp": layout.tp, "gpus_per_node": gpn},
+                     message=f"search space: TP groups stay inside one node, but tensor_model_parallel_size "
+                             f"({layout.tp}) does not divide gpus_per_node ({gpn}); lift with --allow-cross-node-tp.")
+
+
+def _expert_within_node(job: Job, layout: Layout) -> Violation | None:
+    gpn, size = job.cluster.gpus_per_node, layout.ep * layout.expert_tp
+    if not job.model.is_moe or gpn % size == 0:
+        return None
+    return Violation(rule="expert_within_node", fields={"ep": layout.ep, "etp": layout.expert_tp, "gpus_per_node": gpn},
+                     message=f"search space: EP*ETP groups stay inside one node, but expert_model_parallel_size "
+                             f"({layout.ep}) * expert_tensor_parallel_size ({layout.expert_tp}) does not divide "
+                             f"gpus_per_node ({gpn}); lift with --allow-cross-node-tp.")
+
+
+def _vpp_min_pp(min_pp: int):
+    def vpp_min_pp(job: Job, layout: Layout) -> Violation | None:
+        if layout.vpp_size == 1 or layout.pp >= min_pp:
+            return None
+        return Violation(rule="vpp_min_pp", fields={"pp": layout.pp, "vpp": layout.vpp},
+                         message=f"search space: interleaving only with pipeline_model_parallel_size >= {min_pp}, "
+                                 f"but got {layout.pp}.")
+    return vpp_min_pp
+
+
+def space_rules(job: Job, options: SpaceOptions) -> tuple[Rule, ...]:
+    """The search-space restrictions `options` switch on, as rules (checked after the validity rules)."""
+    out = []
+    if options.tp_within_node:
+        out.append(Rule(name="tp_within_node", reads=frozenset({"tp"}), check=_tp_within_node, source="search space"))
+    if options.expert_within_node and job.model.is_moe:
+        out.append(Rule(name="expert_within_node", reads=frozenset({"tp", "ep", "etp"}), check=_expert_within_node,
+                        source="search space"))
+    if options.min_pp_for_vpp > 2:
+        out.append(Rule(name="vpp_min_pp", reads=frozenset({"pp", "vpp"}), check=_vpp_min_pp(options.min_pp_for_vpp),
+                        source="search space"))
+    return tuple(out)
+
+
+SPACE_RULES: tuple[str, ...] = ("tp_within_node", "expert_within_node", "vpp_min_pp")
+
+
+def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object, ...]]:
+    """The naive per-dimension ranges whose product is the candidate set of `rejections`.
+
+    tp, cp, pp (and ep, etp for MoE): divisors of the world size (under the max_* caps);
+    vpp: None or a divisor >= 2 of num_layers; dense models do not search ep (1) or etp (None).
+    """
+    world, moe = job.world_size, job.model.is_moe
+    world_divisors = divisors(world)
+    vpps = tuple(v for v in divisors(job.model.num_layers) if v >= 2)
+    return {
+        "tp": _capped(world_divisors, options.max_tp),
+        "cp": _capped(world_divisors, options.max_cp),
+        "pp": _capped(world_divisors, options.max_pp),
+        "vpp": (None, *_capped(vpps, options.max_vpp)),
+        "ep": _capped(world_divisors, options.max_ep) if moe else (1,),
+        "etp": world_divisors if moe else (None,),
+        "mbs": tuple(options.micro_batch_sizes),
+        "sp": (False, True),
+        "dist_opt": tuple(options.dist_opt),
+        "recompute": tuple(options.recompute),
+    }
+
+
+# --- direct construction ---------------------------------------------------------------------------
+def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
+    m, gpn = job.model, job.cluster.gpus_per_node
+    for tp in _capped(divisors(job.world_size), options.max_tp):
+        if options.tp_within_node and gpn % tp:
+            continue
+        if m.num_attention_heads % tp or (m.query_groups % tp and tp % m.query_groups):
+            continue
+        if m.num_dense_mlp_layers and m.ffn_hidden_size % tp:
+            continue
+        if m.moe is not None and m.moe.shared_expert_ffn_hidden_size and m.moe.shared_expert_ffn_hidden_size % tp:
+            continue
+        yield tp
+
+
+def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
+    """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp), each dimension's options from the earlier choices."""
+    m, world, gpn = job.model, job.world_size, job.cluster.gpus_per_node
+    seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
+    for tp in _tp_values(job, options):
+        for cp in _capped(divisors(world // tp), options.max_cp):
+            if cp > 1 and seq % (2 * cp):
+                continue
+            sps = _sp_values(job, tp, cp)
+            if not sps:
+                continue
+            for pp in _capped(divisors(world // (tp * cp)), options.max_pp):
+                if layers % pp:
+                    continue
+                dp = world // (tp * cp * pp)
+                vpps = [None] if pp < options.min_pp_for_vpp else \
+                    [None] + [v for v in divisors(layers // pp) if v >= 2]
+                for vpp in _capped_vpp(vpps, options.max_vpp):
+                    for ep, etp in _expert_values(job, options, tp * cp * dp):
+                        for mbs in options.micro_batch_sizes:
+                            if gbs % (mbs * dp):
+                                continue
+                            if vpp is not None and (gbs // (mbs * dp)) % pp:
+                                continue
+                            for sp in sps:
+                                yield (tp, cp, pp, vpp, ep, etp, mbs, sp)
+
+
+def _capped_vpp(vpps: list, cap: int | None) -> list:
+    return vpps if cap is None else [v for v in vpps if v is None or v <= cap]
+
+
+def _sp_values(job: Job, tp: int, cp: int) -> tuple[bool, ...]:
+    if tp == 1:
+        return (False,)
+    seq = job.training.seq_length
+    splits = seq % cp == 0 and (seq // cp) % tp == 0
+    if job.model.is_moe:
+        return (True,) if splits else ()
+    return (False, True) if splits else (False,)
+
+
+def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterator[tuple[int, int | None]]:
+    """(ep, etp) pairs with EP*ETP dividing TP*CP*DP (the GPUs of one pipeline stage)."""
+    moe = job.model.moe
+    if moe is None:
+        yield 1, None
+        return
+    gpn = job.cluster.gpus_per_node
+    for ep in _capped(divisors(dense_group), options.max_ep):
+        if moe.num_experts % ep:
+            continue
+        for etp in divisors(dense_group // ep):
+            if job.model.add_bias_linear and etp != 1:
+                break
+            if moe.expert_ffn_hidden_size % etp:
+                continue
+            if options.expert_within_node and gpn % (ep * etp):
+                continue
+            yield ep, etp
+
+
+# --- the space as an index of prefixes ---------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FeasibleSpace:
+    """All valid shapes of a job, indexed by prefix; dist_opt and recompute multiply every shape."""
+
+    job: Job
+    options: SpaceOptions
+    shapes: tuple[tuple, ...]
+    _children: Mapping[tuple, tuple] = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.shapes) * len(self.options.dist_opt) * len(self.options.recompute)
+
+    def choices(self, name: str, partial: Mapping[str, object]) -> tuple[object, ...]:
+        """The values of dimension `name` that complete to a valid layout, given the earlier dimensions.
+
+        `partial` must hold exactly the dimensions before `name` in DIMENSIONS (extra keys are ignored).
+        Raises ValueError for an unknown dimension, a missing earlier one or an invalid prefix.
+        """
+        if name not in DIMENSIONS:
+            raise ValueError(f"unknown dimension {name!r}; dimensions in order: {', '.join(DIMENSIONS)}.")
+        if name == "dist_opt":
+            return tuple(self.options.dist_opt)
+        if name == "recompute":
+            return tuple(self.options.recompute)
+        prefix = self._prefix(name, partial)
+        if prefix not in self._children:
+            raise ValueError(f"{dict(zip(DIMENSIONS, prefix))} is not a prefix of any valid layout; "
+                             f"choose each dimension from choices().")
+        return self._children[prefix]
+
+    def _prefix(self, name: str, partial: Mapping[str, object]) -> tuple:
+        earlier = SHAPE_DIMENSIONS[: SHAPE_DIMENSIONS.index(name)]
+        missing = [d for d in earlier if d not in partial]
+        if missing:
+            raise ValueError(f"choices for {name!r} need the earlier dimensions {', '.join(missing)} chosen first.")
+        return tuple(partial[d] for d in earlier)
+
+    def layout(self, values: Mapping[str, object]) -> Layout:
+        """The Layout of a full choice of every dimension (dp derived); ValueError if it is not in the space."""
+        missing = [d for d in DIMENSIONS if d not in values]
+        if missing:
+            raise ValueError(f"a layout needs every dimension; missing {', '.join(missing)}.")
+        shape = tuple(values[d] for d in SHAPE_DIMENSIONS)
+        if shape[:-1] not in self._children or shape[-1] not in self._children[shape[:-1]] \
+                or values["dist_opt"] not in self.options.dist_opt or values["recompute"] not in self.options.recompute:
+            raise ValueError(f"{dict(values)} is not a layout of this space.")
+        return _layout(self.job, shape, values["dist_opt"], values["recompute"])
+
+    def param_name(self, name: str, partial: Mapping[str, object]) -> str:
+        """A parameter name unique to the prefix the choices of `name` depend on (for Optuna)."""
+        prefix = self._prefix(name, partial) if name in SHAPE_DIMENSIONS else ()
+        return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix))])
+
+    def layouts(self) -> Iterator[Layout]:
+        for shape in self.shapes:
+            for dist_opt in self.options.dist_opt:
+                for recompute in self.options.recompute:
+                    yield _layout(self.job, shape, dist_opt, recompute)
+
+
+def _layout(job: Job, shape: tuple, dist_opt: object, recompute: object) -> Layout:
+    tp, cp, pp, vpp, ep, etp, mbs, sp = shape
+    return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
+                  dist_opt=dist_opt, recompute=recompute)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=32)
+def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> FeasibleSpace:
+    """Build (once per job and options) the index of valid shapes."""
+    shapes = tuple(_shapes(job, options))
+    children: dict[tuple, list] = {}
+    for shape in shapes:
+        for k in range(len(SHAPE_DIMENSIONS)):
+            values = children.setdefault(shape[:k], [])
+            if shape[k] not in values:
+                values.append(shape[k])
+    frozen = {prefix: tuple(values) for prefix, values in children.items()}
+    return FeasibleSpace(job=job, options=options, shapes=shapes, _children=frozen)
+
+
+def feasible_layouts(job: Job, options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
+    """Every valid layout of `job` within `options`, built directly (no filtering of a product)."""
+    return feasible_space(job, options).layouts()
+
+
+# --- rejection counts ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpaceReport:
+    """Candidates = product of `dimensions`; each rejected one counted against its first broken rule."""
+
+    candidates: int
+    feasible: int
+    rejected_by: Mapping[str, int]
+    dimensions: Mapping[str, tuple[object, ...]]
+
+    @property
+    def rejected(self) -> int:
+        return self.candidates - self.feasible
+
+
+def rejections(job: Job, options: SpaceOptions = SpaceOptions()) -> SpaceReport:
+    """Count candidates removed per rule by a depth-first walk over valid prefixes (see module docstring)."""
+    ranges = dimension_ranges(job, options)
+    rules = RULES + space_rules(job, options)
+    assigned: set[str] = set()
+    due: list[tuple[Rule, ...]] = []  # rules that become checkable at each dimension
+    for name in DIMENSIONS:
+        assigned |= {name, "dp"} if name == "pp" else {name}
+        due.append(tuple(r for r in rules if r.reads <= assigned and r not in sum(due, ())))
+    last = max(i for i, d in enumerate(due) if d)
+    counts = dict.fromkeys([r.name for r in rules], 0)
+    remaining = [prod(len(ranges[d]) for d in DIMENSIONS[i + 1:]) for i in range(len(DIMENSIONS))]
+    world = job.world_size
+    prefixes: list[dict[str, object]] = [{}]
+    for i, name in enumerate(DIMENSIONS[: last + 1]):
+        survivors = []
+        for prefix in prefixes:
+            for value in ranges[name]:
+                values = {**prefix, name: value}
+                if name == "pp":
+                    model_size = values["tp"] * values["cp"] * value
+                    values["dp"] = world // model_size if world % model_size == 0 else 1
+                broken = _first_broken(job, due[i], values)
+                if broken is None:
+                    survivors.append(values)
+                else:
+                    counts[broken] += remaining[i]
+        prefixes = survivors
+    feasible = len(prefixes) * remaining[last]
+    candidates = prod(len(v) for v in ranges.values())
+    return SpaceReport(candidates=candidates, feasible=feasible, rejected_by=counts, dimensions=ranges)
+
+
+def _first_broken(job: Job, rules: tuple[Rule, ...], values: Mapping[str, object]) -> str | None:
+    if not rules:
+        return None
+    layout = Layout(**values)  # type: ignore[arg-type]
+    for rule in rules:
+        if rule.check(job, layout) is not None:
+            return rule.name
+    return None
