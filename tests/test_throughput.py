@@ -1,0 +1,158 @@
+"""Throughput model: Megatron FLOPs, communication primitives, and the sanity properties of the step time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from autotune.efficiency import DEFAULT_CALIBRATION, gemm_efficiency
+from autotune.throughput import (
+    TIME_KEYS,
+    estimate_time,
+    forward_flops_per_token,
+    model_flops_per_step,
+    pipeline_bubble_s,
+    ring_collective_s,
+)
+from search_spaces.catalog import get_model
+from search_spaces.cluster import LinkSpec
+from search_spaces.gpus import build_cluster
+from search_spaces.job import Job
+from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.model import ModelSpec, MoESpec
+
+
+def _job(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, seq: int = 4096, gbs: int = 64,
+         gpu: str = "h100") -> Job:
+    spec = get_model(model) if isinstance(model, str) else model
+    return Job(model=spec, cluster=build_cluster(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu),
+               training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
+
+
+# --- model FLOPs ---------------------------------------------------------------------------------
+def _megatron_flops(L, h, a, g, d, f, V, s, B, gate, topk=1, shared=0, moe_ffn=None):
+    """Megatron-LM num_floating_point_operations, written out (expansion factor 12, causal 1/2)."""
+    mlp_f = f if moe_ffn is None else moe_ffn * topk + shared
+    attn = (1 + g / a + s / h * 0.5) * (a * d / h)
+    return 12 * B * s * L * h * h * (attn + mlp_f / h * gate) + 6 * B * s * h * V
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        # GQA + SwiGLU, V = 128256 is a multiple of 128
+        ModelSpec(name="gqa", num_layers=4, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
+                  num_query_groups=4, vocab_size=128256),
+        # MHA + GELU, kv_channels != h / a
+        ModelSpec(name="mha", num_layers=2, hidden_size=768, ffn_hidden_size=3072, num_attention_heads=8,
+                  kv_channels=128, vocab_size=1024, gated_linear_unit=False),
+    ],
+)
+def test_model_flops_match_megatron_formula(model: ModelSpec) -> None:
+    training = TrainingSpec(seq_length=2048, global_batch_size=8)
+    gate = 1.5 if model.gated_linear_unit else 1.0
+    expected = _megatron_flops(model.num_layers, model.hidden_size, model.num_attention_heads, model.query_groups,
+                               model.head_dim, model.ffn_hidden_size, model.vocab_size, 2048, 8, gate)
+    assert model_flops_per_step(model, training) == pytest.approx(expected, rel=1e-12)
+
+
+def test_moe_flops_count_topk_and_shared_experts() -> None:
+    # every layer MoE: MLP FLOPs use topk * moe_ffn + shared, not the dense ffn
+    model = ModelSpec(name="moe", num_layers=4, hidden_size=512, ffn_hidden_size=9999, num_attention_heads=8,
+                      num_query_groups=2, vocab_size=1024,
+                      moe=MoESpec(num_experts=16, topk=4, expert_ffn_hidden_size=256, shared_expert_ffn_hidden_size=512))
+    training = TrainingSpec(seq_length=1024, global_batch_size=2)
+    expected = _megatron_flops(4, 512, 8, 2, 64, 0, 1024, 1024, 2, 1.5, topk=4, shared=512, moe_ffn=256)
+    assert model_flops_per_step(model, training) == pytest.approx(expected, rel=1e-12)
+
+
+def test_causal_attention_is_half_the_square_term() -> None:
+    # doubling s adds 2*s*a*d per token per layer forward (causal), i.e. the core term is linear in s
+    model = get_model("tiny-gpt")
+    d1 = forward_flops_per_token(model, 2048) - forward_flops_per_token(model, 1024)
+    # 8 layers * 2 * (2048 - 1024) * a * d = 8 * 2 * 1024 * 16 * 8
+    assert d1 == pytest.approx(8 * 2 * 1024 * 16 * 8)
+
+
+# --- primitives ----------------------------------------------------------------------------------
+def test_ring_collective_arithmetic() -> None:
+    link = LinkSpec(name="x", bandwidth_bytes_per_s=100e9, latency_s=1e-5, source="test")
+    cal = replace(DEFAULT_CALIBRATION, link_fraction=1.0)
+    # 8 ranks, 1 GB: 7/8 * 1e9 / 100e9 + 7 * 1e-5 = 8.75 ms + 0.07 ms
+    assert ring_collective_s(1e9, 8, link, cal) == pytest.approx(8.75e-3 + 7e-5)
+    assert ring_collective_s(1e9, 1, link, cal) == 0.0
+
+
+@pytest.mark.parametrize(("pp", "vpp", "expected"), [(1, None, 0.0), (4, None, 3.0), (4, 3, 1.0), (8, 7, 1.0)])
+def test_bubble_is_pp_minus_one_over_vpp(pp, vpp, expected) -> None:
+    # (p - 1) / v micro-batch slots of 1 s each
+    assert pipeline_bubble_s(1.0, Layout(pp=pp, vpp=vpp)) == pytest.approx(expected)
+
+
+def test_thinner_gemms_are_less_efficient() -> None:
+    # N = K = h / t: t = 8 gives 1024-wide matrices, t = 2 gives 4096-wide ones
+    h, m = 8192, 8192
+    assert gemm_efficiency(m, h / 8, h / 8, 128) < gemm_efficiency(m, h / 2, h / 2, 128) < 1.0
+
+
+# --- the step ------------------------------------------------------------------------------------
+LAYOUTS = [
+    ("llama3-8b", 1, Layout(tp=1, dp=8)),
+    ("llama3-8b", 1, Layout(tp=2, dp=4, sp=True, dist_opt=True)),
+    ("llama3-70b", 4, Layout(tp=8, pp=4, vpp=5, dp=1, sp=True, dist_opt=True)),
+    ("llama3-70b", 4, Layout(tp=4, pp=2, cp=2, dp=2, sp=True, recompute="full")),
+    ("mixtral", 4, Layout(tp=2, pp=2, ep=8, dp=8, sp=True, dist_opt=True)),
+    ("deepseek-v3", 32, Layout(tp=2, pp=16, ep=64, etp=1, dp=8, sp=True, dist_opt=True, recompute="selective")),
+]
+
+
+@pytest.mark.parametrize(("model", "nodes", "layout"), LAYOUTS)
+def test_mfu_never_above_one_and_breakdown_sums(model, nodes, layout) -> None:
+    est = estimate_time(_job(model, nodes=nodes, gbs=128), layout)
+    assert 0 < est.mfu <= 1
+    assert set(est.breakdown) == set(TIME_KEYS)
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_time_s)
+    assert all(v >= 0 for v in est.breakdown.values())
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "mixtral"])
+def test_full_recompute_raises_step_time(model) -> None:
+    job = _job(model, nodes=2)
+    base = Layout(tp=2, pp=2, ep=4 if model == "mixtral" else 1, dp=4, sp=True)
+    times = [estimate_time(job, replace(base, recompute=r)).step_time_s for r in ("none", "selective", "full")]
+    assert times[0] < times[1] < times[2]
+
+
+def test_tp_across_nodes_is_slower_than_inside() -> None:
+    # TP = 8: one node of 8 GPUs vs two nodes of 4 (the TP group crosses InfiniBand)
+    layout = Layout(tp=8, dp=2, sp=True)
+    inside = estimate_time(_job("llama3-70b", nodes=2, gpus_per_node=8), layout)
+    across = estimate_time(_job("llama3-70b", nodes=4, gpus_per_node=4), layout)
+    assert across.step_time_s > inside.step_time_s
+    assert across.breakdown["tp_comm"] > inside.breakdown["tp_comm"]
+
+
+def test_more_tp_lowers_compute_efficiency() -> None:
+    # same FLOPs per GPU: TP=2 x DP=4 runs 1/4 of the batch on 1/2 of each layer, TP=8 x DP=1 the whole
+    # batch on 1/8 of each layer (1/8 either way); the thinner TP=8 GEMMs take longer
+    job = _job("llama3-8b", nodes=1)
+    t2 = estimate_time(job, Layout(tp=2, dp=4, sp=True)).breakdown["compute"]
+    t8 = estimate_time(job, Layout(tp=8, dp=1, sp=True)).breakdown["compute"]
+    assert t8 > t2
+
+
+def test_vpp_shrinks_the_bubble() -> None:
+    job = _job("llama3-70b", nodes=4, gbs=64)
+    plain = estimate_time(job, Layout(tp=8, pp=4, dp=1, sp=True))
+    inter = estimate_time(job, Layout(tp=8, pp=4, vpp=5, dp=1, sp=True))
+    assert inter.breakdown["pp_bubble"] < plain.breakdown["pp_bubble"]
+
+
+def test_analytic_path_imports_nothing_heavy() -> None:
+    code = ("import sys, autotune.analytic, autotune.throughput, autotune.commands.estimate; "
+            "heavy = [m for m in ('torch', 'ray', 'megatron', 'optuna', 'pandas') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
