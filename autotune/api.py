@@ -213,7 +213,7 @@ class Result:
 
     @property
     def best_measurement(self) -> Measurement | None:
-        """The fastest feasible trial (highest tokens/s per GPU), or None when nothing fits."""
+        """The fastest feasible trial (highest tokens/s per GPU, then least memory), or None when nothing fits."""
         return self.raw.best
 
     @property
@@ -224,7 +224,12 @@ class Result:
 
     @property
     def capacity_gib(self) -> float:
+        """The GPU's memory (the line on the plots); feasibility also keeps the search's headroom free."""
         return self.job.cluster.gpu.memory_gib
+
+    @property
+    def output_dir(self) -> str | None:
+        return getattr(self.raw, "output_dir", None)
 
     @property
     def title(self) -> str:
@@ -234,26 +239,31 @@ class Result:
     # --- tables ----------------------------------------------------------------------------
     @property
     def trials(self) -> pd.DataFrame:
-        """One row per trial: layout fields, status, tokens/s per GPU, memory, `time.*` and `memory.*` breakdowns."""
+        """One row per trial: number, layout fields, status, feasible, tokens/s per GPU, memory, and the
+        `time.*` (s) and `memory.*` (bytes) breakdowns."""
         if self._trials is None:
             from autotune.plots import trials_frame
 
-            self._trials = trials_frame(self.measurements)
+            self._trials = trials_frame(self.raw.records)
         return self._trials
 
     @property
     def pareto(self) -> pd.DataFrame:
-        """Feasible trials no other beats on both tokens/s per GPU (higher) and memory per GPU (lower)."""
-        from autotune.plots import pareto_mask
+        """Feasible layouts no other beats on both tokens/s per GPU (higher) and memory per GPU (lower), by memory."""
+        from autotune.plots import trials_frame
 
-        df = self.trials
-        return df[pareto_mask(df)].sort_values("memory_gib")
+        return trials_frame(self.raw.pareto)
 
     def top(self, k: int = 10) -> pd.DataFrame:
-        """The k fastest distinct feasible layouts."""
-        from autotune.plots import top_feasible
+        """The k fastest distinct feasible layouts, in the search's (and the CLI's) ranking order."""
+        from autotune.plots import trials_frame
 
-        return top_feasible(self.trials, k)
+        return trials_frame(self.raw.ranked[:k])
+
+    @property
+    def ranking(self) -> list[Layout]:
+        """Every distinct feasible layout, best first: the order the CLI prints."""
+        return [r.layout for r in self.raw.ranked]
 
     # --- launch forms ----------------------------------------------------------------------
     @property
@@ -262,11 +272,7 @@ class Result:
         return self.launch_forms()
 
     def launch_forms(self) -> dict[str, str]:
-        if self.best is None:
-            return {}
-        from autotune.launch import launch_forms
-
-        return launch_forms(self.job, self.best)
+        return dict(self.raw.launch())
 
     def job_summary(self) -> dict[str, object]:
         j, c = self.job, self.job.cluster
@@ -308,5 +314,5 @@ class Result:
         return write_report(self, folder)
 
     def __repr__(self) -> str:
-        feasible = int(self.trials["ok"].sum()) if len(self.trials) else 0
+        feasible = int(self.trials["feasible"].sum()) if len(self.trials) else 0
         return f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, best {self.best}>"

@@ -24,9 +24,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from autotune.measurement import Measurement
+    from autotune.results import TrialRecord
 
 __all__ = [
     "trials_frame",
+    "feasible_mask",
     "pareto_mask",
     "top_feasible",
     "pareto",
@@ -62,16 +64,22 @@ PLOT_FILES: dict[str, str] = {
 _LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "sp", "dist_opt", "recompute")
 
 
-def trials_frame(measurements: Iterable[Measurement]) -> pd.DataFrame:
-    """One row per measurement, in trial order: layout fields, status, totals and breakdowns.
+def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
+    """One row per trial, in trial order: number, layout fields, status, feasibility, totals and breakdowns.
 
-    Breakdown terms become `time.<term>` (seconds) and `memory.<term>` (bytes) columns.
+    Takes `Measurement`s or the search's `TrialRecord`s (which add the trial number, its origin and
+    feasibility against the GPU's memory minus the headroom). Breakdown terms become `time.<term>`
+    (seconds) and `memory.<term>` (bytes) columns.
     """
     import pandas as pd
 
     rows = []
-    for i, m in enumerate(measurements):
-        row: dict[str, object] = {"trial": i, "status": m.status, "ok": m.ok, "layout": str(m.layout)}
+    for i, item in enumerate(trials):
+        m = getattr(item, "measurement", item)
+        row: dict[str, object] = {
+            "trial": getattr(item, "number", i), "origin": getattr(item, "origin", ""), "layout": str(m.layout),
+            "status": m.status, "ok": m.ok, "feasible": bool(getattr(item, "feasible", m.ok)),
+        }
         row.update({f: getattr(m.layout, f) for f in _LAYOUT_FIELDS})
         row.update(
             tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
@@ -88,9 +96,11 @@ def trials_frame(measurements: Iterable[Measurement]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _ok(df: pd.DataFrame) -> pd.Series:
-    if "ok" in df:
-        return df["ok"].astype(bool)
+def feasible_mask(df: pd.DataFrame) -> pd.Series:
+    """Feasible rows: the search's `feasible` (fits with headroom) where known, else status ok."""
+    for column in ("feasible", "ok"):
+        if column in df:
+            return df[column].astype(bool)
     return df["status"] == "ok"
 
 
@@ -103,7 +113,7 @@ def pareto_mask(df: pd.DataFrame) -> pd.Series:
     import pandas as pd
 
     mask = pd.Series(False, index=df.index)
-    feasible = df[_ok(df)].dropna(subset=["tokens_per_s_per_gpu", "memory_gib"])
+    feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu", "memory_gib"])
     order = feasible.sort_values(["memory_gib", "tokens_per_s_per_gpu"], ascending=[True, False])
     best = float("-inf")
     for idx, tps in order["tokens_per_s_per_gpu"].items():
@@ -115,8 +125,10 @@ def pareto_mask(df: pd.DataFrame) -> pd.Series:
 
 def top_feasible(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """The k feasible trials with the highest tokens/s per GPU, one row per distinct layout."""
-    feasible = df[_ok(df)].dropna(subset=["tokens_per_s_per_gpu"])
-    feasible = feasible.sort_values("tokens_per_s_per_gpu", ascending=False, kind="stable")
+    feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu"])
+    # The search's ranking (autotune/results.py distinct_feasible): fastest, then least memory, then by name.
+    feasible = feasible.sort_values(["tokens_per_s_per_gpu", "memory_gib", "layout"], ascending=[False, True, True],
+                                    kind="stable")
     return feasible.drop_duplicates(subset="layout").head(k)
 
 
@@ -131,7 +143,7 @@ def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, title: str = 
     fig = _figure()
     ax = fig.add_subplot()
     measured = df.dropna(subset=["memory_gib"]) if "memory_gib" in df else df.iloc[0:0]
-    ok = _ok(measured)
+    ok = feasible_mask(measured)
     feasible, infeasible = measured[ok], measured[~ok]
     y_col = "tokens_per_s_per_gpu"
     ax.scatter(feasible["memory_gib"], feasible[y_col], s=18, color="tab:blue", alpha=0.7,
@@ -230,7 +242,7 @@ def progress(df: pd.DataFrame) -> Figure:
     fig = _figure(7.0, 3.6)
     ax = fig.add_subplot()
     ordered = df.sort_values("trial") if "trial" in df else df.reset_index(drop=True).rename_axis("trial").reset_index()
-    tps = ordered["tokens_per_s_per_gpu"].where(_ok(ordered))
+    tps = ordered["tokens_per_s_per_gpu"].where(feasible_mask(ordered))
     ax.scatter(ordered["trial"], tps, s=10, color="tab:blue", alpha=0.5, label="feasible trial")
     ax.step(ordered["trial"], tps.cummax(), where="post", color="tab:green", label="best so far")
     ax.set_xlabel("trial")

@@ -125,9 +125,11 @@ def _winner_section(data: ReportInput, top: pd.DataFrame) -> str:
 def _rejections(df: pd.DataFrame) -> str:
     if "status" not in df:
         return ""
-    bad = df[df["status"] != "ok"]
+    bad = df[~plots.feasible_mask(df)]
     if bad.empty:
         return "<p>Every trial was feasible.</p>"
+    over = (bad["status"] == "ok")  # ran fine but leaves less than the requested headroom
+    bad = bad.assign(status=bad["status"].where(~over, "ok, over the headroom"))
     counts = bad.groupby("status").size().rename("trials").reset_index()
     out = _table(counts, ["status", "trials"])
     if "reason" in bad:
@@ -148,7 +150,7 @@ def render_report(data: ReportInput) -> str:
         (plots.memory_breakdown(df, capacity_gib=data.capacity_gib), "Memory breakdown of the top layouts"),
         (plots.progress(df), "Search progress: best so far by trial"),
     ]
-    n_ok = int((df["status"] == "ok").sum()) if "status" in df else 0
+    n_ok = int(plots.feasible_mask(df).sum()) if len(df) else 0
     summary = dict(data.job)
     summary.update({"trials": len(df), "feasible trials": n_ok})
     shown = df.head(MAX_TRIAL_ROWS)
