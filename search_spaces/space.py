@@ -274,6 +274,8 @@ class FeasibleSpace:
         if name == "recompute":
             return tuple(self.options.recompute)
         prefix = self._prefix(name, partial)
+        if not self.shapes:
+            return ()  # an empty space offers nothing, even for the first dimension
         if prefix not in self._children:
             raise ValueError(f"{dict(zip(DIMENSIONS, prefix))} is not a prefix of any valid layout; "
                              f"choose each dimension from choices().")

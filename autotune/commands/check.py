@@ -1,0 +1,81 @@
+"""`python -m autotune check --model mixtral --nodes 4 --layout "tp=2,pp=2,ep=8"`: one layout vs every rule.
+
+Says valid (with the derived DP, expert DP, experts per GPU and micro-batches), or lists every
+violation with megatron-core's message and exits with code 1. With --json one object:
+valid, layout (megatron-core names plus dp and expert_dp), violations [{rule, fields, message}], notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_arguments", "run", "check_object", "notes"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--layout", required=True,
+        help='layout as name=value pairs, e.g. "tp=2,pp=4,vpp=2,cp=1,ep=8,etp=1,mbs=1,sp=true,dist_opt=true,'
+             'recompute=selective"; omitted fields take megatron-core\'s defaults (1, no VPP, ETP = TP, SP off, '
+             "no distributed optimizer, no recompute); dp defaults to world / (tp * pp * cp)",
+    )
+
+
+def notes(job, layout) -> list[str]:
+    """Facts worth saying about a layout that are not violations (search-space choices, derived sizes)."""
+    out = []
+    gpn = job.cluster.gpus_per_node
+    if gpn % layout.tp:
+        out.append(f"TP={layout.tp} spans nodes ({gpn} GPUs per node): valid, but outside the default search space.")
+    if job.model.is_moe and gpn % (layout.ep * layout.expert_tp):
+        out.append(f"EP*ETP={layout.ep * layout.expert_tp} spans nodes ({gpn} GPUs per node): valid, but outside "
+                   "the default search space.")
+    return out
+
+
+def check_object(job, layout, violations) -> dict[str, object]:
+    return {
+        "valid": not violations,
+        "layout": layout.to_megatron(),
+        "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message} for v in violations],
+        "notes": notes(job, layout),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.commands import job_from_args
+    from search_spaces.layout import parse_layout
+    from search_spaces.rules import check
+
+    job = job_from_args(args)
+    layout = parse_layout(args.layout, world_size=job.world_size)
+    violations = check(job, layout)
+    if args.json:
+        print(json.dumps(check_object(job, layout, violations), default=str))
+        return 1 if violations else 0
+    _print_rich(job, layout, violations)
+    return 1 if violations else 0
+
+
+def _print_rich(job, layout, violations) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console()
+    console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
+                  f"({job.world_size} GPUs), seq {job.training.seq_length}, GBS {job.training.global_batch_size}")
+    console.print(f"layout: {escape(str(layout))}")
+    if violations:
+        console.print(f"[red]invalid[/red]: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
+        for v in violations:
+            console.print(f"  [red]x[/red] [bold]{v.rule}[/bold]: {escape(v.message)}")
+    else:
+        facts = [f"DP {layout.dp}"]
+        if job.model.moe is not None:
+            facts.append(f"expert DP {layout.expert_dp}")
+            facts.append(f"{job.model.moe.num_experts // layout.ep} experts per GPU")
+        facts.append(f"{layout.num_microbatches(job.training.global_batch_size)} micro-batches per step")
+        console.print(f"[green]valid[/green]: {', '.join(facts)}")
+    for note in notes(job, layout):
+        console.print(f"  note: {escape(note)}")
