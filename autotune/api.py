@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["make_job", "search", "estimate", "Result", "DEFAULT_TRIALS", "DEFAULT_SEED"]
 
+GIB = 1024**3
 DEFAULT_TRIALS = 64
 DEFAULT_SEED = 0
 DEFAULT_SEQ_LENGTH = 4096  # the CLI's defaults (autotune/cli.py)
@@ -165,12 +166,14 @@ def estimate(
     seq_length: int | None = None,
     global_batch_size: int | None = None,
     precision: str | None = None,
+    headroom_gib: float = 0.0,
 ) -> Measurement:
     """The analytic estimate of one layout: memory and time breakdowns, tokens/s per GPU, MFU, status.
 
     `layout` is a `Layout` or its text form (`"tp=2,pp=4,ep=8,sp=true"`, dp derived from the world size).
     A layout that breaks a rule or does not fit comes back with `status` "invalid" or "oom" and the
-    reasons, never as an exception.
+    reasons, never as an exception. `headroom_gib` is kept free on each GPU when judging out-of-memory
+    (the CLI's `estimate --headroom-gib`).
 
         >>> m = estimate("mixtral", "tp=2,pp=2,ep=8,sp=true", nodes=4)   # doctest: +SKIP
         >>> m.status, round(m.memory_gib, 1), m.time["pp_bubble"]        # doctest: +SKIP
@@ -181,13 +184,9 @@ def estimate(
                                     inter_node=inter_node, cluster=cluster, seq_length=seq_length,
                                     global_batch_size=global_batch_size, precision=precision))
     parsed = layout if isinstance(layout, Layout) else parse_layout(layout, world_size=job.world_size)
-    return _analytic_backend().evaluate(job, parsed)
-
-
-def _analytic_backend():
     from autotune.analytic import AnalyticBackend
 
-    return AnalyticBackend()
+    return AnalyticBackend(headroom_bytes=headroom_gib * GIB).evaluate(job, parsed)
 
 
 class Result:

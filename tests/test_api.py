@@ -1,0 +1,145 @@
+"""The Python API: specs in code, one-layout estimates, the Result object, and the same ranking as the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import autotune.api as api
+from autotune import clusters, models
+from autotune.cli import build_parser
+from autotune.commands import job_from_args
+from autotune.measurement import Measurement
+from autotune.results import SearchResult, TrialRecord
+from search_spaces.layout import Layout
+
+GIB = 1024**3
+
+
+# --- specs in code ---------------------------------------------------------------------------------
+def test_models_get_is_the_catalog_entry():
+    from search_spaces.catalog import get_model
+
+    assert models.get("mixtral") == get_model("mixtral-8x7b")
+
+
+def test_model_variant_changes_one_field_and_names_itself():
+    half = models.variant(models.get("llama3-70b"), num_layers=40)
+    assert (half.num_layers, half.hidden_size, half.name) == (40, 8192, "llama3-70b[num_layers=40]")
+
+
+def test_model_variant_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="no field"):
+        models.variant(models.get("llama3-8b"), layers=4)
+
+
+def test_models_resolve_rejects_other_types():
+    with pytest.raises(ValueError, match="catalog name"):
+        models.resolve(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "world", "inter"),
+    [
+        ({"nodes": 4}, 32, "ib-ndr"),  # 4 * 8
+        ({"nodes": 2, "gpus_per_node": 4, "inter_node": "ethernet-100g"}, 8, "ethernet-100g"),  # 2 * 4
+    ],
+)
+def test_cluster_build(kwargs, world, inter):
+    c = clusters.build(**kwargs)
+    assert (c.world_size, c.inter_node.name) == (world, inter)
+
+
+def test_custom_gpu_memory_flows_into_the_cluster():
+    c = clusters.build(nodes=1, gpu=clusters.gpu("h100", memory_bytes=64 * GIB))
+    assert c.gpu.memory_gib == 64.0
+
+
+def test_cluster_and_parts_together_is_an_error():
+    with pytest.raises(ValueError, match="either cluster="):
+        api.make_job("mixtral", cluster=clusters.build(nodes=1), nodes=4)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "mixtral", "--nodes", "4"],
+        ["--model", "llama3-70b", "--nodes", "2", "--gpu", "h200", "--seq-length", "8192", "--global-batch-size", "64"],
+    ],
+)
+def test_make_job_builds_the_cli_job(argv):
+    args = build_parser().parse_args(["estimate", *argv, "--layout", "tp=1"])
+    kwargs = {"nodes": args.nodes, "gpu": args.gpu, "seq_length": args.seq_length,
+              "global_batch_size": args.global_batch_size}
+    assert api.make_job(args.model, **{k: v for k, v in kwargs.items() if v is not None}) == job_from_args(args)
+
+
+# --- one layout --------------------------------------------------------------------------------------
+def test_estimate_of_a_valid_layout_has_breakdowns():
+    m = api.estimate("mixtral", "tp=2,pp=2,ep=8,sp=true,dist_opt=true", nodes=4)
+    assert m.status == "ok" and m.layout.dp == 8  # 32 / (2 * 2 * 1)
+    assert m.memory_bytes == pytest.approx(sum(m.memory.values()))
+    assert m.step_time_s == pytest.approx(sum(m.time.values()))
+
+
+def test_estimate_of_a_broken_layout_is_a_result_not_an_exception():
+    m = api.estimate("mixtral", "tp=3", nodes=4)  # 32 heads are not a multiple of 3
+    assert m.status == "invalid" and "tensor_model_parallel_size" in m.reason
+
+
+# --- the Result object over a search result ------------------------------------------------------------
+def _record(number: int, layout: Layout, tps: float | None, mem_gib: float, feasible: bool) -> TrialRecord:
+    m = Measurement(layout=layout, status="ok" if tps else "oom", source="analytic", memory_bytes=mem_gib * GIB,
+                    memory={"weights": mem_gib * GIB}, time={"compute": 1.0} if tps else {},
+                    step_time_s=1.0 if tps else None, tokens_per_s_per_gpu=tps)
+    return TrialRecord(number=number, origin="search", measurement=m, feasible=feasible, capacity_bytes=76 * GIB)
+
+
+@pytest.fixture
+def result() -> api.Result:
+    job = api.make_job("mixtral", nodes=4)
+    records = (
+        _record(0, Layout(tp=1, pp=4, ep=8, dp=8, dist_opt=True), 4000.0, 60.0, True),
+        _record(1, Layout(tp=2, pp=2, ep=8, dp=8, sp=True, dist_opt=True), 5000.0, 50.0, True),
+        _record(2, Layout(tp=1, pp=1, ep=8, dp=32), None, 120.0, False),
+        _record(3, Layout(tp=1, pp=2, ep=8, dp=16), 6000.0, 79.0, False),  # fast, but over the headroom
+    )
+    raw = SearchResult(job=job, records=records, capacity_bytes=76 * GIB, headroom_bytes=4 * GIB, mode="search",
+                       backend="analytic", seed=0, space_size=100)
+    return api.Result(raw)
+
+
+def test_result_best_is_the_fastest_feasible(result):
+    assert result.best == Layout(tp=2, pp=2, ep=8, dp=8, sp=True, dist_opt=True)
+
+
+def test_result_trials_frame_has_one_row_per_trial(result):
+    df = result.trials
+    assert list(df["trial"]) == [0, 1, 2, 3]
+    assert list(df["feasible"]) == [True, True, False, False]
+    assert "time.compute" in df and "memory.weights" in df
+
+
+def test_result_top_follows_the_search_ranking(result):
+    assert list(result.top(5)["tokens_per_s_per_gpu"]) == [5000.0, 4000.0]
+    assert result.ranking == [Layout(tp=2, pp=2, ep=8, dp=8, sp=True, dist_opt=True),
+                              Layout(tp=1, pp=4, ep=8, dp=8, dist_opt=True)]
+
+
+def test_result_launch_forms_name_the_winner(result):
+    assert "--tensor-model-parallel-size 2" in result.launch["megatron_lm"]
+    assert "model.tensor_model_parallel_size=2" in result.launch["megatron_bridge"]
+
+
+@pytest.mark.parametrize("method", ["plot_pareto", "plot_time_breakdown", "plot_memory_breakdown", "plot_progress"])
+def test_result_plots_are_figures(result, method):
+    from matplotlib.figure import Figure
+
+    assert isinstance(getattr(result, method)(), Figure)
+
+
+def test_result_report_shows_the_winner(result, tmp_path):
+    text = open(result.write_report(tmp_path)).read()
+    winner = text[text.index('id="winner"'):]
+    assert str(result.best) in winner[: winner.index("</div>")]
