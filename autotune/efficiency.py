@@ -30,6 +30,8 @@ __all__ = [
     "DEFAULT_CALIBRATION",
     "gpu_family",
     "gemm_efficiency",
+    "GemmCost",
+    "gemm_cost",
     "gemm_time_s",
     "attention_time_s",
     "memory_bound_time_s",
@@ -119,23 +121,47 @@ def gemm_efficiency(m: float, n: float, k: float, dim_half: float) -> float:
     return (m / (m + dim_half)) * (n / (n + dim_half)) * (k / (k + dim_half))
 
 
+@dataclass(frozen=True, slots=True)
+class GemmCost:
+    """GEMM timing constants of one (GPU, precision, calibration), resolved once so timing a GEMM is a few multiplies."""
+
+    flops_per_s: float  # peak * family fraction (* FP8 factor)
+    bytes_per_s: float  # HBM bandwidth * hbm_fraction
+    element_bytes: float
+    dim_half: float
+    overhead_s: float
+
+    def time_s(self, m: float, n: float, k: float, count: float = 1.0) -> float:
+        """`count` GEMMs (M x K) @ (K x N): max(2MNK / (achieved peak * shape factor), bytes / HBM) + launch."""
+        if m <= 0 or n <= 0 or k <= 0 or count <= 0:
+            return 0.0
+        dh = self.dim_half
+        shape = (m / (m + dh)) * (n / (n + dh)) * (k / (k + dh))
+        compute_s = 2.0 * m * n * k / (self.flops_per_s * shape)
+        memory_s = self.element_bytes * (m * k + k * n + m * n) / self.bytes_per_s
+        return count * ((compute_s if compute_s > memory_s else memory_s) + self.overhead_s)
+
+
+@lru_cache(maxsize=256)
+def gemm_cost(gpu: GPUSpec, precision: str, cal: Calibration) -> GemmCost:
+    """The GemmCost of `gpu` at `precision` (FP8 GEMMs: FP8 peak * fp8_gemm_speedup_fraction, 1-byte operands)."""
+    fraction = cal.fractions(gpu).gemm_peak_fraction
+    if precision == "fp8":
+        fraction *= cal.fp8_gemm_speedup_fraction
+    return GemmCost(flops_per_s=gpu.peak_flops(precision) * fraction,
+                    bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_fraction,
+                    element_bytes=1.0 if precision == "fp8" else 2.0,
+                    dim_half=cal.gemm_dim_half, overhead_s=cal.kernel_overhead_s)
+
+
 def gemm_time_s(m: float, n: float, k: float, *, gpu: GPUSpec, precision: str, cal: Calibration,
                 count: float = 1.0) -> float:
     """Time of `count` GEMMs of shape (M x K) @ (K x N): roofline max(FLOPs / achieved peak, bytes / HBM).
 
-    FLOPs = 2*M*N*K (one multiply-add is two FLOPs); bytes = element size * (M*K + K*N + M*N).
+    FLOPs = 2*M*N*K (one multiply-add is two FLOPs); achieved peak = peak * family fraction *
+    gemm_efficiency(M, N, K); bytes = element size * (M*K + K*N + M*N); plus a fixed launch cost.
     """
-    if m <= 0 or n <= 0 or k <= 0 or count <= 0:
-        return 0.0
-    flops = 2.0 * m * n * k
-    fraction = cal.fractions(gpu).gemm_peak_fraction * gemm_efficiency(m, n, k, cal.gemm_dim_half)
-    peak = gpu.peak_flops(precision)
-    if precision == "fp8":
-        fraction *= cal.fp8_gemm_speedup_fraction
-    element_bytes = 1.0 if precision == "fp8" else 2.0
-    compute_s = flops / (peak * fraction)
-    memory_s = element_bytes * (m * k + k * n + m * n) / (gpu.hbm_bytes_per_s * cal.hbm_fraction)
-    return count * (max(compute_s, memory_s) + cal.kernel_overhead_s)
+    return gemm_cost(gpu, precision, cal).time_s(m, n, k, count)
 
 
 def attention_time_s(flops: float, *, gpu: GPUSpec, cal: Calibration) -> float:

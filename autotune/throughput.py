@@ -29,8 +29,9 @@ from search_spaces.model import ModelSpec
 from autotune.efficiency import (
     DEFAULT_CALIBRATION,
     Calibration,
+    GemmCost,
     attention_time_s,
-    gemm_time_s,
+    gemm_cost,
     memory_bound_time_s,
 )
 
@@ -125,6 +126,7 @@ def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     return attention + dense_mlp + moe_mlp + logits
 
 
+@lru_cache(maxsize=256)
 def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
     """Model FLOPs of one iteration: 3 (forward, dgrad, wgrad) * forward FLOPs/token * GBS * s.
 
@@ -162,18 +164,23 @@ def stage_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
     Dense: ceil(L/p) layers' non-expert parameters / t, plus the larger of embedding and output / t.
     Expert: ceil(L/p) layers' routed experts / (e * etp) (MoE parallel folding, arXiv 2504.14960).
     """
-    layers = math.ceil(model.num_layers / layout.pp)
+    return _stage_params(model, layout.tp, layout.pp, layout.ep, layout.expert_tp)
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple[float, float]:
+    layers = math.ceil(model.num_layers / pp)
     ends = model.embedding_params + model.output_params
     if model.tied_embeddings:
         ends -= model.vocab_size * model.hidden_size
     per_layer_dense = (model.dense_params - ends) / model.num_layers
-    end_params = max(model.embedding_params, model.output_params) if layout.pp > 1 else ends
-    dense = (layers * per_layer_dense + end_params) / layout.tp
-    expert = layers * model.routed_expert_params / model.num_layers / (layout.ep * layout.expert_tp)
+    end_params = max(model.embedding_params, model.output_params) if pp > 1 else ends
+    dense = (layers * per_layer_dense + end_params) / tp
+    expert = layers * model.routed_expert_params / model.num_layers / (ep * etp)
     return dense, expert
 
 
-def dp_comm_s(job: Job, layout: Layout, cal: Calibration) -> float:
+def dp_comm_s(job: Job, layout: Layout, cal: Calibration, params: tuple[float, float] | None = None) -> float:
     """Gradient reduce (and parameter all-gather with the distributed optimizer), before overlap.
 
     Dense gradients are reduced over the DP x CP group (stride t), expert gradients over the expert-DP
@@ -182,7 +189,7 @@ def dp_comm_s(job: Job, layout: Layout, cal: Calibration) -> float:
     `distributed/param_and_grad_buffer.py`.
     """
     cluster = job.cluster
-    dense, expert = stage_params(job.model, layout)
+    dense, expert = stage_params(job.model, layout) if params is None else params
     total = 0.0
     for params, group, stride in ((dense, layout.dp * layout.cp, layout.tp),
                                   (expert, layout.expert_dp, layout.ep * layout.expert_tp)):
@@ -197,9 +204,9 @@ def dp_comm_s(job: Job, layout: Layout, cal: Calibration) -> float:
     return total
 
 
-def optimizer_step_s(job: Job, layout: Layout, cal: Calibration) -> float:
+def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, params: tuple[float, float] | None = None) -> float:
     """Adam over this GPU's shard, memory-bound: params * ~34 B / HBM bandwidth (shard = 1/DP with dist opt)."""
-    dense, expert = stage_params(job.model, layout)
+    dense, expert = stage_params(job.model, layout) if params is None else params
     if layout.dist_opt:
         dense /= layout.dp * layout.cp
         expert /= max(layout.expert_dp, 1)
@@ -222,7 +229,7 @@ class MicrobatchTimes:
     overlap_window_s: float  # one layer's forward + backward compute (what DP communication can hide under)
 
 
-def _attention_gemms_fwd_s(model: ModelSpec, tokens: float, t: int, gpu, precision: str, cal: Calibration) -> float:
+def _attention_gemms_fwd_s(model: ModelSpec, tokens: float, t: int, gemm: GemmCost) -> float:
     """Forward GEMMs of one attention block on one GPU: QKV (column-parallel) and output projection (row-parallel).
 
     GQA: each rank holds a/t query heads and g/t KV groups (one replicated group when t > g,
@@ -234,19 +241,18 @@ def _attention_gemms_fwd_s(model: ModelSpec, tokens: float, t: int, gpu, precisi
         x = model.mla
         qk = x.qk_head_dim + x.qk_pos_emb_head_dim
         if x.q_lora_rank is None:
-            q = gemm_time_s(tokens, a * qk / t, h, gpu=gpu, precision=precision, cal=cal)
+            q = gemm.time_s(tokens, a * qk / t, h)
         else:
-            q = gemm_time_s(tokens, x.q_lora_rank, h, gpu=gpu, precision=precision, cal=cal)
-            q += gemm_time_s(tokens, a * qk / t, x.q_lora_rank, gpu=gpu, precision=precision, cal=cal)
-        kv = gemm_time_s(tokens, x.kv_lora_rank + x.qk_pos_emb_head_dim, h, gpu=gpu, precision=precision, cal=cal)
-        kv += gemm_time_s(tokens, a * (x.qk_head_dim + x.v_head_dim) / t, x.kv_lora_rank, gpu=gpu,
-                          precision=precision, cal=cal)
-        proj = gemm_time_s(tokens, h, a * x.v_head_dim / t, gpu=gpu, precision=precision, cal=cal)
+            q = gemm.time_s(tokens, x.q_lora_rank, h)
+            q += gemm.time_s(tokens, a * qk / t, x.q_lora_rank)
+        kv = gemm.time_s(tokens, x.kv_lora_rank + x.qk_pos_emb_head_dim, h)
+        kv += gemm.time_s(tokens, a * (x.qk_head_dim + x.v_head_dim) / t, x.kv_lora_rank)
+        proj = gemm.time_s(tokens, h, a * x.v_head_dim / t)
         return q + kv + proj
     d, g = model.head_dim, model.query_groups
     g_local = g / t if g >= t else 1
-    qkv = gemm_time_s(tokens, (a / t + 2 * g_local) * d, h, gpu=gpu, precision=precision, cal=cal)
-    proj = gemm_time_s(tokens, h, a * d / t, gpu=gpu, precision=precision, cal=cal)
+    qkv = gemm.time_s(tokens, (a / t + 2 * g_local) * d, h)
+    proj = gemm.time_s(tokens, h, a * d / t)
     return qkv + proj
 
 
@@ -270,13 +276,13 @@ def _kv_width(model: ModelSpec, t: int) -> float:
     return 2 * (g / t if g >= t else 1) * model.head_dim
 
 
-def _mlp_gemms_fwd_s(model: ModelSpec, tokens: float, ffn: float, t: int, gpu, precision: str, cal: Calibration,
+def _mlp_gemms_fwd_s(model: ModelSpec, tokens: float, ffn: float, t: int, gemm: GemmCost,
                      count: float = 1.0) -> float:
     """fc1 (h -> f/t, doubled when gated) and fc2 (f/t -> h) for `count` MLPs of `tokens` rows each."""
     h = model.hidden_size
     fc1_out = (2 if model.gated_linear_unit else 1) * ffn / t
-    return (gemm_time_s(tokens, fc1_out, h, gpu=gpu, precision=precision, cal=cal, count=count)
-            + gemm_time_s(tokens, h, ffn / t, gpu=gpu, precision=precision, cal=cal, count=count))
+    return (gemm.time_s(tokens, fc1_out, h, count)
+            + gemm.time_s(tokens, h, ffn / t, count))
 
 
 def _tp_block_comm_s(tokens: float, h: int, t: int, sp: bool, link: LinkSpec, cal: Calibration) -> tuple[float, float]:
@@ -342,11 +348,12 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
     """(per-layer terms, last-stage terms, one layer's fwd + bwd compute) for one micro-batch."""
     model, cluster, training = job.model, job.cluster, job.training
     gpu, precision = cluster.gpu, training.precision
+    gemm = gemm_cost(gpu, precision, cal)
     s, h = training.seq_length, model.hidden_size
     tokens = mbs * s / c
     h_act = h / t if sp else h  # hidden width of norm/dropout activations on one rank
 
-    attn_fwd = _attention_gemms_fwd_s(model, tokens, t, gpu, precision, cal)
+    attn_fwd = _attention_gemms_fwd_s(model, tokens, t, gemm)
     core_fwd = attention_time_s(_attention_core_fwd_flops(model, tokens, s, t), gpu=gpu, cal=cal)
     core_bwd = 2.5 * core_fwd
     rope = 4 * model.num_attention_heads / t * model.head_dim  # rotary on q and k: read + write, about q's width twice
@@ -356,7 +363,7 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
 
     # dense MLP layer
     gate_io = 3 if model.gated_linear_unit else 2
-    dense_fwd = _mlp_gemms_fwd_s(model, tokens, model.ffn_hidden_size, t, gpu, precision, cal)
+    dense_fwd = _mlp_gemms_fwd_s(model, tokens, model.ffn_hidden_size, t, gemm)
     dense_elem = memory_bound_time_s(2.0 * tokens * (5 * h_act + gate_io * model.ffn_hidden_size / t), gpu=gpu, cal=cal)
     # MoE layer (parallel folding: routed tokens per GPU = tokens * k / t, spread over E/e local experts)
     moe_fwd = moe_elem = moe_tp_f = moe_tp_b = a2a = 0.0
@@ -364,12 +371,12 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
         x = model.moe
         local_experts = x.num_experts / ep
         rows = tokens * x.topk * ep * etp / (t * x.num_experts)  # rows per local expert GEMM
-        moe_fwd = _mlp_gemms_fwd_s(model, rows, x.expert_ffn_hidden_size, etp, gpu, precision, cal, count=local_experts)
-        moe_fwd += gemm_time_s(tokens / t, x.num_experts, h, gpu=gpu, precision="bf16", cal=cal)  # router
+        moe_fwd = _mlp_gemms_fwd_s(model, rows, x.expert_ffn_hidden_size, etp, gemm, count=local_experts)
+        moe_fwd += gemm_cost(gpu, "bf16", cal).time_s(tokens / t, x.num_experts, h)  # router
         pairs = tokens * x.topk / t
         moe_bytes = pairs * (gate_io * x.expert_ffn_hidden_size + 4 * h) + 5 * h_act * tokens
         if x.shared_expert_ffn_hidden_size:
-            moe_fwd += _mlp_gemms_fwd_s(model, tokens, x.shared_expert_ffn_hidden_size, t, gpu, precision, cal)
+            moe_fwd += _mlp_gemms_fwd_s(model, tokens, x.shared_expert_ffn_hidden_size, t, gemm)
             moe_bytes += tokens * gate_io * x.shared_expert_ffn_hidden_size / t
             moe_tp_f, moe_tp_b = _tp_block_comm_s(tokens, h, t, sp, tp_link, cal)
         moe_elem = memory_bound_time_s(2.0 * moe_bytes, gpu=gpu, cal=cal)
@@ -412,7 +419,7 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
         "overhead": w_moe * 2 * cal.moe_layer_overhead_s,
     }
     vocab = padded_vocab_size(model)
-    logits = 3 * gemm_time_s(tokens, vocab / t, h, gpu=gpu, precision=precision, cal=cal)
+    logits = 3 * gemm.time_s(tokens, vocab / t, h)
     loss = memory_bound_time_s(tokens * vocab / t * 12.0, gpu=gpu, cal=cal)  # fp32 logits read/written fwd + bwd
     last_stage = {"compute": logits + loss}
 
@@ -445,8 +452,9 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     breakdown["pp_bubble"] = pipeline_bubble_s(stage_avg_s, layout)
     if layout.pp > 1:
         breakdown["pp_p2p"] += m * mb.p2p_s * cal.pp_p2p_exposed_fraction
-    breakdown["dp_comm"] = _exposed_dp_s(dp_comm_s(job, layout, cal), mb.overlap_window_s * layers_max, cal)
-    breakdown["optimizer"] = optimizer_step_s(job, layout, cal)
+    params = stage_params(model, layout)
+    breakdown["dp_comm"] = _exposed_dp_s(dp_comm_s(job, layout, cal, params), mb.overlap_window_s * layers_max, cal)
+    breakdown["optimizer"] = optimizer_step_s(job, layout, cal, params)
     breakdown["overhead"] += cal.step_overhead_s
 
     step_s = sum(breakdown.values())
