@@ -201,3 +201,109 @@ def test_heads_must_be_multiple_of_query_groups() -> None:
     with pytest.raises(ValueError, match=r"num_attention_heads \(32\) must be a multiple of num_query_groups \(6\)"):
         ModelSpec(name="bad", num_layers=2, hidden_size=256, ffn_hidden_size=512, num_attention_heads=32,
                   num_query_groups=6, vocab_size=1024)
+
+
+# --- the counts are megatron-core's: build shrunk copies and count `numel` ----------------------
+def _shrunk(model: ModelSpec) -> ModelSpec:
+    """The same structure (gating, biases, norms, GQA, head_dim override, MoE, shared/dense layers, MLA, tying,
+    learned positions) at a width and depth that megatron-core builds on a CPU in well under a second."""
+    if model.name.startswith("tiny"):
+        return model
+    moe = model.moe and dataclasses.replace(
+        model.moe, num_experts=8, topk=2, expert_ffn_hidden_size=64,
+        shared_expert_ffn_hidden_size=64 if model.moe.shared_expert_ffn_hidden_size else 0,
+        first_dense_layers=min(model.moe.first_dense_layers, 1),
+    )
+    mla = model.mla and dataclasses.replace(
+        model.mla, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16
+    )
+    heads = 8 if model.num_attention_heads % 8 == 0 else 4
+    return dataclasses.replace(
+        model, num_layers=3, hidden_size=256, ffn_hidden_size=512, num_attention_heads=heads,
+        num_query_groups=None if model.num_query_groups is None else min(model.query_groups, 4),
+        kv_channels=64 if model.kv_channels else None, vocab_size=512, moe=moe, mla=mla,
+        max_position_embeddings=128 if model.max_position_embeddings else 0,
+    )
+
+
+def _megatron_param_counts(models: list[ModelSpec]) -> list[int]:
+    """Build each model with megatron-core (local specs, CPU, one gloo rank); run in a fresh process."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+
+    apply_cpu_patches()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    import megatron.core.transformer.multi_latent_attention as mla_module
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
+    mla_module.HAVE_TE = False  # no TE here; its placeholder TELinear is not a type
+
+    class NoParamCoreAttention(torch.nn.Module):  # local DotProductAttention takes no k_channels (MLA); no weights
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__()
+
+    counts = []
+    with cpu_device_mode():
+        for m in models:
+            common = dict(
+                num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+                num_attention_heads=m.num_attention_heads, gated_linear_unit=m.gated_linear_unit,
+                activation_func=F.silu if m.gated_linear_unit else F.gelu, normalization=m.normalization,
+                add_bias_linear=m.add_bias_linear, add_qkv_bias=m.add_qkv_bias, qk_layernorm=m.qk_layernorm,
+                use_cpu_initialization=True, perform_initialization=False, gradient_accumulation_fusion=False,
+                bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+                bias_dropout_fusion=False, apply_rope_fusion=False,
+            )
+            if m.moe is not None:
+                common.update(
+                    num_moe_experts=m.moe.num_experts, moe_router_topk=m.moe.topk,
+                    moe_ffn_hidden_size=m.moe.expert_ffn_hidden_size, moe_grouped_gemm=False,
+                    moe_shared_expert_intermediate_size=m.moe.shared_expert_ffn_hidden_size or None,
+                    moe_layer_freq=[0] * m.moe.first_dense_layers + [1] * m.num_moe_layers,
+                )
+            if m.mla is not None:
+                config = MLATransformerConfig(
+                    **common, q_lora_rank=m.mla.q_lora_rank, kv_lora_rank=m.mla.kv_lora_rank,
+                    qk_head_dim=m.mla.qk_head_dim, qk_pos_emb_head_dim=m.mla.qk_pos_emb_head_dim,
+                    v_head_dim=m.mla.v_head_dim, rope_type="rope",
+                )
+            else:
+                config = TransformerConfig(**common, num_query_groups=m.query_groups, kv_channels=m.head_dim)
+            # the block spec honours moe_layer_freq (dense first layers); a single layer spec would not
+            block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=m.normalization)
+            if m.mla is not None:
+                for layer_spec in block.layer_specs:
+                    layer_spec.submodules.self_attention.submodules.core_attention = NoParamCoreAttention
+            gpt = GPTModel(
+                config=config, transformer_layer_spec=block, vocab_size=m.vocab_size,
+                max_sequence_length=max(m.max_position_embeddings, 128),
+                share_embeddings_and_output_weights=m.tied_embeddings,
+                position_embedding_type="learned_absolute" if m.max_position_embeddings else "rope",
+            )
+            counts.append(sum(p.numel() for p in gpt.parameters()))
+    dist.destroy_process_group()
+    return counts
+
+
+@pytest.mark.slow
+def test_counts_equal_megatron_core_numel() -> None:
+    import concurrent.futures
+    import multiprocessing
+
+    names = ["tiny-gpt", "tiny-moe", "tiny-mla", "llama3-8b", "mixtral-8x7b", "qwen2-7b", "qwen3-8b",
+             "qwen3-30b-a3b", "deepseek-v3", "gpt3-175b"]
+    models = [_shrunk(get_model(n)) for n in names]
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        built = pool.submit(_megatron_param_counts, models).result(timeout=300)
+    assert dict(zip(names, built)) == {n: m.total_params for n, m in zip(names, models)}
