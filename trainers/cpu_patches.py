@@ -113,11 +113,15 @@ def _patch_torch_cuda() -> None:
 
 
 def _patch_rng_tracker() -> None:
+    import logging
+
     import torch
     from megatron.core.tensor_parallel import random as mrandom
 
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.random.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.random.set_rng_state(state)
+    # the "CUDA" generator is the CPU one here, so the tracker's fork always sees the CPU state change
+    logging.getLogger(mrandom.__name__).setLevel(logging.ERROR)
 
 
 def _patch_torch_norm() -> None:

@@ -1,0 +1,202 @@
+"""`MegatronBackend`: profile a layout by running real megatron-core (GPU, or a CPU proxy on gloo).
+
+`evaluate(job, layout) -> Measurement` plans the run (`trainers.proxy`), runs it on kept-alive Ray
+workers (`trainers.worker_pool`), and turns the ranks' reports into one Measurement:
+
+- status: ok, or oom / failed / timeout / invalid with the reason (a failure is data, never an exception);
+- step time: the median over timed steps of the slowest rank's step (spread in `time`);
+- tokens/s per GPU: tokens per step / median step time / ranks that ran;
+- memory: the most loaded rank's breakdown with the analytic model's term names (weights, gradients,
+  optimizer, activations; bytes), plus the allocator's peak on a GPU;
+- extra: proxy shape, DP reduction, group sizes formed by megatron-core, losses, per-rank memory.
+
+On a machine without GPUs the figures come from a scaled-down proxy model (source
+"megatron-cpu-proxy"): they show that the layout runs and how its memory terms scale, never GPU times.
+Heavy imports (ray, torch, megatron) happen inside methods; the object is cheap to pickle into Tune trials.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Literal
+
+from autotune.measurement import Measurement
+from search_spaces.job import Job
+from search_spaces.layout import Layout
+from trainers.proxy import ProxyPlan, plan_proxy
+
+__all__ = ["MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups"]
+
+WORKER_RSS_BYTES = 700 * 1024**2  # one worker with torch + megatron-core and a tiny model, with headroom
+MAX_CPU_WORKERS = 8
+
+
+def default_max_workers() -> int:
+    """CPU workers this machine holds: available memory / per-worker footprint, at most MAX_CPU_WORKERS."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 4
+    return max(1, min(MAX_CPU_WORKERS, int(available * 0.6) // WORKER_RSS_BYTES))
+
+
+def ensure_ray(temp_dir: str | None = None, num_cpus: int | None = None) -> None:
+    """Start a local Ray (quiet, no dashboard, no auth token file) unless one is running already."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    temp_dir = temp_dir or os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "autotune-ray")
+    os.makedirs(temp_dir, exist_ok=True)
+    ray.init(num_cpus=num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+             configure_logging=True, logging_level="ERROR", _temp_dir=temp_dir)
+
+
+def expected_groups(layout: Layout) -> dict[str, int]:
+    """Group sizes megatron-core must form for `layout` (the layout's own arithmetic)."""
+    return {"world": layout.world_size, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp_size, "cp": layout.cp,
+            "dp": layout.dp, "ep": layout.ep, "etp": layout.expert_tp, "expert_dp": layout.expert_dp}
+
+
+def _cluster_gpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronBackend:
+    """Runs each layout as a short megatron-core job on Ray workers kept alive across trials."""
+
+    name: ClassVar[str] = "megatron"
+    max_workers: int | None = None  # None: what this machine holds (CPU) or the cluster's GPUs
+    warmup_steps: int = 1  # the first warm-up step also measures saved activations
+    timed_steps: int = 3
+    timeout_s: float = 300.0
+    reuse_workers: bool = True
+    precision: Literal["bf16", "fp32"] = "bf16"
+    cpus_per_worker: float = 0.0  # CPU reserved per worker actor (0: do not compete with Tune trials)
+    microbatches: int | None = None  # per step on the proxy; None: the layout's own, capped (see proxy)
+    ray_temp_dir: str | None = None
+
+    def plan(self, job: Job, layout: Layout, *, use_gpu: bool, max_workers: int) -> ProxyPlan:
+        return plan_proxy(job.model, layout, job.training, max_workers=max_workers,
+                          scale_model=not use_gpu, microbatches=self.microbatches)
+
+    def job_config(self, plan: ProxyPlan) -> Any:
+        from trainers.megatron_job import JobConfig
+
+        return JobConfig(model=plan.model, layout=plan.layout, seq_length=plan.training.seq_length,
+                         num_microbatches=plan.num_microbatches, precision=self.precision,
+                         warmup_steps=max(1, self.warmup_steps), timed_steps=self.timed_steps)
+
+    def _device(self, layout: Layout) -> tuple[bool, int]:
+        gpus = _cluster_gpus()
+        if gpus > 0 and layout.tp * layout.pp * layout.cp <= gpus:
+            return True, min(gpus, self.max_workers or gpus)
+        return False, self.max_workers or default_max_workers()
+
+    def evaluate(self, job: Job, layout: Layout) -> Measurement:
+        ensure_ray(self.ray_temp_dir)
+        use_gpu, max_workers = self._device(layout)
+        source = "megatron-gpu" if use_gpu else "megatron-cpu-proxy"
+        try:
+            plan = self.plan(job, layout, use_gpu=use_gpu, max_workers=max_workers)
+        except ValueError as e:
+            return Measurement(layout=layout, status="failed", source=source, reason=f"cannot profile here: {e}")
+        outcome = self.run_plan(plan, use_gpu=use_gpu)
+        return measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
+
+    def run_plan(self, plan: ProxyPlan, *, use_gpu: bool) -> Any:
+        from trainers.worker_pool import run_fresh, run_pooled
+
+        cfg = self.job_config(plan)
+        runner = run_pooled if self.reuse_workers else run_fresh
+        kwargs: dict[str, Any] = {"world_size": plan.world_size, "use_gpu": use_gpu, "timeout_s": self.timeout_s}
+        if self.reuse_workers or self.cpus_per_worker > 0:
+            kwargs["cpus_per_worker"] = self.cpus_per_worker
+        return runner(cfg, **kwargs)
+
+    def with_options(self, **changes: Any) -> "MegatronBackend":
+        return replace(self, **changes)
+
+
+# --- reports -> Measurement -----------------------------------------------------------------------
+def _step_times(ranks: list[dict[str, Any]]) -> list[float]:
+    """Per timed step, the slowest rank's time (ranks run in lockstep; the slowest sets the pace)."""
+    per_rank = [r["step_times_s"] for r in ranks]
+    return [max(times) for times in zip(*per_rank)]
+
+
+def _losses(ranks: list[dict[str, Any]]) -> list[float]:
+    last_stage = [r for r in ranks if any(x is not None for x in r["losses"])]
+    return [] if not last_stage else [float(x) for x in min(last_stage, key=lambda r: r["rank"])["losses"]]
+
+
+def _group_mismatch(ranks: list[dict[str, Any]], layout: Layout) -> str:
+    want = expected_groups(layout)
+    for r in ranks:
+        got = r["groups"]
+        diff = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+        if diff:
+            return f"rank {r['rank']}: megatron-core formed groups {got}, the layout needs {want} (differs: {diff})"
+    return ""
+
+
+def _analytic_memory(plan: ProxyPlan) -> dict[str, float]:
+    """The analytic memory model evaluated on the proxy's own shape (for term-by-term comparison)."""
+    try:
+        from autotune.memory import estimate_memory
+        from search_spaces.cluster import ClusterSpec
+        from search_spaces.gpus import build_cluster
+    except ImportError:
+        return {}
+    try:
+        cluster: ClusterSpec = build_cluster(nodes=1, gpus_per_node=plan.world_size)
+        proxy_job = Job(model=plan.model, cluster=cluster, training=plan.training)
+        est = estimate_memory(proxy_job, plan.layout)
+    except Exception:  # noqa: BLE001 - the comparison is optional
+        return {}
+    return {"weights": est.weights_bytes, "gradients": est.gradients_bytes, "optimizer": est.optimizer_bytes,
+            "activations": est.activations_bytes}
+
+
+def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, source: str,
+                             precision: str) -> Measurement:
+    extra: dict[str, Any] = {
+        "proxy": plan.describe(), "run_layout": str(plan.layout), "dp_reduction": plan.dp_reduction,
+        "precision": precision, "fresh_workers": outcome.fresh_workers, "startup_s": outcome.startup_s,
+        "trial_wall_s": outcome.wall_s,
+        "timing_note": "CPU proxy (gloo) figures; not a GPU prediction" if source == "megatron-cpu-proxy" else "",
+    }
+    if outcome.status != "ok":
+        return Measurement(layout=layout, status=outcome.status, source=source, reason=outcome.reason, extra=extra)
+    ranks = sorted(outcome.ranks, key=lambda r: r["rank"])
+    losses = _losses(ranks)
+    steps = _step_times(ranks)
+    heaviest = max(ranks, key=lambda r: r["memory"].get("allocator_peak", r["memory"]["total"]))
+    extra.update(groups=ranks[0]["groups"], losses=losses, step_times_s=steps,
+                 memory_per_rank=[{"rank": r["rank"], **r["memory"]} for r in ranks],
+                 build_s=max(r["build_s"] for r in ranks), analytic_proxy_memory=_analytic_memory(plan))
+    status, reason = "ok", _group_mismatch(ranks, plan.layout)
+    if reason:
+        status = "failed"
+    elif not losses or not all(math.isfinite(x) for x in losses):
+        status, reason = "failed", f"non-finite or missing loss: {losses}"
+    median = statistics.median(steps) if steps else None
+    memory = {k: heaviest["memory"][k] for k in ("weights", "gradients", "optimizer", "activations")}
+    peak = heaviest["memory"].get("allocator_peak", heaviest["memory"]["total"])
+    return Measurement(
+        layout=layout, status=status, source=source, reason=reason,
+        memory_bytes=peak, memory=memory,
+        step_time_s=median,
+        time={"step_median": median or 0.0, "step_min": min(steps, default=0.0), "step_max": max(steps, default=0.0),
+              "step_stdev": statistics.pstdev(steps) if len(steps) > 1 else 0.0},
+        tokens_per_s_per_gpu=(plan.tokens_per_step / median / plan.world_size) if median else None,
+        extra=extra,
+    )

@@ -1,0 +1,306 @@
+"""Worker processes for megatron-core jobs: a reusable Ray actor pool, and fresh Ray Train workers.
+
+Reuse path (the default). A named, detached coordinator actor (`autotune-megatron-pool`) keeps one
+group of worker actors per (world size, device) alive across trials. A group is created once: its
+actors are placed with a Ray placement group, start one torch.distributed process group among
+themselves (gloo on CPU, NCCL on GPU; rank 0 publishes the TCP rendezvous), import megatron-core once,
+and then run layout after layout (`parallel_state` is destroyed and re-initialised per layout inside
+`run_job`). A trial then costs the job itself (seconds), not worker start-up and `import megatron.core`
+(35 to 48 s here). The coordinator runs one trial at a time, so concurrent Tune trials never interleave
+collectives on the same workers. Being named and detached, it outlives the Tune trial actor that
+created it; any later trial (another process) finds it by name.
+
+Failures: a rank that raises, or a trial past its timeout (a hung collective), gets the whole group
+killed, and the next trial of that world size starts fresh workers. A layout that megatron-core rejects
+on every rank while building leaves the group intact.
+
+Fresh path (`run_fresh`): Ray Train V2's `TorchTrainer` started from the caller (a Tune function
+trainable in a search), one new worker group per trial; used when reuse is turned off and as the
+baseline of `bench/bench_trainer_overhead.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PoolOutcome", "run_pooled", "run_fresh", "shutdown_pool", "POOL_NAME", "POOL_NAMESPACE"]
+
+POOL_NAME = "autotune-megatron-pool"
+POOL_NAMESPACE = "autotune"
+GRACE_AFTER_FIRST_ERROR_S = 10.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PoolOutcome:
+    """What the workers said: per-rank results, or a status and reason."""
+
+    status: str  # "ok", "invalid", "failed", "oom", "timeout"
+    reason: str
+    ranks: list[dict[str, Any]]
+    fresh_workers: bool  # True when this trial paid for starting workers
+    startup_s: float  # worker start + process group + import, 0 when reused
+    wall_s: float
+
+
+def _classify(exc: BaseException) -> str:
+    name = type(exc).__name__
+    text = str(exc).lower()
+    if name in ("OutOfMemoryError", "MemoryError") or "out of memory" in text:
+        return "oom"
+    if name == "JobRejected":
+        return "invalid"
+    return "failed"
+
+
+def _run_on_rank(cfg: Any) -> dict[str, Any]:
+    """Run one job on this rank; never raises (the error comes back as data)."""
+    from trainers.megatron_job import run_job
+
+    try:
+        return {"status": "ok", **run_job(cfg)}
+    except BaseException as e:  # noqa: BLE001 - a crash is a trial outcome
+        tail = traceback.format_exc(limit=4)
+        return {"status": _classify(e), "reason": f"{type(e).__name__}: {e}"[:2000], "traceback": tail[-3000:]}
+
+
+def _worker_env(use_gpu: bool) -> None:
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    if not use_gpu:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _runtime_env() -> dict[str, Any]:
+    """Workers import `trainers` and `search_spaces` from this checkout, wherever Ray starts them."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": {"PYTHONPATH": path}}
+
+
+def _make_worker_class() -> Any:
+    import ray
+
+    @ray.remote
+    class MegatronWorker:
+        """One rank: holds the torch.distributed process group between jobs."""
+
+        def __init__(self, rank: int, world_size: int, use_gpu: bool) -> None:
+            _worker_env(use_gpu)
+            self.rank, self.world_size, self.use_gpu = rank, world_size, use_gpu
+
+        def rendezvous(self) -> tuple[str, int]:
+            import socket
+
+            import ray
+
+            with socket.socket() as s:
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+            return ray.util.get_node_ip_address(), port
+
+        def init(self, addr: str, port: int, timeout_s: float) -> float:
+            from datetime import timedelta
+
+            import torch
+
+            t0 = time.perf_counter()
+            if not self.use_gpu:
+                torch.set_num_threads(1)
+            else:
+                torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+            torch.distributed.init_process_group(
+                backend="nccl" if self.use_gpu else "gloo", init_method=f"tcp://{addr}:{port}",
+                rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s),
+            )
+            import megatron.core  # noqa: F401  (pay the import once, here)
+
+            from trainers.cpu_patches import apply_cpu_patches
+
+            apply_cpu_patches()
+            return time.perf_counter() - t0
+
+        def run(self, cfg: Any) -> dict[str, Any]:
+            return _run_on_rank(cfg)
+
+    return MegatronWorker
+
+
+def _make_pool_class() -> Any:
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=1)
+    class MegatronPool:
+        """Keeps worker groups alive by (world size, device); runs one trial at a time."""
+
+        def __init__(self) -> None:
+            self.groups: dict[tuple[int, bool], tuple[list[Any], Any]] = {}
+            self.worker_cls = _make_worker_class()
+
+        def _start_group(self, world: int, use_gpu: bool, cpus_per_worker: float, timeout_s: float) -> list[Any]:
+            import ray
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            bundle = {"GPU": 1.0, "CPU": max(cpus_per_worker, 1.0)} if use_gpu else {"CPU": cpus_per_worker}
+            pg = None
+            options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0)}
+            if any(v > 0 for v in bundle.values()):
+                pg = placement_group([bundle] * world, strategy="PACK")
+                ray.get(pg.ready(), timeout=timeout_s)
+            workers = []
+            for rank in range(world):
+                opts = dict(options)
+                if pg is not None:
+                    opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        placement_group=pg, placement_group_bundle_index=rank)
+                opts["runtime_env"] = _runtime_env()
+                workers.append(self.worker_cls.options(**opts).remote(rank, world, use_gpu))
+            addr, port = ray.get(workers[0].rendezvous.remote(), timeout=timeout_s)
+            ray.get([w.init.remote(addr, port, timeout_s) for w in workers], timeout=timeout_s)
+            self.groups[(world, use_gpu)] = (workers, pg)
+            return workers
+
+        def _kill_group(self, key: tuple[int, bool]) -> None:
+            import ray
+            from ray.util.placement_group import remove_placement_group
+
+            workers, pg = self.groups.pop(key, ([], None))
+            for w in workers:
+                ray.kill(w, no_restart=True)
+            if pg is not None:
+                remove_placement_group(pg)
+
+        def run(self, world: int, use_gpu: bool, cfg: Any, timeout_s: float, cpus_per_worker: float) -> dict[str, Any]:
+            import ray
+
+            t0 = time.perf_counter()
+            key = (world, use_gpu)
+            fresh = key not in self.groups
+            try:
+                workers = self._start_group(world, use_gpu, cpus_per_worker, timeout_s) if fresh else self.groups[key][0]
+            except Exception as e:  # noqa: BLE001
+                self._kill_group(key)
+                return {"status": "failed", "reason": f"worker start-up failed: {type(e).__name__}: {e}"[:2000],
+                        "ranks": [], "fresh": True, "startup_s": time.perf_counter() - t0}
+            startup_s = time.perf_counter() - t0 if fresh else 0.0
+            refs = [w.run.remote(cfg) for w in workers]
+            deadline = time.perf_counter() + timeout_s
+            results: dict[Any, dict[str, Any]] = {}
+            pending = list(refs)
+            while pending and time.perf_counter() < deadline:
+                done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.perf_counter()))
+                for ref in done:
+                    try:
+                        results[ref] = ray.get(ref)
+                    except Exception as e:  # noqa: BLE001 - the actor died (segfault, killed)
+                        results[ref] = {"status": "failed", "reason": f"worker died: {type(e).__name__}: {e}"[:2000]}
+                if any(r["status"] != "ok" for r in results.values()) and pending:
+                    deadline = min(deadline, time.perf_counter() + GRACE_AFTER_FIRST_ERROR_S)
+            ranks = [results.get(ref) for ref in refs]
+            status, reason = _summarise(ranks, timeout_s)
+            if status not in ("ok", "invalid"):  # a rank crashed or hung: these processes are not trusted again
+                self._kill_group(key)
+            return {"status": status, "reason": reason, "ranks": [r for r in ranks if r is not None],
+                    "fresh": fresh, "startup_s": startup_s}
+
+        def shutdown(self) -> None:
+            for key in list(self.groups):
+                self._kill_group(key)
+
+    return MegatronPool
+
+
+def _summarise(ranks: list[dict[str, Any] | None], timeout_s: float) -> tuple[str, str]:
+    """One status for the trial: the first error by severity, a timeout when some rank never answered."""
+    errors = [r for r in ranks if r is not None and r["status"] != "ok"]
+    for status in ("oom", "failed", "invalid"):
+        hit = [r for r in errors if r["status"] == status]
+        if hit:
+            if status == "invalid" and len(hit) != len(ranks):
+                return "failed", f"some ranks rejected the layout: {hit[0]['reason']}"
+            return status, hit[0]["reason"]
+    missing = [i for i, r in enumerate(ranks) if r is None]
+    if missing:
+        return "timeout", f"ranks {missing} did not finish within {timeout_s:.0f} s (a hung collective?)"
+    return "ok", ""
+
+
+def _get_pool() -> Any:
+    import ray
+
+    try:
+        return ray.get_actor(POOL_NAME, namespace=POOL_NAMESPACE)
+    except ValueError:
+        cls = _make_pool_class()
+        return cls.options(name=POOL_NAME, namespace=POOL_NAMESPACE, lifetime="detached",
+                           get_if_exists=True, runtime_env=_runtime_env()).remote()
+
+
+def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
+               cpus_per_worker: float = 0.0) -> PoolOutcome:
+    """Run `cfg` on the kept-alive worker group of `world_size` ranks (started on first use)."""
+    import ray
+
+    t0 = time.perf_counter()
+    pool = _get_pool()
+    out = ray.get(pool.run.remote(world_size, use_gpu, cfg, timeout_s, cpus_per_worker))
+    return PoolOutcome(status=out["status"], reason=out["reason"], ranks=out["ranks"], fresh_workers=out["fresh"],
+                       startup_s=out["startup_s"], wall_s=time.perf_counter() - t0)
+
+
+def shutdown_pool() -> None:
+    """Kill every kept-alive worker group and the coordinator (end of a search)."""
+    import ray
+
+    try:
+        pool = ray.get_actor(POOL_NAME, namespace=POOL_NAMESPACE)
+    except ValueError:
+        return
+    ray.get(pool.shutdown.remote())
+    ray.kill(pool)
+
+
+def _train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Ray Train V2 worker function: run the job, gather every rank's result on rank 0."""
+    import torch
+    import ray.train
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)
+    result = _run_on_rank(config["job"])
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, result)
+    ray.train.report({"status": result["status"]})  # V2: every worker reports (a barrier)
+    return gathered if torch.distributed.get_rank() == 0 else None
+
+
+def run_fresh(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
+              cpus_per_worker: float = 0.5, storage_path: str | None = None) -> PoolOutcome:
+    """Run `cfg` on new Ray Train workers (TorchTrainer, gloo on CPU, NCCL on GPU)."""
+    import tempfile
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    t0 = time.perf_counter()
+    trainer = TorchTrainer(
+        _train_loop_per_worker,
+        train_loop_config={"job": cfg},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(timeout_s)),
+        scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu,
+                                     resources_per_worker=None if use_gpu else {"CPU": cpus_per_worker}),
+        run_config=RunConfig(storage_path=storage_path or tempfile.mkdtemp(prefix="autotune-train-"),
+                             name=f"megatron-{world_size}w"),
+    )
+    try:
+        result = trainer.fit()
+    except Exception as e:  # noqa: BLE001 - a crash is a trial outcome
+        return PoolOutcome(status="failed", reason=f"{type(e).__name__}: {e}"[:2000], ranks=[], fresh_workers=True,
+                           startup_s=0.0, wall_s=time.perf_counter() - t0)
+    ranks = list(result.return_value or [])
+    status, reason = _summarise(ranks or [None], timeout_s)
+    return PoolOutcome(status=status, reason=reason, ranks=[r for r in ranks if r], fresh_workers=True,
+                       startup_s=0.0, wall_s=time.perf_counter() - t0)
