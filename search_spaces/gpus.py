@@ -69,7 +69,8 @@ NVLINK3 = LinkSpec(
 )
 NVLINK4 = LinkSpec(
     name="nvlink4", aliases=("nvlink-4", "nvlink4.0"), bandwidth_bytes_per_s=450 * GB_PER_S, latency_s=3e-6,
-    source=f"NVIDIA H100/H200 datasheets: NVLink 900 GB/s per GPU bidirectional -> 450 GB/s each way; {_LATENCY_SOURCE}",
+    source=f"NVIDIA H100/H200 datasheets: NVLink 900 GB/s per GPU bidirectional -> 450 GB/s each way; "
+           f"{_LATENCY_SOURCE}",
 )
 NVLINK5 = LinkSpec(
     name="nvlink5", aliases=("nvlink-5", "nvlink5.0"), bandwidth_bytes_per_s=900 * GB_PER_S, latency_s=3e-6,

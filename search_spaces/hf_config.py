@@ -42,12 +42,16 @@ class _Config:
             raise ValueError(f"{self._path}: {key}={value!r} is not supported ({why}); only {supported!r} is.")
 
 
-def _gqa_shape(c: _Config) -> dict[str, Any]:
-    """The fields every Llama-style decoder shares: GQA attention, SwiGLU MLP, RMSNorm, RoPE."""
+def _gqa_shape(c: _Config, *, attention_bias_key: bool = True) -> dict[str, Any]:
+    """The fields every Llama-style decoder shares: GQA attention, SwiGLU MLP, RMSNorm, RoPE.
+
+    `attention_bias_key=False` for configs whose attention bias is fixed by the architecture (Qwen2).
+    """
     heads = c.need("num_attention_heads")
     hidden = c.need("hidden_size")
     head_dim = c.get("head_dim")
-    c.refuse("attention_bias", False, "bias on q/k/v/o projections")
+    if attention_bias_key:
+        c.refuse("attention_bias", False, "bias on q/k/v/o projections")
     c.refuse("mlp_bias", False, "bias on MLP projections")
     c.refuse("hidden_act", "silu", "the MLP is SwiGLU")
     return dict(
@@ -77,8 +81,7 @@ def _mixtral(c: _Config) -> dict[str, Any]:
 
 def _qwen2(c: _Config) -> dict[str, Any]:
     # Qwen2Attention always has bias on q, k and v (not on o_proj): `attention_bias` is not in its config.
-    shape = _gqa_shape(_Config({k: v for k, v in c._data.items() if k != "attention_bias"}, c._path))
-    return {**shape, "add_qkv_bias": True}
+    return {**_gqa_shape(c, attention_bias_key=False), "add_qkv_bias": True}
 
 
 def _qwen3(c: _Config) -> dict[str, Any]:
@@ -153,7 +156,8 @@ def _read_json(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}.") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object (a Hugging Face config.json), but holds {type(data).__name__}.")
+        kind = type(data).__name__
+        raise ValueError(f"{path} must hold a JSON object (a Hugging Face config.json), but holds a {kind}.")
     return data
 
 
@@ -166,7 +170,8 @@ def _architecture(data: Mapping[str, Any], path: Path) -> str:
             return name
     found = names or [f"model_type={data.get('model_type')!r}"]
     raise ValueError(
-        f"{path}: unsupported architecture {', '.join(map(str, found))}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}."
+        f"{path}: unsupported architecture {', '.join(map(str, found))}; "
+        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}."
     )
 
 
