@@ -101,7 +101,7 @@ def gpu_family(gpu: GPUSpec) -> str:
 DEFAULT_CALIBRATION = Calibration(
     per_gpu_family=(
         ("a100", GpuFractions(gemm_peak_fraction=0.80, attention_peak_fraction=0.15, tp_comm_exposed_fraction=1.0)),
-        ("h100", GpuFractions(gemm_peak_fraction=0.72, attention_peak_fraction=0.80, tp_comm_exposed_fraction=0.2)),
+        ("h100", GpuFractions(gemm_peak_fraction=0.70, attention_peak_fraction=0.80, tp_comm_exposed_fraction=0.1)),
     ),
     gemm_dim_half=128.0,
     ep_comm_exposed_fraction=0.2,
@@ -132,14 +132,16 @@ class GemmCost:
     overhead_s: float
 
     def time_s(self, m: float, n: float, k: float, count: float = 1.0) -> float:
-        """`count` GEMMs (M x K) @ (K x N): max(2MNK / (achieved peak * shape factor), bytes / HBM) + launch."""
+        """`count` GEMMs (M x K) @ (K x N) in one launch (a grouped GEMM when count > 1, as megatron-core's
+        `moe_grouped_gemm` runs the local experts): count * max(2MNK / (achieved peak * shape factor),
+        bytes / HBM) + one launch cost."""
         if m <= 0 or n <= 0 or k <= 0 or count <= 0:
             return 0.0
         dh = self.dim_half
         shape = (m / (m + dh)) * (n / (n + dh)) * (k / (k + dh))
         compute_s = 2.0 * m * n * k / (self.flops_per_s * shape)
         memory_s = self.element_bytes * (m * k + k * n + m * n) / self.bytes_per_s
-        return count * ((compute_s if compute_s > memory_s else memory_s) + self.overhead_s)
+        return count * (compute_s if compute_s > memory_s else memory_s) + self.overhead_s
 
 
 @lru_cache(maxsize=256)

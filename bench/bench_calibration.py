@@ -9,8 +9,11 @@ Rows (/work/shared/data/calibration-runs.csv) fall in three groups:
   (MAPE <= 15%, no row > 35%) and are the only rows the fit sees. No row is dropped for being missed.
 - info: trust C rows with a layout and tokens/s (Korthikanti's full-recompute rows, whose tokens/s are
   derived from step-time ratios). Printed, not in the target.
-- unusable: no layout or no tokens/s (the GPT-3 strong-scaling endpoints, the long-sequence Qwen3 rows
-  that publish TFLOP/s only). Listed with the reason.
+- derived: a layout and TFLOP/s in Megatron's causal convention (ours) but no tokens/s: the long-sequence
+  Qwen3 rows (16K-128K, CP 1-8). tokens/s = TFLOP/s / (3 * forward FLOPs per token). Printed, not in the
+  target, not fitted: they test the CP terms out of sample.
+- unusable: no layout, or neither tokens/s nor causal TFLOP/s (the GPT-3 strong-scaling endpoints). Listed
+  with the reason.
 
 Defaults assumed where a source is silent (documented in docs/throughput-model.md):
 - micro-batch size 1; no VPP unless the row gives one;
@@ -18,7 +21,8 @@ Defaults assumed where a source is silent (documented in docs/throughput-model.m
   2021 sources (Narayanan 2021 and the GPT-3 example predate SP);
 - distributed optimizer on for the 2024+ sources, off for 2021-2022 (it did not exist yet);
 - recompute: empty in a row whose TFLOP/s convention "includes recompute" (the 2021 GPT-3 example) -> full;
-  "full..." -> full, "selective..." -> selective (Megatron's attention-core recompute; the
+  the ModelZoo's module recompute "layernorm, moe" -> full (recomputing the MoE block is most of a layer's
+  forward and frees most of its activations; the Layout has no per-module recompute); "full..." -> full, "selective..." -> selective (Megatron's attention-core recompute; the
   ModelZoo's "norm, act" module recompute is mapped to selective as the nearest cheap recompute), empty -> none;
 - cluster: 8 GPUs per node; A100 rows on NVLink3 + InfiniBand HDR (Selene), H100 rows on NVLink4 + NDR (EOS);
 - GPT-style rows (gelu) are LayerNorm, biased linears, learned positions, tied embeddings (Megatron GPT defaults);
@@ -37,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.efficiency import DEFAULT_CALIBRATION, Calibration, GpuFractions  # noqa: E402
-from autotune.throughput import estimate_time  # noqa: E402
+from autotune.throughput import estimate_time, forward_flops_per_token  # noqa: E402
 from search_spaces.cluster import ClusterSpec  # noqa: E402
 from search_spaces.gpus import get_gpu, get_link  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
@@ -55,7 +59,7 @@ class Row:
     source: str
     name: str
     trust: str
-    group: str  # trustworthy | info | unusable
+    group: str  # trustworthy | info | derived | unusable
     reason: str
     job: Job | None
     layout: Layout | None
@@ -93,6 +97,8 @@ def _model(r: dict[str, str]) -> ModelSpec:
 def _recompute(text: str) -> str:
     text = text.strip().lower()
     if text.startswith("full"):
+        return "full"
+    if text.startswith("selective") and "moe" in text:  # module recompute of the MoE block: most of the layer
         return "full"
     if text.startswith("selective"):
         return "selective"
@@ -145,6 +151,14 @@ def load_rows(path: Path = CSV_PATH) -> list[Row]:
             job = layout = None
             if has_layout:
                 job, layout = _job_and_layout(r)
+            tflops = _float(r["model_tflops_per_gpu"])
+            if has_layout and tokens is None and tflops is not None and "causal" in r["flops_convention"]:
+                # same FLOPs convention as ours: tokens/s = TFLOP/s / (3 * forward FLOPs per token)
+                tokens = tflops * 1e12 / (3 * forward_flops_per_token(job.model, job.training.seq_length))
+                rows.append(Row(index=i, source=r["source_id"], name=r["model"], trust=r["trust"].strip(),
+                                group="derived", reason="tokens/s derived from published causal TFLOP/s", job=job,
+                                layout=layout, published_tokens_per_s_per_gpu=tokens))
+                continue
             if not has_layout:
                 group, reason = "unusable", "no published layout"
             elif tokens is None:
@@ -266,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows()
     trusted = [r for r in rows if r.group == "trustworthy"]
     info = [r for r in rows if r.group == "info"]
+    derived = [r for r in rows if r.group == "derived"]
     cal = DEFAULT_CALIBRATION
     if args.holdout:
         train, test = trusted[0::2], trusted[1::2]
@@ -286,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     if info:
         mean_i, worst_i = mape(info, cal)
         print(f"info rows (trust C): n={len(info)} MAPE={mean_i:.1%} max |error|={worst_i:.1%}")
-    ooms = [r.index for r in trusted + info if _oom_check(r).startswith("OOM")]
+    if derived:
+        mean_d, worst_d = mape(derived, cal)
+        print(f"derived rows (tokens/s from published causal TFLOP/s, long sequences with CP): n={len(derived)} "
+              f"MAPE={mean_d:.1%} max |error|={worst_d:.1%}")
+    ooms = [r.index for r in trusted + info + derived if _oom_check(r).startswith("OOM")]
     print(f"published layouts predicted OOM: {ooms if ooms else 'none'}")
     return 0
 
