@@ -14,16 +14,18 @@ The most loaded GPU is found by evaluating every pipeline stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
 
 from autotune.memory_activations import (
     ActivationAssumptions,
+    UnitActivations,
     inflight_microbatches_per_chunk,
     unit_activation_bytes,
 )
 from search_spaces.job import Job
-from search_spaces.layout import Layout
+from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec
 
 __all__ = [
@@ -294,7 +296,12 @@ class MemoryEstimate:
     overhead_bytes: float
     stage: int
     params_per_gpu: int
-    activation_terms: tuple[tuple[str, float], ...] = ()
+    _breakdown: Callable[[], tuple[tuple[str, float], ...]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def activation_terms(self) -> tuple[tuple[str, float], ...]:
+        """`activations_bytes` by tensor (name, bytes), summed over the in-flight micro-batches of the peak stage."""
+        return self._breakdown() if self._breakdown is not None else ()
 
     @property
     def total_bytes(self) -> float:
@@ -351,6 +358,22 @@ def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int,
     return tuple(out)
 
 
+class _JobCache:
+    """Per (model, training, assumptions): stage parameters and activation units by small integer keys, so a
+    layout costs a few dictionary look-ups instead of hashing the model specs again."""
+
+    __slots__ = ("stages", "units")
+
+    def __init__(self) -> None:
+        self.stages: dict[tuple, tuple[StageParams, ...]] = {}
+        self.units: dict[tuple, UnitActivations] = {}
+
+
+@lru_cache(maxsize=64)
+def _job_cache(model: ModelSpec, training: TrainingSpec, assumptions: MemoryAssumptions) -> _JobCache:
+    return _JobCache()
+
+
 def estimate_memory(job: Job, layout: Layout,
                     assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> MemoryEstimate:
     """Peak memory per GPU for `layout` of `job`: every distinct pipeline stage is evaluated, the heaviest returned.
@@ -359,12 +382,19 @@ def estimate_memory(job: Job, layout: Layout,
     say why it is infeasible). Micro-batches per step: GBS / (MBS * DP), at least 1.
     """
     model, training = job.model, job.training
-    pp, vpp = layout.pp, layout.vpp_size
-    stages = _stage_params_cached(model, layout.tp, pp, vpp, layout.ep, layout.expert_tp,
-                                  assumptions.make_vocab_size_divisible_by)
+    cache = _job_cache(model, training, assumptions)
+    tp, pp, vpp, etp = layout.tp, layout.pp, layout.vpp_size, layout.expert_tp
+    divisible_by = assumptions.make_vocab_size_divisible_by
+    stages = cache.stages.get((tp, pp, vpp, layout.ep, etp))
+    if stages is None:
+        stages = cache.stages[(tp, pp, vpp, layout.ep, etp)] = _stage_params_cached(
+            model, tp, pp, vpp, layout.ep, etp, divisible_by)
+    unit_key = (tp, layout.sp, layout.cp, layout.mbs, etp, layout.recompute)
+    unit = cache.units.get(unit_key)
+    if unit is None:
+        vocab = padded_vocab_size(model.vocab_size, tp, divisible_by)
+        unit = cache.units[unit_key] = unit_activation_bytes(model, training, layout, assumptions, vocab)
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
-    vocab = padded_vocab_size(model.vocab_size, layout.tp, assumptions.make_vocab_size_divisible_by)
-    unit = unit_activation_bytes(model, training, layout, assumptions, vocab)
     microbatches = max(1, layout.num_microbatches(training.global_batch_size))
     last = pp * vpp - 1
     best = None
@@ -382,9 +412,10 @@ def estimate_memory(job: Job, layout: Layout,
             best = (counted, sp, weights, grads, optim, activations, chunks, inflight)
     assert best is not None
     counted, sp, weights, grads, optim, activations, chunks, inflight = best
+    breakdown = partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
+                        has_output=sp.has_output, has_moe=sp.moe_layers > 0)
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,
         overhead_bytes=overhead_bytes(counted, assumptions), stage=sp.stage, params_per_gpu=sp.params_per_gpu,
-        activation_terms=unit.breakdown(chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-                                        has_output=sp.has_output, has_moe=sp.moe_layers > 0),
+        _breakdown=breakdown,
     )

@@ -15,7 +15,6 @@ stage keeps (`inflight_microbatches_per_chunk`); the loss adds fp32 logits on th
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec
@@ -219,8 +218,10 @@ def transient_activation_bytes(model: ModelSpec, training: TrainingSpec, layout:
     """Memory live for one micro-batch only, counted once per stage:
     - full recompute: one layer's complete activations while it is recomputed in the backward pass
       (Korthikanti Sec. 5: the recomputed layer's working set);
-    - loss: the bf16 logits and their fp32 copy alive during the cross-entropy forward (2 + 4 B per logit;
-      megatron-core `tensor_parallel/cross_entropy.py` casts to float before the softmax)."""
+    - loss: the bf16 logits (2 B per logit) alive beside their fp32 copy during the cross-entropy forward
+      (megatron-core `tensor_parallel/cross_entropy.py` casts to float, then exponentiates and normalises in
+      place and saves that fp32 softmax, counted in `output_activation_bytes`); the backward's bf16 logit
+      gradient is the same size."""
     out: dict[str, float] = {}
     if layout.recompute == "full":
         working = replace(layout, recompute="none")
@@ -229,7 +230,7 @@ def transient_activation_bytes(model: ModelSpec, training: TrainingSpec, layout:
                                    moe=has_moe and model.moe is not None).values())
     if has_output:
         x = _shape(model, training, layout, assumptions)
-        out["loss_transient"] = (ACT_BYTES + FP32_BYTES) * x.tokens * vocab / x.t
+        out["loss_transient"] = ACT_BYTES * x.tokens * vocab / x.t
     return out
 
 
@@ -282,14 +283,7 @@ class UnitActivations:
 
 def unit_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
                           assumptions: ActivationAssumptions, vocab: int) -> UnitActivations:
-    """The building blocks for `layout`, cached on the fields that change activations (not DP, PP, optimizer)."""
-    key = replace(layout, pp=1, vpp=None, dp=1, dist_opt=False, ep=1)
-    return _units(model, training, key, assumptions, vocab)
-
-
-@lru_cache(maxsize=8192)
-def _units(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions: ActivationAssumptions,
-           vocab: int) -> UnitActivations:
+    """The building blocks for `layout` (only TP, SP, CP, MBS, ETP and recompute matter)."""
     x = _shape(model, training, layout, assumptions)
     dense = tuple(layer_activation_bytes(model, training, layout, assumptions, moe=False).items())
     moe = tuple(layer_activation_bytes(model, training, layout, assumptions, moe=True).items()) \
