@@ -34,6 +34,7 @@ __all__ = [
     "MemoryEstimate",
     "StageParams",
     "estimate_memory",
+    "microbatch_activation_terms",
     "stage_params",
     "chunk_layer_counts",
     "padded_vocab_size",
@@ -419,3 +420,22 @@ def estimate_memory(job: Job, layout: Layout,
         overhead_bytes=overhead_bytes(counted, assumptions), stage=sp.stage, params_per_gpu=sp.params_per_gpu,
         _breakdown=breakdown,
     )
+
+
+def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chunk: int = 0,
+                                assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> dict[str, float]:
+    """The tensors one micro-batch's forward leaves saved on one model chunk of one stage, by name, in bytes:
+    what a `saved_tensors_hooks` probe around one forward measures. No pipeline in-flight factor, no transients."""
+    model, training = job.model, job.training
+    pp, vpp = layout.pp, layout.vpp_size
+    if not (0 <= stage < pp and 0 <= chunk < vpp):
+        raise ValueError(f"stage must be in [0, {pp}) and chunk in [0, {vpp}), but got (stage={stage}, chunk={chunk}).")
+    counts = chunk_layer_counts(model.num_layers, pp, vpp)
+    k = chunk * pp + stage
+    start = sum(counts[:k])
+    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    vocab = padded_vocab_size(model.vocab_size, layout.tp, assumptions.make_vocab_size_divisible_by)
+    unit = unit_activation_bytes(model, training, layout, assumptions, vocab)
+    terms = unit.breakdown(chunks=((k, start, counts[k]),), inflight=(1,), first_dense=first_dense,
+                           last=len(counts) - 1, has_output=False, has_moe=False)
+    return dict(terms)

@@ -266,6 +266,8 @@ class UnitActivations:
         out: dict[str, float] = {}
 
         def add(terms: tuple[tuple[str, float], ...], weight: float) -> None:
+            if not weight:
+                return
             for name, value in terms:
                 out[name] = out.get(name, 0.0) + weight * value
 

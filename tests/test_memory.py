@@ -13,6 +13,7 @@ from autotune.memory import (
     MemoryAssumptions,
     chunk_layer_counts,
     estimate_memory,
+    microbatch_activation_terms,
     padded_vocab_size,
     stage_params,
 )
@@ -266,3 +267,61 @@ def test_overhead_is_fixed_plus_a_fraction():
     est = estimate_memory(_job("tiny-gpt"), Layout(), custom)
     counted = est.total_bytes - est.overhead_bytes
     assert est.overhead_bytes == pytest.approx(0.1 * counted)
+
+
+# --- published layouts ran, so they must fit (the full table: bench/bench_memory_published.py) ----------------
+GPT_1T = ModelSpec(name="gpt-1t", num_layers=128, hidden_size=25600, ffn_hidden_size=102400, num_attention_heads=160,
+                   kv_channels=160, vocab_size=51200, gated_linear_unit=False, tied_embeddings=True,
+                   add_bias_linear=True, normalization="LayerNorm", max_position_embeddings=2048)
+GPT_462B = ModelSpec(name="gpt-462b", num_layers=112, hidden_size=18432, ffn_hidden_size=73728,
+                     num_attention_heads=144, kv_channels=128, vocab_size=131072, gated_linear_unit=False,
+                     tied_embeddings=True, add_bias_linear=True, normalization="LayerNorm",
+                     max_position_embeddings=4096)
+PRE_FLASH = MemoryAssumptions(flash_attention=False, dropout=True)  # 2021-2022 runs
+MODELZOO = MemoryAssumptions(recompute_modules=("layernorm", "moe_act"))  # "selective: norm, act"
+PUBLISHED = [  # calibration-runs.csv rows: (row, model, gpu, seq, gbs, layout, assumptions)
+    (28, GPT_1T, "a100-80gb", 2048, 512, Layout(tp=8, pp=64, mbs=1, sp=True, recompute="selective"), PRE_FLASH),
+    (8, GPT_462B, "h100", 4096, 3072, Layout(tp=8, pp=16, dp=48, sp=True, dist_opt=True), DEFAULT_ASSUMPTIONS),
+    (30, "qwen3-235b-a22b", "h100", 4096, 2048,
+     Layout(tp=2, pp=8, vpp=4, ep=32, etp=1, dp=16, sp=True, dist_opt=True, recompute="selective"), MODELZOO),
+    (33, "qwen3-235b-a22b", "h100", 4096, 2048,
+     Layout(tp=2, pp=32, vpp=3, ep=8, etp=1, dp=4, sp=True, dist_opt=True, recompute="selective"), MODELZOO),
+]
+
+
+@pytest.mark.parametrize("row,model,gpu,seq,gbs,layout,assumptions", PUBLISHED, ids=[str(p[0]) for p in PUBLISHED])
+def test_published_layout_is_not_predicted_out_of_memory(row, model, gpu, seq, gbs, layout, assumptions):
+    model = get_model(model) if isinstance(model, str) else model
+    job = Job(model=model, cluster=build_cluster(nodes=max(1, layout.world_size // 8), gpu=gpu),
+              training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
+    assert estimate_memory(job, layout, assumptions).fits(job.cluster.gpu.memory_bytes)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "mixtral-8x22b", "deepseek-v3"])
+def test_more_tp_or_pp_never_raises_the_estimated_weight_bytes(name):
+    job = _job(name, seq=4096, gbs=1024, nodes=64)
+    ep = 8 if job.model.moe is not None else 1
+    for pp in (1, 2, 4, 8):
+        by_tp = [estimate_memory(job, Layout(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, sp=tp > 1,
+                                             dp=512 // (tp * pp))).weights_bytes for tp in (1, 2, 4, 8)]
+        assert by_tp == sorted(by_tp, reverse=True), pp
+    for tp in (1, 8):
+        by_pp = [estimate_memory(job, Layout(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, sp=tp > 1,
+                                             dp=512 // (tp * pp))).weights_bytes for pp in (1, 2, 4, 8, 16)]
+        assert by_pp == sorted(by_pp, reverse=True), tp
+
+
+def test_microbatch_terms_are_one_chunk_of_one_microbatch():
+    # tiny-gpt, PP=2: stage 1 holds layers 4..7 and the output layer; 4 x one layer + the output terms
+    job = _job("tiny-gpt", seq=256)
+    layout = Layout(tp=2, pp=2, sp=True)
+    terms = microbatch_activation_terms(job, layout, stage=1)
+    one_layer = sum(layer_activation_bytes(job.model, job.training, layout, DEFAULT_ASSUMPTIONS, moe=False).values())
+    output = terms["final_norm_input"] + terms["output_layer_input"] + terms["logits_fp32"]
+    assert sum(terms.values()) == pytest.approx(4 * one_layer + output)
+    assert "logits_fp32" not in microbatch_activation_terms(job, layout, stage=0)
+
+
+def test_microbatch_terms_reject_a_stage_outside_the_pipeline():
+    with pytest.raises(ValueError, match="stage must be in"):
+        microbatch_activation_terms(_job("tiny-gpt"), Layout(pp=2), stage=2)
