@@ -84,13 +84,13 @@ def expert_world_size_divisible(job: Job, layout: Layout) -> Violation | None:
     world / (PP * EP * ETP) = TP*CP*DP / (EP*ETP) is an integer."""
     world, ep, etp, pp = job.world_size, layout.ep, layout.expert_tp, layout.pp
     size = etp * ep * pp
-    if world % size == 0:
-        return None
+    if world % size == 0 or (layout.ep == 1 and layout.etp is None):
+        return None  # EP 1, ETP = TP: TP*PP divides TP*PP*CP, world_size_divisible's business
     smallest = pp * lcm(layout.tp * layout.cp, ep * etp)
     return _violation("expert_world_size_divisible",
                       f"world_size ({world}) is not divisible by expert_tensor_model_pipeline_parallel size ({size}) "
                       f"(expert_tensor_parallel_size {etp} * expert_model_parallel_size {ep} * pipeline_model_parallel_size {pp}); "
-                      f"this layout needs a multiple of PP * lcm(TP*CP, EP*ETP) = {pp} * lcm({layout.tp * layout.cp}, {ep * etp}) "
+                      f"this layout needs a multiple of PP * lcm(TP*CP, EP*ETP) = {pp} * lcm({layout.tp}*{layout.cp}, {ep}*{etp}) "
                       f"= {smallest} GPUs.",
                       world_size=world, tp=layout.tp, cp=layout.cp, pp=pp, ep=ep, etp=etp)
 
@@ -191,7 +191,9 @@ def vpp_microbatches(job: Job, layout: Layout) -> Violation | None:
     else:
         message = (f"The remainder of M (the total micro-batches) divided by N (number of contiguous micro-batches "
                    f"in a virtual pipeline stage) should be 0, or larger than or equal to the pipeline-parallel size, "
-                   f"but it is {m % pp}. (M={m}, N=PP={pp})")
+                   f"but it is {m % pp}.")
+    message += (f" (M = global_batch_size {gbs} / (micro_batch_size {layout.mbs} * data_parallel_size {layout.dp}); "
+                f"N = pipeline_model_parallel_size {pp} by default; virtual_pipeline_model_parallel_size {layout.vpp})")
     return _violation("vpp_microbatches", message, global_batch_size=gbs, mbs=layout.mbs, dp=layout.dp, pp=pp,
                       vpp=layout.vpp, num_microbatches=m)
 

@@ -1,0 +1,172 @@
+"""Validity rules: the reference's examples, then each rule once, accepted and rejected."""
+
+from __future__ import annotations
+
+import pytest
+
+from search_spaces.catalog import get_model
+from search_spaces.cluster import ClusterSpec
+from search_spaces.gpus import get_gpu, get_link
+from search_spaces.job import Job
+from search_spaces.layout import Layout, TrainingSpec, parse_layout
+from search_spaces.model import ModelSpec, MoESpec
+from search_spaces.rules import RULE_NAMES, RULES, check, lcm
+
+# heads 12 and 4 query groups; ffn 240 divides by every TP up to 16 that the heads allow
+GQA12 = ModelSpec(name="gqa12", num_layers=12, hidden_size=96, ffn_hidden_size=240, num_attention_heads=12,
+                  num_query_groups=4, vocab_size=1024)
+GQA12_FFN198 = ModelSpec(name="gqa12-ffn198", num_layers=12, hidden_size=96, ffn_hidden_size=198,
+                         num_attention_heads=12, num_query_groups=4, vocab_size=1024)  # 198 % 4 = 2
+# 6 experts of ffn 100 (divides by 1, 2, 4, 5 but not 8), shared experts of ffn 60, one dense layer
+MOE6 = ModelSpec(name="moe6", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
+                 num_query_groups=8, vocab_size=1024,
+                 moe=MoESpec(num_experts=6, topk=2, expert_ffn_hidden_size=100, shared_expert_ffn_hidden_size=60,
+                             first_dense_layers=1))
+MOE_BIAS = ModelSpec(name="moe-bias", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
+                     vocab_size=1024, add_bias_linear=True, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
+
+
+def make_job(model: ModelSpec | str, world: int, *, gpus_per_node: int = 0, seq: int = 4096, gbs: int = 256) -> Job:
+    model = get_model(model) if isinstance(model, str) else model
+    gpn = gpus_per_node or min(world, 8)
+    cluster = ClusterSpec(nodes=world // gpn, gpus_per_node=gpn, gpu=get_gpu("h100"), intra_node=get_link("nvlink4"),
+                          inter_node=get_link("ib-ndr"))
+    return Job(model=model, cluster=cluster, training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
+
+
+def rules_broken(job: Job, text: str) -> set[str]:
+    return {v.rule for v in check(job, parse_layout(text, world_size=job.world_size))}
+
+
+# --- the reference's examples (shared/reference/parallelism.md) -----------------------------------
+def test_32_gpus_tp2_pp4_cp2_gives_dp2() -> None:
+    job = make_job("tiny-gpt", 32)
+    layout = parse_layout("tp=2,pp=4,cp=2", world_size=32)
+    assert layout.dp == 2  # 32 / (2 * 4 * 2)
+    assert check(job, layout) == ()
+
+
+def test_pp1_tp2_ep8_fits_8_gpus_not_16() -> None:
+    # PP * lcm(TP*CP, EP*ETP) = 1 * lcm(2, 8) = 8; PP * max would also say 8, the product TP*EP would say 16
+    assert check(make_job("tiny-moe", 8), parse_layout("tp=2,ep=8,etp=1,sp=true", world_size=8)) == ()
+    assert lcm(2, 8) == 8
+
+
+def test_tp_cp_6_with_ep_etp_4_needs_12_gpus() -> None:
+    # PP * lcm(TP*CP, EP*ETP) = lcm(2*3, 4*1) = 12, not max(6, 4) = 6
+    text = "tp=2,cp=3,ep=4,etp=1,sp=true"
+    seq = 4104  # 4104 % (2*3) == 0 and (4104 / 3) % 2 == 0
+    assert rules_broken(make_job("tiny-moe", 12, gpus_per_node=4, seq=seq), text) == set()
+    assert rules_broken(make_job("tiny-moe", 24, gpus_per_node=4, seq=seq), text) == set()
+    assert rules_broken(make_job("tiny-moe", 6, gpus_per_node=2, seq=seq), text) == {"expert_world_size_divisible"}
+    violation = check(make_job("tiny-moe", 6, gpus_per_node=2, seq=seq), parse_layout(text, world_size=6))[0]
+    assert "= 12 GPUs" in violation.message
+
+
+def test_8_experts_on_ep4_gives_2_per_gpu() -> None:
+    job = make_job("tiny-moe", 8)
+    layout = parse_layout("ep=4,etp=1", world_size=8)
+    assert check(job, layout) == ()
+    assert job.model.moe.num_experts // layout.ep == 2  # 8 / 4
+    assert layout.expert_dp == 2  # 8 / (1 * 4 * 1)
+
+
+def test_sp_with_tp1_is_rejected() -> None:
+    assert rules_broken(make_job("tiny-gpt", 8), "tp=1,sp=true") == {"sp_needs_tp"}
+
+
+def test_seq_4096_with_cp3_is_rejected() -> None:
+    # 4096 % (2 * 3) = 4
+    assert rules_broken(make_job(GQA12, 12, gpus_per_node=4), "cp=3") == {"cp_sequence_divisible"}
+
+
+def test_ep_on_a_dense_model_is_rejected() -> None:
+    assert rules_broken(make_job("tiny-gpt", 8), "ep=2") == {"ep_needs_moe"}
+
+
+# --- every rule: a layout that breaks only it ------------------------------------------------------
+BROKEN = [
+    # (model, world, gpus_per_node, seq, gbs, layout, the one rule it breaks)
+    (GQA12, 12, 4, 4096, 24, "tp=2,pp=4", "world_size_divisible"),  # 12 % 8 = 4
+    (GQA12, 12, 4, 4096, 24, "tp=2,pp=2,dp=2", "data_parallel_size_matches"),  # 12 / 4 = 3, not 2
+    ("tiny-gpt", 16, 8, 4096, 256, "tp=16,sp=true", None),  # heads 16, groups 8: 16 % 8 == 0 is accepted
+    (GQA12, 8, 8, 4096, 256, "tp=8,sp=true", "heads_divisible_by_tp"),  # 12 % 8 = 4 (groups 4 divide 8)
+    (GQA12, 12, 4, 4104, 24, "tp=3", "query_groups_vs_tp"),  # 4 % 3 and 3 % 4 are both non-zero
+    (GQA12_FFN198, 8, 8, 4096, 256, "tp=4", "ffn_divisible_by_tp"),  # heads and groups divide by 4, 198 % 4 = 2
+    (MOE6, 8, 8, 4096, 256, "tp=4,sp=true,ep=2,etp=1", None),  # shared experts: 60 % 4 = 0
+    (MOE6, 16, 8, 4096, 256, "tp=8,sp=true,ep=2,etp=1", "shared_expert_ffn_divisible_by_tp"),  # 60 % 8 = 4
+    (MOE6, 8, 8, 4096, 256, "ep=1,etp=8", "expert_ffn_divisible_by_etp"),  # 100 % 8 = 4
+    (GQA12, 16, 8, 4096, 256, "pp=8", "layers_divisible_by_pp"),  # 12 % 8 = 4
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=4", "layers_divisible_by_vpp"),  # 12 / 2 = 6, 6 % 4 = 2
+    (GQA12, 16, 8, 4096, 256, "pp=1,vpp=2", "vpp_needs_pp"),
+    (GQA12, 16, 8, 4096, 8, "pp=4,vpp=3", "vpp_microbatches"),  # M = 8 / (1 * 4) = 2 < PP = 4
+    (GQA12, 16, 8, 4096, 24, "pp=4,vpp=3", "vpp_microbatches"),  # M = 24 / 4 = 6, 6 % 4 = 2
+    (GQA12, 16, 8, 4096, 32, "pp=4,vpp=3", None),  # M = 32 / 4 = 8, 8 % 4 = 0
+    ("tiny-gpt", 8, 8, 4096, 256, "sp=true", "sp_needs_tp"),
+    ("tiny-moe", 8, 8, 4096, 256, "tp=2,ep=2", "moe_tp_needs_sp"),
+    ("tiny-moe", 8, 8, 4096, 256, "tp=2,ep=2,sp=true", None),
+    (GQA12, 12, 4, 4098, 24, "cp=2", "cp_sequence_divisible"),  # 4098 % 4 = 2
+    (GQA12, 12, 4, 4104, 24, "tp=4,sp=true", None),  # 4104 % 4 = 0
+    (GQA12, 12, 4, 4098, 24, "tp=4,sp=true", "sp_sequence_divisible"),  # 4098 % 4 = 2
+    ("tiny-gpt", 8, 8, 4096, 256, "ep=2", "ep_needs_moe"),
+    (MOE6, 8, 8, 4096, 256, "ep=4,etp=1", "experts_divisible_by_ep"),  # 6 % 4 = 2
+    (MOE_BIAS, 8, 8, 4096, 256, "tp=2,sp=true,ep=2", "moe_bias_needs_etp1"),  # ETP defaults to TP = 2
+    (MOE_BIAS, 8, 8, 4096, 256, "tp=2,sp=true,ep=2,etp=1", None),
+    ("tiny-moe", 8, 8, 4096, 256, "tp=2,sp=true,ep=8", "expert_world_size_divisible"),  # 8 % (2*8) != 0
+    ("tiny-gpt", 8, 8, 4096, 12, "mbs=1", "global_batch_divisible"),  # 12 % (1 * 8) = 4
+]
+
+
+@pytest.mark.parametrize(("model", "world", "gpn", "seq", "gbs", "text", "rule"), BROKEN)
+def test_each_rule_alone(model, world, gpn, seq, gbs, text, rule) -> None:
+    job = make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
+    assert rules_broken(job, text) == ({rule} if rule else set())
+
+
+def test_sp_splits_the_per_rank_sequence_after_cp() -> None:
+    # seq 4100, CP 2: 4100 % 4 = 0 passes CP; each rank holds 2050 tokens; TP 4: 2050 % 4 = 2
+    job = make_job(GQA12, 16, seq=4100, gbs=32)
+    assert rules_broken(job, "tp=4,cp=2,sp=true") == {"sp_sequence_divisible"}
+    assert rules_broken(job, "tp=2,cp=2,sp=true") == set()  # 2050 % 2 = 0
+
+
+def test_every_rule_has_a_breaking_example() -> None:
+    assert set(RULE_NAMES) <= {b[-1] for b in BROKEN}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_violation_names_its_fields_and_values(rule) -> None:
+    example = next(b for b in BROKEN if b[-1] == rule.name)
+    model, world, gpn, seq, gbs, text, _ = example
+    job = make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
+    violation = next(v for v in check(job, parse_layout(text, world_size=world)) if v.rule == rule.name)
+    assert violation.fields
+    for value in violation.fields.values():
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert str(value) in violation.message
+    assert rule.source.startswith("megatron/core/")
+
+
+def test_megatron_wording() -> None:
+    job = make_job(GQA12, 8)
+    (violation,) = check(job, parse_layout("tp=8,sp=true", world_size=8))
+    assert violation.message == "num_attention_heads (12) must be a multiple of tensor_model_parallel_size (8)."
+
+
+def test_every_violation_is_listed() -> None:
+    # world 8 % (8*3) != 0; heads 12 % 8 = 4; seq 4096 % (2*3) = 4; EP on a dense model; 8 % (8*2*1) != 0
+    broken = rules_broken(make_job(GQA12, 8), "tp=8,cp=3,ep=2")
+    assert broken == {"world_size_divisible", "heads_divisible_by_tp", "cp_sequence_divisible", "ep_needs_moe",
+                      "expert_world_size_divisible"}
+
+
+def test_unset_etp_means_tp() -> None:
+    # ETP = TP = 2 and EP 4: expert grid 2 * 4 = 8 divides 8 GPUs; etp=4 would need 16
+    job = make_job("tiny-moe", 8)
+    assert rules_broken(job, "tp=2,sp=true,ep=4") == set()
+    assert rules_broken(job, "tp=2,sp=true,ep=4,etp=4") == {"expert_world_size_divisible"}
+
+
+def test_non_positive_sizes_are_bad_input() -> None:
+    with pytest.raises(ValueError, match="tp > 0"):
+        check(make_job("tiny-gpt", 8), Layout(tp=0))

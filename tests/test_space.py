@@ -1,0 +1,214 @@
+"""The feasible space: generated layouts are valid, nothing valid is omitted, counts and choices agree."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from search_spaces.layout import Layout
+from search_spaces.model import ModelSpec, MoESpec
+from search_spaces.rules import RULES, check
+from search_spaces.space import (DIMENSIONS, SHAPE_DIMENSIONS, SpaceOptions, dimension_ranges, feasible_layouts,
+                                 feasible_space, rejections, space_rules)
+from test_rules import GQA12, MOE6, MOE_BIAS, make_job
+
+SMALL = SpaceOptions(micro_batch_sizes=(1, 2), recompute=("none",), dist_opt=(False,))
+WIDE = SpaceOptions(micro_batch_sizes=(1, 4), recompute=("full",), dist_opt=(True,), tp_within_node=False,
+                    expert_within_node=False, min_pp_for_vpp=3)
+
+# (model, world, gpus per node, seq, gbs): small enough to enumerate the naive product
+SMALL_JOBS = [
+    ("tiny-gpt", 8, 4, 4096, 16),
+    ("tiny-moe", 8, 4, 4096, 16),
+    (GQA12, 12, 4, 4104, 24),
+    (MOE6, 12, 4, 96, 24),
+    (MOE_BIAS, 8, 8, 64, 16),
+]
+
+
+def _job(spec):
+    model, world, gpn, seq, gbs = spec
+    return make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
+
+
+def _level(rule) -> int:
+    """The dimension at which a rule becomes checkable (dp is known once pp is)."""
+    reads = {"pp" if name == "dp" else name for name in rule.reads}
+    return max(DIMENSIONS.index(name) for name in reads)
+
+
+def _brute_force(job, options):
+    """Filter the whole naive product through every rule; count each rejection at its first rule."""
+    ranges = dimension_ranges(job, options)
+    rules = sorted(RULES + space_rules(job, options), key=_level)  # stable: RULES order within a dimension
+    valid, first = set(), {}
+    for values in itertools.product(*ranges.values()):
+        d = dict(zip(ranges, values))
+        model_size = d["tp"] * d["cp"] * d["pp"]
+        d["dp"] = job.world_size // model_size if job.world_size % model_size == 0 else 1
+        layout = Layout(**d)
+        broken = next((r.name for r in rules if r.check(job, layout)), None)
+        if broken is None:
+            valid.add(layout)
+        else:
+            first[broken] = first.get(broken, 0) + 1
+    return valid, first
+
+
+@pytest.mark.parametrize("options", [SMALL, WIDE], ids=["default-node", "cross-node"])
+@pytest.mark.parametrize("spec", SMALL_JOBS, ids=lambda s: s[0] if isinstance(s, str) else getattr(s, "name", None))
+def test_generator_equals_filtering_the_product(spec, options) -> None:
+    job = _job(spec)
+    valid, first = _brute_force(job, options)
+    assert set(feasible_layouts(job, options)) == valid
+    report = rejections(job, options)
+    assert report.feasible == len(valid)
+    assert {k: v for k, v in report.rejected_by.items() if v} == first
+
+
+@pytest.mark.parametrize(("model", "nodes"), [("mixtral", 4), ("llama3-70b", 8), ("deepseek-v3", 32),
+                                              ("qwen3-30b-a3b", 2), ("tiny-mla", 1), ("gpt3-175b", 16)])
+def test_every_generated_layout_is_valid(model, nodes) -> None:
+    job = make_job(model, nodes * 8, gpus_per_node=8)
+    layouts = list(feasible_layouts(job))
+    assert layouts
+    assert all(check(job, layout) == () for layout in layouts)
+    assert len(set(layouts)) == len(layouts)  # no duplicates
+    report = rejections(job)
+    assert report.feasible == len(layouts)
+    assert report.rejected + report.feasible == report.candidates == sum(report.rejected_by.values()) + report.feasible
+
+
+def test_dense_models_do_not_search_experts() -> None:
+    layouts = list(feasible_layouts(make_job("tiny-gpt", 8)))
+    assert {(x.ep, x.etp) for x in layouts} == {(1, None)}
+
+
+def test_moe_layouts_carry_an_explicit_etp() -> None:
+    layouts = list(feasible_layouts(make_job("tiny-moe", 8)))
+    assert all(x.etp is not None for x in layouts)
+    assert {x.ep for x in layouts} == {1, 2, 4, 8}
+
+
+def test_moe_with_bias_only_gets_etp1() -> None:
+    assert {x.etp for x in feasible_layouts(make_job(MOE_BIAS, 8))} == {1}
+
+
+def test_moe_with_tp_always_has_sp_and_tp1_never() -> None:
+    for x in feasible_layouts(make_job("tiny-moe", 8)):
+        assert x.sp == (x.tp > 1)
+
+
+def test_tp_stays_inside_a_node_unless_lifted() -> None:
+    job = make_job("tiny-gpt", 16, gpus_per_node=8)
+    default = {x.tp for x in feasible_layouts(job)}
+    lifted = {x.tp for x in feasible_layouts(job, SpaceOptions(tp_within_node=False))}
+    assert default == {1, 2, 4, 8} and lifted == {1, 2, 4, 8, 16}
+
+
+def test_min_pp_for_vpp_3_drops_interleaving_on_two_stages() -> None:
+    job = make_job("tiny-gpt", 8)
+    assert any(x.pp == 2 and x.vpp for x in feasible_layouts(job))
+    assert not any(x.pp == 2 and x.vpp for x in feasible_layouts(job, SpaceOptions(min_pp_for_vpp=3)))
+
+
+def test_an_impossible_job_has_an_empty_space() -> None:
+    # one head, 3 layers, odd sequence: TP = CP = PP = 1, DP = 8 does not divide GBS 3
+    model = ModelSpec(name="one-head", num_layers=3, hidden_size=64, ffn_hidden_size=64, num_attention_heads=1,
+                      vocab_size=128)
+    job = make_job(model, 8, seq=7, gbs=3)
+    space = feasible_space(job, SMALL)
+    assert space.size == 0 and list(space.layouts()) == [] and space.choices("tp", {}) == ()
+    assert rejections(job, SMALL).feasible == 0
+
+
+# --- the define-by-run choices API ----------------------------------------------------------------
+def _walk(space, rng: random.Random) -> Layout:
+    values: dict[str, object] = {}
+    for name in DIMENSIONS:
+        options = space.choices(name, values)
+        assert options, f"dead end at {name} after {values}"
+        values[name] = rng.choice(options)
+    return space.layout(values)
+
+
+@pytest.mark.parametrize(("model", "nodes"), [("mixtral", 4), ("deepseek-v3", 16), ("llama3-8b", 1)])
+def test_random_walks_never_dead_end_and_land_on_valid_layouts(model, nodes) -> None:
+    job = make_job(model, nodes * 8)
+    space = feasible_space(job)
+    rng = random.Random(0)
+    members = set(space.layouts())
+    for _ in range(200):
+        layout = _walk(space, rng)
+        assert layout in members and check(job, layout) == ()
+
+
+def test_choices_are_exactly_the_next_values_of_the_shapes() -> None:
+    space = feasible_space(make_job("tiny-moe", 8))
+    shapes = space.shapes
+    for shape in shapes[:: max(1, len(shapes) // 25)]:
+        for k, name in enumerate(SHAPE_DIMENSIONS):
+            prefix = dict(zip(SHAPE_DIMENSIONS[:k], shape[:k]))
+            expected = {s[k] for s in shapes if s[:k] == shape[:k]}
+            assert set(space.choices(name, prefix)) == expected
+
+
+def test_choices_need_the_earlier_dimensions() -> None:
+    space = feasible_space(make_job("tiny-gpt", 8))
+    with pytest.raises(ValueError, match="earlier dimensions tp, cp"):
+        space.choices("pp", {})
+    with pytest.raises(ValueError, match="not a prefix"):
+        space.choices("cp", {"tp": 3})
+    with pytest.raises(ValueError, match="unknown dimension"):
+        space.choices("dp", {})
+
+
+def test_layout_of_values_outside_the_space_is_refused() -> None:
+    space = feasible_space(make_job("tiny-gpt", 8))
+    values = dict(tp=1, cp=1, pp=1, vpp=None, ep=1, etp=None, mbs=1, sp=True, dist_opt=False, recompute="none")
+    with pytest.raises(ValueError, match="not a layout of this space"):
+        space.layout(values)  # SP with TP 1
+    assert space.layout({**values, "sp": False}).dp == 8  # 8 / (1 * 1 * 1)
+
+
+def test_param_names_carry_the_prefix() -> None:
+    space = feasible_space(make_job("tiny-gpt", 8))
+    assert space.param_name("tp", {}) == "tp"
+    assert space.param_name("pp", {"tp": 2, "cp": 1}) == "pp_tp2_cp1"
+    assert space.param_name("recompute", {"tp": 2}) == "recompute"
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"micro_batch_sizes": ()}, "micro_batch_sizes"),
+    ({"recompute": ("some",)}, "recompute"),
+    ({"dist_opt": ()}, "dist_opt"),
+    ({"min_pp_for_vpp": 1}, "min_pp_for_vpp"),
+    ({"max_tp": 0}, "max_tp"),
+])
+def test_bad_space_options_are_refused(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        SpaceOptions(**kwargs)
+
+
+def test_caps_shrink_the_space() -> None:
+    job = make_job("tiny-gpt", 8)
+    capped = list(feasible_layouts(job, SpaceOptions(max_tp=2, max_cp=1, max_pp=2, max_vpp=2)))
+    assert capped and all(x.tp <= 2 and x.cp == 1 and x.pp <= 2 and (x.vpp or 1) <= 2 for x in capped)
+    assert rejections(job, SpaceOptions(max_tp=2, max_cp=1, max_pp=2, max_vpp=2)).feasible == len(capped)
+
+
+def test_moe_folding_appears_in_the_space() -> None:
+    # TP2 with EP8, ETP1 on 8 GPUs: lcm(2, 8) = 8 fits, the folded layout is generated
+    layouts = feasible_space(make_job("tiny-moe", 8)).layouts()
+    assert any(x.tp == 2 and x.ep == 8 and x.etp == 1 and x.pp == 1 for x in layouts)
+
+
+def test_mixture_of_dense_first_layers_keeps_dense_ffn_rule() -> None:
+    model = ModelSpec(name="moe-dense-first", num_layers=4, hidden_size=64, ffn_hidden_size=100, num_attention_heads=8,
+                      vocab_size=128, moe=MoESpec(num_experts=4, topk=1, expert_ffn_hidden_size=64,
+                                                  first_dense_layers=1))
+    # dense ffn 100 % 8 = 4: TP 8 is not offered, TP 4 is
+    tps = {x.tp for x in feasible_layouts(make_job(model, 8, seq=64, gbs=16))}
+    assert 4 in tps and 8 not in tps
