@@ -166,9 +166,15 @@ def gemm_time_s(m: float, n: float, k: float, *, gpu: GPUSpec, precision: str, c
     return gemm_cost(gpu, precision, cal).time_s(m, n, k, count)
 
 
-def attention_time_s(flops: float, *, gpu: GPUSpec, cal: Calibration) -> float:
-    """Attention core (FlashAttention-style fused kernel, BF16): FLOPs / (peak * attention fraction)."""
-    return flops / (gpu.bf16_flops * cal.fractions(gpu).attention_peak_fraction)
+def attention_time_s(flops: float, *, gpu: GPUSpec, cal: Calibration, block_tokens: float) -> float:
+    """Attention core (FlashAttention-style fused kernel, BF16): FLOPs / (peak * attention fraction * phi(n)^2).
+
+    `block_tokens` n is the length of the query and key blocks one kernel call sees (s without CP,
+    s / c per ring step with CP); phi(n) = n / (n + gemm_dim_half), the same saturating factor as
+    GEMMs, so short blocks (long CP rings on short sequences) run further from peak.
+    """
+    shape = (block_tokens / (block_tokens + cal.gemm_dim_half)) ** 2
+    return flops / (gpu.bf16_flops * cal.fractions(gpu).attention_peak_fraction * shape)
 
 
 def memory_bound_time_s(nbytes: float, *, gpu: GPUSpec, cal: Calibration) -> float:

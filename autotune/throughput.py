@@ -354,7 +354,8 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
     h_act = h / t if sp else h  # hidden width of norm/dropout activations on one rank
 
     attn_fwd = _attention_gemms_fwd_s(model, tokens, t, gemm)
-    core_fwd = attention_time_s(_attention_core_fwd_flops(model, tokens, s, t), gpu=gpu, cal=cal)
+    core_fwd = attention_time_s(_attention_core_fwd_flops(model, tokens, s, t), gpu=gpu, cal=cal,
+                                block_tokens=s / c)
     core_bwd = 2.5 * core_fwd
     rope = 4 * model.num_attention_heads / t * model.head_dim  # rotary on q and k: read + write, about q's width twice
     attn_elem_fwd = memory_bound_time_s(2.0 * tokens * (5 * h_act + rope), gpu=gpu, cal=cal)
