@@ -2,6 +2,7 @@
 
     python bench/bench_memory_published.py            # one line per row: predicted GiB, capacity, fit or OOM
     python bench/bench_memory_published.py --terms    # plus the breakdown (weights, grads, optimizer, ...)
+    python bench/bench_memory_published.py --speed    # time estimate_memory over DeepSeek-V3's 256-node space
 
 A published layout ran, so the memory model must never predict it out of memory; rows that publish a memory
 figure (`mem_gb`) are also compared with it. Exit status 1 when any row is predicted to run out of memory.
@@ -138,10 +139,32 @@ def predict(run: PublishedRun) -> MemoryEstimate:
     return estimate_memory(run.job, run.layout, run.assumptions)
 
 
+def speed() -> None:
+    """Time `estimate_memory` over every feasible layout of DeepSeek-V3 on 256 nodes (2048 H100s)."""
+    import time
+
+    from search_spaces.catalog import get_model
+    from search_spaces.space import feasible_layouts
+
+    job = Job(model=get_model("deepseek-v3"), cluster=build_cluster(nodes=256, gpu="h100"),
+              training=TrainingSpec(seq_length=4096, global_batch_size=8192))
+    layouts = list(feasible_layouts(job))
+    for label in ("cold caches", "warm caches"):
+        start = time.perf_counter()
+        fits = sum(estimate_memory(job, layout).fits(job.cluster.gpu.memory_bytes) for layout in layouts)
+        elapsed = time.perf_counter() - start
+        print(f"deepseek-v3, 256 nodes: {len(layouts)} layouts in {elapsed:.2f} s "
+              f"({elapsed / len(layouts) * 1e6:.0f} us each, {label}); {fits} fit in memory")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--terms", action="store_true", help="print the breakdown of each row")
+    parser.add_argument("--speed", action="store_true", help="time the model over a large search space")
     args = parser.parse_args()
+    if args.speed:
+        speed()
+        return 0
     runs = published_runs()
     oom, scored = 0, 0
     print(f"{'row':>3} {'model':<38} {'gpu':<9} {'layout':<74} {'pred GiB':>8} {'cap GiB':>7} {'peak':>4}  verdict")
