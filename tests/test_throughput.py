@@ -156,3 +156,28 @@ def test_analytic_path_imports_nothing_heavy() -> None:
             "heavy = [m for m in ('torch', 'ray', 'megatron', 'optuna', 'pandas') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_context_parallel_on_a_short_sequence_costs_time() -> None:
+    # same DP x CP = 8 group and tokens per GPU; CP=4 splits 4096 tokens into 1024-token ring blocks
+    job = _job("llama3-8b", nodes=1, seq=4096)
+    plain = estimate_time(job, Layout(tp=1, cp=1, dp=8, mbs=1))
+    ring = estimate_time(job, Layout(tp=1, cp=4, dp=2, mbs=4))
+    assert ring.step_time_s > plain.step_time_s
+
+
+def test_fp8_gemms_are_faster_than_bf16() -> None:
+    bf16 = _job("llama3-70b", nodes=2)
+    fp8 = Job(model=bf16.model, cluster=bf16.cluster, training=replace(bf16.training, precision="fp8"))
+    layout = Layout(tp=8, pp=2, dp=1, sp=True, dist_opt=True)
+    assert estimate_time(fp8, layout).breakdown["compute"] < estimate_time(bf16, layout).breakdown["compute"]
+
+
+def test_calibration_fractions_are_fractions() -> None:
+    cal = DEFAULT_CALIBRATION
+    for _, f in cal.per_gpu_family:
+        for value in (f.gemm_peak_fraction, f.attention_peak_fraction, f.tp_comm_exposed_fraction):
+            assert 0 <= value <= 1
+    for value in (cal.hbm_fraction, cal.link_fraction, cal.ep_comm_exposed_fraction, cal.cp_overlap_fraction,
+                  cal.dp_overlap_fraction, cal.pp_p2p_exposed_fraction, cal.fp8_gemm_speedup_fraction):
+        assert 0 <= value <= 1
