@@ -304,8 +304,12 @@ def microbatch_times(job: Job, layout: Layout, cal: Calibration) -> MicrobatchTi
     The layer terms depend on (t, c, e, etp, b, SP, recompute) only, so they are cached across the
     layouts of a search that differ in p, v, DP or the optimizer.
     """
-    per_layer, last_stage, window = _layer_terms(job, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs,
-                                                 layout.sp and layout.tp > 1, layout.recompute, cal)
+    memo = _memo(job, cal)
+    key = (layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1, layout.recompute)
+    terms = memo.get(key)
+    if terms is None:
+        terms = memo[key] = _layer_terms(job, *key, cal)
+    per_layer, last_stage, window = terms
     return MicrobatchTimes(per_layer=per_layer, last_stage=last_stage, p2p_s=pipeline_p2p_s(job, layout, cal),
                            overlap_window_s=window)
 
@@ -342,7 +346,22 @@ def expert_all_to_all_s(nbytes_per_rank: float, ep: int, etp: int, cluster: Clus
                local / (intra.bandwidth_bytes_per_s * cal.link_fraction)) + inter.latency_s
 
 
-@lru_cache(maxsize=4096)
+_MEMOS: dict[tuple[int, int], tuple[Job, Calibration, dict]] = {}
+
+
+def _memo(job: Job, cal: Calibration) -> dict:
+    """Per-(job, calibration) memo of layer terms, found by identity: hashing a Job walks every nested
+    spec field, which costs more than the lookup it serves. Entries hold their job and calibration, so
+    an id is never reused while its entry lives."""
+    key = (id(job), id(cal))
+    entry = _MEMOS.get(key)
+    if entry is None or entry[0] is not job or entry[1] is not cal:
+        if len(_MEMOS) >= 64:
+            _MEMOS.clear()
+        entry = _MEMOS[key] = (job, cal, {})
+    return entry[2]
+
+
 def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool, recompute: str,
                  cal: Calibration) -> tuple[dict[str, float], dict[str, float], float]:
     """(per-layer terms, last-stage terms, one layer's fwd + bwd compute) for one micro-batch."""
@@ -439,28 +458,35 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     model, training, cluster = job.model, job.training, job.cluster
     m = max(layout.num_microbatches(training.global_batch_size), 1)
     mb = microbatch_times(job, layout, cal)
-    layers_max = math.ceil(model.num_layers / layout.pp)
-    layers_avg = model.num_layers / layout.pp
-    per_layer = mb.per_layer
-    stage_max = {k: v * layers_max for k, v in per_layer.items()}
-    for key, value in mb.last_stage.items():
-        stage_max[key] = stage_max.get(key, 0.0) + value
-    stage_avg_s = sum(per_layer.values()) * layers_avg + sum(mb.last_stage.values()) / layout.pp
-
-    breakdown = {key: 0.0 for key in TIME_KEYS}
-    for key, value in stage_max.items():
+    pp = layout.pp
+    layers_max = -(-model.num_layers // pp)
+    per_layer, last_stage = mb.per_layer, mb.last_stage
+    breakdown = dict.fromkeys(TIME_KEYS, 0.0)
+    scale = m * layers_max
+    for key, value in per_layer.items():
+        breakdown[key] = scale * value
+    last_s = 0.0
+    for key, value in last_stage.items():
         breakdown[key] += m * value
+        last_s += value
+    stage_avg_s = sum(per_layer.values()) * model.num_layers / pp + last_s / pp
     breakdown["pp_bubble"] = pipeline_bubble_s(stage_avg_s, layout)
-    if layout.pp > 1:
+    if pp > 1:
         breakdown["pp_p2p"] += m * mb.p2p_s * cal.pp_p2p_exposed_fraction
-    params = stage_params(model, layout)
+    memo = _memo(job, cal)
+    pkey = ("params", layout.tp, pp, layout.ep, layout.expert_tp)
+    params = memo.get(pkey)
+    if params is None:
+        params = memo[pkey] = stage_params(model, layout)
     breakdown["dp_comm"] = _exposed_dp_s(dp_comm_s(job, layout, cal, params), mb.overlap_window_s * layers_max, cal)
     breakdown["optimizer"] = optimizer_step_s(job, layout, cal, params)
     breakdown["overhead"] += cal.step_overhead_s
 
     step_s = sum(breakdown.values())
     world = layout.world_size
-    flops = model_flops_per_step(model, training)
+    flops = memo.get("flops")
+    if flops is None:
+        flops = memo["flops"] = model_flops_per_step(model, training)
     peak = cluster.gpu.peak_flops(training.precision)
     tokens = training.global_batch_size * training.seq_length
     return TimeEstimate(
