@@ -49,6 +49,9 @@ class ActivationAssumptions:
     - `dropout`: whether dropout masks are kept; None means "LayerNorm (GPT-style) models yes, RMSNorm models
       no" (megatron's default is 0.1, Llama/Qwen/DeepSeek recipes set hidden and attention dropout to 0).
     - `moe_token_imbalance`: tokens on the busiest expert rank over the balanced share (1.0: forced balance).
+    - `attention_score_bytes`: bytes kept per attention score without flash attention. Korthikanti's 5 (fused
+      fp16 softmax 2, dropout mask 1, dropout output 2); megatron-core's unfused local path (the CPU proxy, no
+      dropout) keeps 6 (fp32 softmax 4 and its bf16 copy 2).
     - FP8: activations are counted as BF16. TE saves FP8 copies of GEMM inputs, but norms, attention and
       activation-function tensors stay in BF16; the BF16 count is an upper bound.
     """
@@ -57,6 +60,7 @@ class ActivationAssumptions:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     dropout: bool | None = None
     moe_token_imbalance: float = 1.0
+    attention_score_bytes: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class _Shape:
     modules: frozenset[str]
     dropout: bool
     flash: bool
+    score_bytes: float
 
     @property
     def tokens(self) -> int:
@@ -84,7 +89,7 @@ def _shape(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions
     return _Shape(
         s=training.seq_length // layout.cp, s_full=training.seq_length, b=layout.mbs, t=layout.tp,
         sp_div=layout.tp if layout.sp else 1, recompute=layout.recompute, modules=modules, dropout=dropout,
-        flash=assumptions.flash_attention,
+        flash=assumptions.flash_attention, score_bytes=assumptions.attention_score_bytes,
     )
 
 
@@ -92,7 +97,8 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
     """One layer's attention block incl. its input norm (Korthikanti Sec. 4.1 'Attention block' + LayerNorm).
 
     norm_input 2sbh, qkv_input (norm output) 2sbh — both /t only with SP; Q, K, V 2sb(a + 2g)d/t (Korthikanti's
-    4sbh + 2sbh for MHA); core attention: 5as^2b/t without flash attention (softmax 2, its dropout mask 1,
+    4sbh + 2sbh for MHA; without flash attention megatron-core's `DotProductAttention` expands K and V to all a
+    heads, 2sb 3ad/t); core attention: 5as^2b/t without flash attention (softmax 2, its dropout mask 1,
     dropout output 2), an fp32 log-sum-exp 4sba/t with it, none when selective recompute covers 'core_attn';
     proj_input (attention output) 2sbh/t; dropout mask sbh. qk-layernorm keeps its inputs (2sb(a + g)d/t).
     MLA keeps the two latents before and after their norms (2 x 2sb(q_lora + kv_lora), /t with SP).
@@ -108,7 +114,8 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
         terms["mla_latents"] = ACT_BYTES * T * latent / sd
         qkv_width, o_width = a * (2 * qk + m.v_head_dim), a * m.v_head_dim
     else:
-        qkv_width, o_width = (a + 2 * g) * d, a * d
+        kv_heads = g if x.flash else a  # `DotProductAttention` repeats K, V over the query groups
+        qkv_width, o_width = (a + 2 * kv_heads) * d, a * d
         if model.qk_layernorm:
             terms["qk_norm_input"] = ACT_BYTES * T * (a + g) * d / t
     terms["qkv"] = ACT_BYTES * T * qkv_width / t
@@ -117,7 +124,7 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
     elif x.flash:
         terms["core_attention"] = FP32_BYTES * T * a / t
     else:  # Korthikanti: 2as^2b softmax + as^2b mask + 2as^2b dropout output; K/V span the full sequence
-        terms["core_attention"] = 5.0 * a * x.b * x.s * x.s_full / t
+        terms["core_attention"] = x.score_bytes * a * x.b * x.s * x.s_full / t
     terms["proj_input"] = ACT_BYTES * T * o_width / t
     terms["attn_dropout_mask"] = MASK_BYTES * T * h / sd if x.dropout else 0.0
     return terms
@@ -146,9 +153,9 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
 
     Each GPU routes T_r = sb/t tokens (SP shard); with balanced routing every EP rank receives T_r * topk token
     copies, all-gathered over the ETP group: T_e = T_r * topk * ETP. The experts keep their input 2T_e*h, fc1
-    output 2T_e*fc1/ETP, the activation output 2T_e*ffn/ETP (kept by the routing-probability multiply that
-    megatron-core 0.16 fuses into the activation) and its product, the fc2 input 2T_e*ffn/ETP. 'moe_act'
-    recompute drops the last two, 'moe' recompute the whole expert part. The router keeps fp32 scores and
+    output 2T_e*fc1/ETP and the fc2 input 2T_e*ffn/ETP; the routing probabilities are applied inside the fused
+    activation (`weighted_bias_swiglu_impl` in `TEGroupedMLP`, which keeps only its input and the probs).
+    'moe_act' recompute drops the fc2 input, 'moe' recompute the whole expert part. The router keeps fp32 scores and
     probabilities (8 T_r E). Shared experts are a TP-split dense MLP on the same input.
     """
     assert model.moe is not None
@@ -164,7 +171,7 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
     elif "moe_act" in x.modules:
         experts = ACT_BYTES * expert_tokens * (h + fc1 / etp)
     else:
-        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + 2 * ffn / etp)
+        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + ffn / etp)
     shared = 0.0
     if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and "moe" not in x.modules:
         sffn = m.shared_expert_ffn_hidden_size
