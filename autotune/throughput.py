@@ -37,6 +37,8 @@ from autotune.efficiency import (
 
 __all__ = [
     "TimeEstimate",
+    "MicrobatchTimes",
+    "microbatch_times",
     "estimate_time",
     "model_flops_per_step",
     "forward_flops_per_token",

@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.efficiency import DEFAULT_CALIBRATION, Calibration, GpuFractions  # noqa: E402
+from autotune.efficiency import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from autotune.throughput import estimate_time, forward_flops_per_token  # noqa: E402
 from search_spaces.cluster import ClusterSpec  # noqa: E402
 from search_spaces.gpus import get_gpu, get_link  # noqa: E402
