@@ -29,7 +29,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from trainers.proxy import ProxyPlan, plan_proxy
 
-__all__ = ["MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups"]
+__all__ = ["MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups", "expert_folding_violation"]
 
 WORKER_RSS_BYTES = 700 * 1024**2  # one worker with torch + megatron-core and a tiny model, with headroom
 MAX_CPU_WORKERS = 8
@@ -61,6 +61,15 @@ def expected_groups(layout: Layout) -> dict[str, int]:
     """Group sizes megatron-core must form for `layout` (the layout's own arithmetic)."""
     return {"world": layout.world_size, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp_size, "cp": layout.cp,
             "dp": layout.dp, "ep": layout.ep, "etp": layout.expert_tp, "expert_dp": layout.expert_dp}
+
+
+def expert_folding_violation(layout: Layout) -> str:
+    """megatron-core's parallel folding needs world size % (pp * ep * etp) == 0 (parallel_state.py)."""
+    world, need = layout.world_size, layout.pp * layout.ep * layout.expert_tp
+    if world % need:
+        return (f"world_size ({world}) is not divisible by pipeline_model_parallel_size * expert_model_parallel_size "
+                f"* expert_tensor_parallel_size ({layout.pp} * {layout.ep} * {layout.expert_tp} = {need}).")
+    return ""
 
 
 def _cluster_gpus() -> int:
@@ -105,6 +114,9 @@ class MegatronBackend:
         ensure_ray(self.ray_temp_dir)
         use_gpu, max_workers = self._device(layout)
         source = "megatron-gpu" if use_gpu else "megatron-cpu-proxy"
+        folding = expert_folding_violation(layout)
+        if folding:
+            return Measurement(layout=layout, status="invalid", source=source, reason=folding, violations=(folding,))
         try:
             plan = self.plan(job, layout, use_gpu=use_gpu, max_workers=max_workers)
         except ValueError as e:

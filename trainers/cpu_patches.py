@@ -7,8 +7,8 @@ answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1 (see
 - `torch.cuda.current_device / synchronize / current_stream / Stream / stream / Event /
   get_rng_state / set_rng_state / manual_seed / empty_cache` are called unconditionally by the
   pipeline p2p code, DDP grad buffers, the MoE alltoall dispatcher and the RNG tracker: shims.
-- Literal `device="cuda"` allocations and `.cuda()` calls (optimizer loss scale, grad clipping,
-  causal masks, MoE counters): `CudaToCpuMode`, a `TorchFunctionMode` that sends them to the CPU.
+- Literal `device="cuda"` allocations, `.cuda()` calls and `pin_memory=True` (optimizer loss scale,
+  grad clipping, causal masks, MoE counters, the CP split of rotary embeddings): `CudaToCpuMode`, a `TorchFunctionMode` that sends them to the CPU.
   Function modes are thread-local, so `cpu_device_mode()` must be entered by the thread that runs
   the job (Ray Train runs the training function in its own thread).
 - `tensor_parallel.random` CUDA RNG get/set: routed to the CPU generator (else every attention
@@ -204,8 +204,10 @@ def _make_mode() -> Any:
         def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             kwargs = dict(kwargs or {})
             name = getattr(func, "__name__", "")
-            if name == "cuda":
+            if name in ("cuda", "pin_memory"):
                 return args[0]
+            if kwargs.get("pin_memory"):  # no pinned-memory allocator without an accelerator
+                kwargs["pin_memory"] = False
             if name == "type" and len(args) == 1 and not kwargs:
                 result = func(*args)
                 return result.replace("torch.", "torch.cuda.", 1) if result.startswith("torch.") and "cuda" not in result else result

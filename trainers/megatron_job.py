@@ -27,7 +27,9 @@ SEED = 1234
 
 
 class JobRejected(Exception):
-    """megatron-core refused the layout while building it (config, parallel groups, model)."""
+    """megatron-core refused the layout: a ValueError / AssertionError / NotImplementedError anywhere
+    (its validity checks, some of which run only in the first forward, e.g. MoE with TP and no SP), or
+    a RuntimeError while building (config, parallel groups, model)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -357,28 +359,36 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         build_s = time.perf_counter() - t0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        losses: list[float | None] = []
-        step_times: list[float] = []
-        activations = 0
-        for step in range(cfg.warmup_steps + cfg.timed_steps):
-            _sync()
-            start = time.perf_counter()
-            if step == 0 and cfg.measure_memory:
-                loss, activations = _measured_step(cfg, chunks, optimizer, step)
-            else:
-                loss = _train_step(cfg, chunks, optimizer, step)
-            _sync()
-            losses.append(loss)
-            if step >= cfg.warmup_steps:
-                step_times.append(time.perf_counter() - start)
-        memory = _memory(cfg, chunks, optimizer, activations)
-        result = {
-            **_ranks(),
-            "groups": group_sizes(),
-            "losses": losses,
-            "step_times_s": step_times,
-            "build_s": build_s,
-            "memory": memory,
-        }
+        try:
+            result = _train_and_measure(cfg, chunks, optimizer)
+        except (AssertionError, ValueError, NotImplementedError) as e:
+            raise JobRejected(f"{type(e).__name__}: {e}") from e
+        result["build_s"] = build_s
         del chunks, optimizer
     return result
+
+
+def _train_and_measure(cfg: JobConfig, chunks: list[Any], optimizer: Any) -> dict[str, Any]:
+    """Warm-up and timed steps; the first step also tracks saved activations. Returns this rank's report."""
+    losses: list[float | None] = []
+    step_times: list[float] = []
+    activations = 0
+    for step in range(cfg.warmup_steps + cfg.timed_steps):
+        _sync()
+        start = time.perf_counter()
+        if step == 0 and cfg.measure_memory:
+            loss, activations = _measured_step(cfg, chunks, optimizer, step)
+        else:
+            loss = _train_step(cfg, chunks, optimizer, step)
+        _sync()
+        losses.append(loss)
+        if step >= cfg.warmup_steps:
+            step_times.append(time.perf_counter() - start)
+    memory = _memory(cfg, chunks, optimizer, activations)
+    return {
+        **_ranks(),
+        "groups": group_sizes(),
+        "losses": losses,
+        "step_times_s": step_times,
+        "memory": memory,
+    }

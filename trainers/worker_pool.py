@@ -201,7 +201,7 @@ def _make_pool_class() -> Any:
                     deadline = min(deadline, time.perf_counter() + GRACE_AFTER_FIRST_ERROR_S)
             ranks = [results.get(ref) for ref in refs]
             status, reason = _summarise(ranks, timeout_s)
-            if status not in ("ok", "invalid"):  # a rank crashed or hung: these processes are not trusted again
+            if not _group_reusable(ranks):  # a rank crashed or hung: these processes are not trusted again
                 self._kill_group(key)
             return {"status": status, "reason": reason, "ranks": [r for r in ranks if r is not None],
                     "fresh": fresh, "startup_s": startup_s}
@@ -214,18 +214,22 @@ def _make_pool_class() -> Any:
 
 
 def _summarise(ranks: list[dict[str, Any] | None], timeout_s: float) -> tuple[str, str]:
-    """One status for the trial: the first error by severity, a timeout when some rank never answered."""
+    """One status for the trial. A rank's own error wins over ranks that hung waiting for it:
+    oom, then a megatron-core rejection (invalid), then a crash (failed); timeout only when no rank said why."""
     errors = [r for r in ranks if r is not None and r["status"] != "ok"]
-    for status in ("oom", "failed", "invalid"):
+    for status in ("oom", "invalid", "failed"):
         hit = [r for r in errors if r["status"] == status]
         if hit:
-            if status == "invalid" and len(hit) != len(ranks):
-                return "failed", f"some ranks rejected the layout: {hit[0]['reason']}"
             return status, hit[0]["reason"]
     missing = [i for i, r in enumerate(ranks) if r is None]
     if missing:
         return "timeout", f"ranks {missing} did not finish within {timeout_s:.0f} s (a hung collective?)"
     return "ok", ""
+
+
+def _group_reusable(ranks: list[dict[str, Any] | None]) -> bool:
+    """Every rank answered, and only with success or a rejection: the processes are in a known state."""
+    return all(r is not None and r["status"] in ("ok", "invalid") for r in ranks)
 
 
 def _get_pool() -> Any:
