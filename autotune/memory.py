@@ -34,6 +34,7 @@ __all__ = [
     "MemoryEstimate",
     "StageParams",
     "estimate_memory",
+    "estimate_memory_per_stage",
     "microbatch_activation_terms",
     "stage_params",
     "chunk_layer_counts",
@@ -375,6 +376,50 @@ def _job_cache(model: ModelSpec, training: TrainingSpec, assumptions: MemoryAssu
     return _JobCache()
 
 
+def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
+             ) -> tuple[tuple[StageParams, ...], UnitActivations]:
+    """This layout's stage parameters and activation units, from the per-job cache."""
+    model, training = job.model, job.training
+    cache = _job_cache(model, training, assumptions)
+    tp, etp = layout.tp, layout.expert_tp
+    stage_key = (tp, layout.pp, layout.vpp_size, layout.ep, etp)
+    stages = cache.stages.get(stage_key)
+    if stages is None:
+        stages = cache.stages[stage_key] = _stage_params_cached(
+            model, *stage_key, assumptions.make_vocab_size_divisible_by)
+    unit_key = (tp, layout.sp, layout.cp, layout.mbs, etp, layout.recompute)
+    unit = cache.units.get(unit_key)
+    if unit is None:
+        vocab = padded_vocab_size(model.vocab_size, tp, assumptions.make_vocab_size_divisible_by)
+        unit = cache.units[unit_key] = unit_activation_bytes(model, training, layout, assumptions, vocab)
+    return stages, unit
+
+
+def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp: StageParams,
+                    unit: UnitActivations, chunks: tuple[tuple[int, int, int], ...]) -> MemoryEstimate:
+    """One GPU of stage `sp.stage`: its own parameters' state plus its in-flight activations and transients."""
+    model = job.model
+    pp, vpp = layout.pp, layout.vpp_size
+    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
+    last = pp * vpp - 1
+    weights, grads, optim = _state_bytes(sp, layout, job.training.precision, assumptions)
+    inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage)
+    has_moe = sp.moe_layers > 0
+    activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
+    for (k, start, n), n_inflight in zip(chunks, inflight):
+        dense = max(0, min(start + n, first_dense) - start)
+        activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0, has_output=k == last)
+    counted = weights + grads + optim + activations
+    breakdown = partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
+                        has_output=sp.has_output, has_moe=has_moe)
+    return MemoryEstimate(
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,
+        overhead_bytes=overhead_bytes(counted, assumptions), stage=sp.stage, params_per_gpu=sp.params_per_gpu,
+        _breakdown=breakdown,
+    )
+
+
 def estimate_memory(job: Job, layout: Layout,
                     assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> MemoryEstimate:
     """Peak memory per GPU for `layout` of `job`: every distinct pipeline stage is evaluated, the heaviest returned.
@@ -382,43 +427,28 @@ def estimate_memory(job: Job, layout: Layout,
     A pure function of its arguments (no torch); an infeasible layout still gets numbers (the validity rules
     say why it is infeasible). Micro-batches per step: GBS / (MBS * DP), at least 1.
     """
-    model, training = job.model, job.training
-    cache = _job_cache(model, training, assumptions)
-    tp, pp, vpp, etp = layout.tp, layout.pp, layout.vpp_size, layout.expert_tp
-    divisible_by = assumptions.make_vocab_size_divisible_by
-    stages = cache.stages.get((tp, pp, vpp, layout.ep, etp))
-    if stages is None:
-        stages = cache.stages[(tp, pp, vpp, layout.ep, etp)] = _stage_params_cached(
-            model, tp, pp, vpp, layout.ep, etp, divisible_by)
-    unit_key = (tp, layout.sp, layout.cp, layout.mbs, etp, layout.recompute)
-    unit = cache.units.get(unit_key)
-    if unit is None:
-        vocab = padded_vocab_size(model.vocab_size, tp, divisible_by)
-        unit = cache.units[unit_key] = unit_activation_bytes(model, training, layout, assumptions, vocab)
+    model = job.model
+    stages, unit = _lookups(job, layout, assumptions)
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
-    microbatches = max(1, layout.num_microbatches(training.global_batch_size))
-    last = pp * vpp - 1
-    best = None
-    for p, chunks in _candidate_stages(model.num_layers, first_dense, pp, vpp):
-        sp = stages[p]
-        weights, grads, optim = _state_bytes(sp, layout, training.precision, assumptions)
-        inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, p)
-        activations = unit.transient(has_output=sp.has_output, has_moe=sp.moe_layers > 0)
-        for (k, start, n), n_inflight in zip(chunks, inflight):
-            dense = max(0, min(start + n, first_dense) - start)
-            activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0,
-                                                   has_output=k == last)
-        counted = weights + grads + optim + activations
-        if best is None or counted > best[0]:
-            best = (counted, sp, weights, grads, optim, activations, chunks, inflight)
+    best: MemoryEstimate | None = None
+    for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size):
+        est = _stage_estimate(job, layout, assumptions, stages[p], unit, chunks)
+        if best is None or est.total_bytes > best.total_bytes:
+            best = est
     assert best is not None
-    counted, sp, weights, grads, optim, activations, chunks, inflight = best
-    breakdown = partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-                        has_output=sp.has_output, has_moe=sp.moe_layers > 0)
-    return MemoryEstimate(
-        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,
-        overhead_bytes=overhead_bytes(counted, assumptions), stage=sp.stage, params_per_gpu=sp.params_per_gpu,
-        _breakdown=breakdown,
+    return best
+
+
+def estimate_memory_per_stage(job: Job, layout: Layout,
+                              assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> tuple[MemoryEstimate, ...]:
+    """The estimate for one GPU of every pipeline stage, in stage order (`estimate_memory` is their maximum)."""
+    stages, unit = _lookups(job, layout, assumptions)
+    counts = chunk_layer_counts(job.model.num_layers, layout.pp, layout.vpp_size)
+    starts = [sum(counts[:k]) for k in range(len(counts))]
+    return tuple(
+        _stage_estimate(job, layout, assumptions, sp, unit,
+                        tuple((k, starts[k], counts[k]) for k in range(sp.stage, len(counts), layout.pp)))
+        for sp in stages
     )
 
 

@@ -13,6 +13,7 @@ from autotune.memory import (
     MemoryAssumptions,
     chunk_layer_counts,
     estimate_memory,
+    estimate_memory_per_stage,
     microbatch_activation_terms,
     padded_vocab_size,
     stage_params,
@@ -325,3 +326,13 @@ def test_microbatch_terms_are_one_chunk_of_one_microbatch():
 def test_microbatch_terms_reject_a_stage_outside_the_pipeline():
     with pytest.raises(ValueError, match="stage must be in"):
         microbatch_activation_terms(_job("tiny-gpt"), Layout(pp=2), stage=2)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS + [Layout(tp=2, pp=16, ep=8, etp=1, dp=16, sp=True)], ids=str)
+def test_peak_is_the_heaviest_stage(layout):
+    job = _job("deepseek-v3", seq=4096, gbs=256, nodes=64)
+    per_stage = estimate_memory_per_stage(job, layout)
+    peak = estimate_memory(job, layout)
+    assert [e.stage for e in per_stage] == list(range(layout.pp))
+    assert peak.total_bytes == max(e.total_bytes for e in per_stage)
+    assert peak.total_bytes == per_stage[peak.stage].total_bytes
