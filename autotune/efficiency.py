@@ -104,9 +104,9 @@ DEFAULT_CALIBRATION = Calibration(
         ("h100", GpuFractions(gemm_peak_fraction=0.70, attention_peak_fraction=0.80, tp_comm_exposed_fraction=0.1)),
     ),
     gemm_dim_half=128.0,
-    ep_comm_exposed_fraction=0.2,
+    ep_comm_exposed_fraction=0.4,
     pp_p2p_exposed_fraction=1.0,
-    dp_overlap_fraction=0.3,
+    dp_overlap_fraction=0.4,
     moe_layer_overhead_s=1.5e-3,
     step_overhead_s=0.0,
 )

@@ -327,25 +327,37 @@ def pipeline_p2p_s(job: Job, layout: Layout, cal: Calibration) -> float:
     return 2 * layout.vpp_size * (nbytes / (link.bandwidth_bytes_per_s * cal.link_fraction) + link.latency_s)
 
 
-def expert_all_to_all_s(nbytes_per_rank: float, ep: int, etp: int, cluster: ClusterSpec, cal: Calibration) -> float:
-    """One token dispatch (or combine) over the EP group, two-level when it spans nodes.
+def expert_all_to_all_s(tokens: float, topk: int, h: int, ep: int, etp: int, cluster: ClusterSpec,
+                        cal: Calibration) -> float:
+    """One token dispatch (or combine) of `tokens` tokens per rank over the EP group, two-level across nodes.
 
-    Each rank sends (e-1)/e of its routed copies; with the group spread over n nodes, (n-1)/n of
-    them leave the node on the network link and the rest move over NVLink, concurrently:
+    Inside a node: each rank sends (e-1)/e of its k * tokens copies of 2h bytes over NVLink. When the
+    group spans n nodes, a token crosses the network once per distinct remote node among its k experts
+    (node-level deduplication, as DeepEP and megatron-core's hierarchical flex dispatcher do; expected
+    distinct nodes of k uniform picks: n * (1 - (1 - 1/n)^k), of which (n-1)/n are remote), and the copies
+    are fanned out to experts inside each node over NVLink, concurrently:
     max(remote bytes / network bw, local bytes / NVLink bw) + latency.
     """
-    if ep <= 1 or nbytes_per_rank <= 0:
+    if ep <= 1 or tokens <= 0:
         return 0.0
+    copy_bytes = tokens * topk * 2.0 * h
     span = ep * etp
     if span <= cluster.gpus_per_node:
-        return all_to_all_s(nbytes_per_rank, ep, cluster.intra_node, cal)
+        return all_to_all_s(copy_bytes, ep, cluster.intra_node, cal)
     nodes = span / cluster.gpus_per_node
-    per_node = ep / nodes
-    remote = nbytes_per_rank * (nodes - 1) / nodes
-    local = nbytes_per_rank * (per_node - 1) / ep
+    remote_nodes = nodes * (1.0 - (1.0 - 1.0 / nodes) ** topk) * (nodes - 1) / nodes
+    remote = tokens * remote_nodes * 2.0 * h
+    local = copy_bytes * (1.0 - 1.0 / ep)  # every copy but the rank's own lands via NVLink on its final GPU
     inter, intra = cluster.inter_node, cluster.intra_node
     return max(remote / (inter.bandwidth_bytes_per_s * cal.link_fraction),
                local / (intra.bandwidth_bytes_per_s * cal.link_fraction)) + inter.latency_s
+
+
+def _exposed_s(comm_s: float, exposed_fraction: float, overlap_compute_s: float) -> float:
+    """Communication left on the critical path when overlapped with compute: at least the fitted
+    exposed share, and at least what the compute it overlaps with cannot cover:
+    max(f * comm, comm - compute). Cross-node TP or EP, whose traffic outlasts the GEMMs, stays exposed."""
+    return max(exposed_fraction * comm_s, comm_s - overlap_compute_s)
 
 
 _MEMOS: dict[tuple[int, int], tuple[Job, Calibration, dict]] = {}
@@ -405,13 +417,14 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
         if etp > 1:
             etp_f, etp_b = _tp_block_comm_s(pairs * etp, h, etp, True, cluster.link_for_group(etp, 1), cal)
             moe_tp_f, moe_tp_b = moe_tp_f + etp_f, moe_tp_b + etp_b
-        a2a = expert_all_to_all_s(pairs * h * 2.0, ep, etp, cluster, cal)  # one dispatch or combine
+        a2a = expert_all_to_all_s(tokens / t, x.topk, h, ep, etp, cluster, cal)  # one dispatch or combine
 
     n_moe, n_dense = model.num_moe_layers, model.num_dense_mlp_layers
     w_moe, w_dense = n_moe / model.num_layers, n_dense / model.num_layers
 
     mlp_fwd = w_dense * (dense_fwd + dense_elem) + w_moe * (moe_fwd + moe_elem)
     fwd_compute = attn_fwd + core_fwd + attn_elem_fwd + mlp_fwd
+    gemm_fwd = attn_fwd + w_dense * dense_fwd + w_moe * moe_fwd  # what TP communication can overlap with
     bwd_compute = 2 * (attn_fwd + attn_elem_fwd + mlp_fwd) + core_bwd
     tp_fwd = tp_f + w_dense * tp_f + w_moe * moe_tp_f
     tp_bwd = tp_b + w_dense * tp_b + w_moe * moe_tp_b
@@ -426,7 +439,8 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
         cp_s = max(0.0, cp_total - cal.cp_overlap_fraction * (core_fwd + core_bwd))
 
     if recompute == "full":  # every layer's forward again, with its communication
-        recompute = fwd_compute + cal.fractions(gpu).tp_comm_exposed_fraction * tp_fwd + cal.ep_comm_exposed_fraction * ep_fwd
+        recompute = (fwd_compute + _exposed_s(tp_fwd, cal.fractions(gpu).tp_comm_exposed_fraction, gemm_fwd)
+                     + _exposed_s(ep_fwd, cal.ep_comm_exposed_fraction, w_moe * moe_fwd))
     elif recompute == "selective":  # the attention core (Korthikanti et al. 2022 Sec. 5)
         recompute = core_fwd
     else:
@@ -435,8 +449,8 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
     per_layer = {
         "compute": fwd_compute + bwd_compute,
         "recompute": recompute,
-        "tp_comm": cal.fractions(gpu).tp_comm_exposed_fraction * (tp_fwd + tp_bwd),
-        "ep_comm": cal.ep_comm_exposed_fraction * (ep_fwd + ep_bwd),
+        "tp_comm": _exposed_s(tp_fwd + tp_bwd, cal.fractions(gpu).tp_comm_exposed_fraction, 3 * gemm_fwd),
+        "ep_comm": _exposed_s(ep_fwd + ep_bwd, cal.ep_comm_exposed_fraction, 3 * w_moe * moe_fwd),
         "cp_comm": cp_s,
         "overhead": w_moe * 2 * cal.moe_layer_overhead_s,
     }

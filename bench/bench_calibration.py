@@ -17,6 +17,8 @@ Rows (/work/shared/data/calibration-runs.csv) fall in three groups:
 
 Defaults assumed where a source is silent (documented in docs/throughput-model.md):
 - micro-batch size 1; no VPP unless the row gives one;
+- ETP 1 for the ModelZoo rows that leave it empty (the long-sequence Qwen3 rows): the same recipe's other
+  rows publish ETP=1 (megatron-core's own default, ETP = TP, would put EP*ETP = 32 across nodes);
 - sequence parallelism on when TP > 1 for the 2024+ sources (mlm-readme-2024, moe-modelzoo), off for the
   2021 sources (Narayanan 2021 and the GPT-3 example predate SP);
 - distributed optimizer on for the 2024+ sources, off for 2021-2022 (it did not exist yet);
@@ -124,7 +126,8 @@ def _job_and_layout(r: dict[str, str]) -> tuple[Job, Layout]:
     modern = r["source_id"] in MODERN_SOURCES
     tp, pp = int(r["tp"]), int(r["pp"])
     layout = Layout(
-        tp=tp, pp=pp, vpp=_int(r["vpp"]), cp=_int(r["cp"], 1), ep=_int(r["ep"], 1), etp=_int(r["etp"]),
+        tp=tp, pp=pp, vpp=_int(r["vpp"]), cp=_int(r["cp"], 1), ep=_int(r["ep"], 1),
+        etp=_int(r["etp"], 1 if r["source_id"] == "moe-modelzoo" else None),
         dp=int(r["dp"]), mbs=_int(r["micro_batch_size"], 1),
         sp=_flag(r["sequence_parallel"], modern and tp > 1) and tp > 1,
         dist_opt=_flag(r["distributed_optimizer"], modern), recompute=_recompute_of(r),  # type: ignore[arg-type]
