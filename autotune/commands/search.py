@@ -1,0 +1,187 @@
+"""`python -m autotune [search] --model mixtral --nodes 4`: search the layouts and print the best.
+
+Prints the ranked layouts (tokens/s per GPU, MFU, memory per GPU and headroom, what dominates the
+step time), the Pareto front, and the winner as Megatron-Bridge overrides and Megatron-LM
+arguments; `--json` prints one object instead. Every run writes a folder (docs/output-files.md).
+
+Exit codes: 0 a layout was found; 1 no layout fits (the closest ones and what ruled them out are
+printed); 2 bad input; 130 interrupted (what finished is printed and kept).
+Ray, Optuna and rich are imported inside `run`, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_arguments", "run", "render", "explain_impossible"]
+
+GIB = 1024**3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("search")
+    g.add_argument("--trials", type=int, default=64, help="trial budget, seeds included (default 64)")
+    g.add_argument("--headroom-gib", type=float, default=None,
+                   help="GPU memory kept free per GPU; a layout above capacity minus this is infeasible (default 5%% of the GPU)")
+    g.add_argument("--backend", choices=("auto", "analytic", "megatron"), default="auto",
+                   help="analytic cost models, or megatron-core profiling (default auto: megatron where GPUs are visible)")
+    g.add_argument("--output", metavar="DIR", default=None,
+                   help="output folder (default autotune_runs/<model>-<nodes>n-<timestamp>)")
+    g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    g.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue an interrupted search in DIR without rerunning finished trials")
+    g.add_argument("--address", default=None,
+                   help="run on an existing Ray cluster ('auto' or ray://host:port); default: a local Ray")
+    g.add_argument("--layout", "--compare", dest="layouts", action="append", default=[], metavar="LAYOUT",
+                   help="also evaluate this layout, e.g. a recipe's 'tp=2,pp=4,ep=8,sp=true' (repeatable)")
+    g.add_argument("--exhaustive-threshold", type=int, default=None, metavar="N",
+                   help="evaluate the whole feasible space when it has at most N layouts (default: the trial budget)")
+    g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
+
+
+def _space_options(args: argparse.Namespace):
+    from search_spaces.space import SpaceOptions
+
+    cross = bool(getattr(args, "allow_cross_node_tp", False))
+    return SpaceOptions(tp_within_node=not cross, expert_within_node=not cross)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.commands import job_from_args
+    from autotune.search import run_search
+
+    if args.trials < 1:
+        raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
+    if args.top < 1:
+        raise ValueError(f"--top must be at least 1, but got {args.top}.")
+    t0 = time.perf_counter()
+    job = job_from_args(args)
+    result = run_search(
+        job, trials=args.trials, backend=args.backend, seed=args.seed,
+        headroom_bytes=None if args.headroom_gib is None else args.headroom_gib * GIB,
+        output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
+        exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
+        progress=False if (args.no_progress or args.json) else None,
+    )
+    t_out = time.perf_counter()
+    if args.json:
+        payload = result.to_json(top=args.top)
+        if result.best is None:
+            payload["impossible"] = explain_impossible(result, as_text=False)
+        print(json.dumps(payload, default=str))
+    else:
+        render(result, top=args.top)
+    timings = result.stats.setdefault("timings", {})
+    timings["output_s"] = time.perf_counter() - t_out
+    timings["total_s"] = time.perf_counter() - t0
+    if not args.json:
+        print(_timing_line(timings), file=sys.stderr)
+    if result.interrupted:
+        print(f"autotune search: interrupted; {len(result.records)} finished trials kept in {result.output_dir} "
+              f"(continue with --resume {result.output_dir})", file=sys.stderr)
+        return 130
+    return 0 if result.best is not None else 1
+
+
+def _timing_line(t: dict[str, float]) -> str:
+    parts = [f"{name} {t[key]:.1f} s" for name, key in (("total", "total_s"), ("ray start", "ray_start_s"),
+                                                          ("search", "search_s"), ("output", "output_s")) if key in t]
+    return "time: " + ", ".join(parts)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(result: Any, *, top: int = 10, console: Any = None) -> None:
+    """The ranked table, the Pareto front and the winner's launch forms (stdout)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=None if sys.stdout.isatty() else 180)
+    j, c = result.job, result.job.cluster
+    console.print(f"[bold]{j.model.name}[/] on {c.nodes} x {c.gpus_per_node} {c.gpu.name} "
+                  f"({c.gpu.memory_gib:.0f} GiB; {result.capacity_bytes / GIB:.1f} GiB usable after "
+                  f"{result.headroom_bytes / GIB:.1f} GiB headroom), seq {j.training.seq_length}, "
+                  f"GBS {j.training.global_batch_size}, {j.training.precision}")
+    _summary_line(console, result)
+    if result.best is None:
+        console.print(explain_impossible(result, as_text=True))
+        return
+    table = Table(title=f"Best layouts (of {len(result.records)} trials)", title_justify="left")
+    for name, justify in (("#", "right"), ("layout", "left"), ("tok/s/GPU", "right"), ("MFU", "right"),
+                          ("mem GiB", "right"), ("free GiB", "right"), ("step time dominated by", "left"),
+                          ("from", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for i, r in enumerate(result.ranked[:top], 1):
+        m = r.measurement
+        table.add_row(str(i), str(r.layout), _fmt(m.tokens_per_s_per_gpu, ",.0f"), _fmt(m.mfu, ".1%"),
+                      _fmt(m.memory_gib, ".1f"), _fmt(r.headroom_gib, ".1f"), str(m.extra.get("dominant_time", "-")),
+                      r.origin)
+    console.print(table)
+    pareto = Table(title="Pareto front (tokens/s per GPU vs memory per GPU)", title_justify="left")
+    for name in ("layout", "tok/s/GPU", "mem GiB"):
+        pareto.add_column(name, justify="left" if name == "layout" else "right")
+    for r in result.pareto:
+        pareto.add_row(str(r.layout), _fmt(r.measurement.tokens_per_s_per_gpu, ",.0f"), _fmt(r.measurement.memory_gib, ".1f"))
+    console.print(pareto)
+    launch = result.launch()
+    console.print("[bold]Winner[/] " + str(result.best.layout))
+    console.print("Megatron-Bridge overrides:")
+    console.print(launch["megatron_bridge"], markup=False, highlight=False)
+    console.print("Megatron-LM arguments:")
+    console.print(launch["megatron_lm"], markup=False, highlight=False)
+    console.print(f"Results: {result.output_dir} (trials.csv, best.json, study.db)", markup=False, highlight=False)
+
+
+def _summary_line(console: Any, result: Any) -> None:
+    s = result.stats
+    feasible = sum(r.feasible for r in result.records)
+    if result.mode == "exhaustive":
+        what = f"the feasible space is small ({result.space_size} layouts): evaluated whole"
+    else:
+        what = (f"searched {len(result.records)} of {result.space_size} valid layouts with Optuna TPE on Ray Tune "
+                f"({s.get('invalid_proposals', 0)} invalid proposals)")
+    console.print(f"{what}; {feasible} fit in memory; backend {result.backend}, seed {result.seed}")
+
+
+def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
+    """Why nothing fits: the layouts closest to fitting and what ruled each out, plus what to try."""
+    cap = result.capacity_bytes / GIB
+    closest = result.closest_misses(5)
+    hints = ["add nodes (--nodes) or use GPUs with more memory (--gpu)",
+             "shorten --seq-length or lower --headroom-gib",
+             "allow TP/EP across nodes (--allow-cross-node-tp)"]
+    if result.space_size == 0:
+        from search_spaces.space import rejections
+
+        report = rejections(result.job)
+        top = sorted(report.rejected_by.items(), key=lambda kv: -kv[1])[:5]
+        data = {"reason": "no valid layout exists for this job", "rejected_by": dict(top), "try": hints}
+    else:
+        rows = [{"layout": str(r.layout), "memory_gib": r.measurement.memory_gib,
+                 "over_by_gib": (r.measurement.memory_bytes or 0.0) / GIB - cap,
+                 "largest_memory_term": r.measurement.extra.get("dominant_memory") or _largest(r.measurement.memory),
+                 "reason": r.measurement.reason or r.measurement.status} for r in closest]
+        data = {"reason": f"no layout fits in {cap:.1f} GiB per GPU (GPU memory minus headroom)",
+                "closest": rows, "try": hints}
+    if not as_text:
+        return data
+    lines = [f"[bold red]No layout fits.[/] {data['reason']}."]
+    if "rejected_by" in data:
+        lines += [f"  ruled out by {rule}: {n} candidates" for rule, n in data["rejected_by"].items()]
+    for row in data.get("closest", []):
+        lines.append(f"  {row['layout']}: {row['memory_gib']:.1f} GiB, {row['over_by_gib']:.1f} GiB over "
+                     f"(largest term: {row['largest_memory_term']}); {row['reason']}")
+    lines.append("Try: " + "; ".join(hints) + ".")
+    return "\n".join(lines)
+
+
+def _largest(memory: dict[str, float]) -> str:
+    return max(memory, key=memory.get) if memory else "-"  # type: ignore[arg-type]

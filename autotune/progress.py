@@ -1,0 +1,74 @@
+"""The progress bar of a search: trials done out of the budget, feasible count, best so far (stderr).
+
+`make_progress(spec, ...)` gives None (no progress), a rich bar (`"on"`, or `"auto"` when stderr is a
+terminal), or a wrapper around the caller's own `callable(record, done, total)`. The object is a
+context manager with `update(record, done, total)`; rich is imported only when a bar is drawn.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autotune.results import TrialRecord
+
+__all__ = ["make_progress", "RichProgress", "CallbackProgress"]
+
+
+class CallbackProgress:
+    def __init__(self, fn: Callable[[TrialRecord, int, int], None]) -> None:
+        self.fn = fn
+
+    def update(self, record: TrialRecord, done: int, total: int) -> None:
+        self.fn(record, done, total)
+
+    def __enter__(self) -> CallbackProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class RichProgress:
+    """A transient rich bar: `trials 12/64  feasible 9  best 3,120 tok/s/GPU tp=2,pp=4,...`."""
+
+    def __init__(self, *, total: int, done: int, records: Sequence[TrialRecord]) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("[bold]search"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                  TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+        self._task = self._progress.add_task("", total=total, completed=done)
+        self._feasible = sum(r.feasible for r in records)
+        best = [r for r in records if r.feasible]
+        self._best = max(best, key=lambda r: r.measurement.tokens_per_s_per_gpu or 0.0) if best else None
+
+    def update(self, record: TrialRecord, done: int, total: int) -> None:
+        if record.feasible:
+            self._feasible += 1
+            if self._best is None or (record.measurement.tokens_per_s_per_gpu or 0.0) > \
+                    (self._best.measurement.tokens_per_s_per_gpu or 0.0):
+                self._best = record
+        best = "" if self._best is None else \
+            f"  best {self._best.measurement.tokens_per_s_per_gpu or 0:,.0f} tok/s/GPU {self._best.layout}"
+        self._progress.update(self._task, completed=done, total=total,
+                              description=f"feasible {self._feasible}{best}")
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+
+def make_progress(spec: Any, *, total: int, done: int, capacity_bytes: float,
+                  records: Sequence[TrialRecord]) -> RichProgress | CallbackProgress | None:
+    if spec is None:
+        return None
+    if callable(spec):
+        return CallbackProgress(spec)
+    if spec == "auto" and not sys.stderr.isatty():
+        return None
+    return RichProgress(total=total, done=done, records=records)

@@ -1,0 +1,407 @@
+"""Ray Tune glue of the search driver: the trainable, the Optuna searcher, the recording callback.
+
+Imported only once Ray runs (`autotune.search.run_tune` imports it inside a function); it imports
+Ray Tune and Optuna at module level.
+
+- `evaluate_trial(config, job, backend)`: the Tune function trainable. It measures one layout (a
+  search trial) or a batch of layouts (an exhaustive chunk) with the backend; a backend that raises
+  or returns no Measurement gives a "failed" measurement with the reason, never a crashed search.
+- `LayoutSearch(OptunaSearch)`: OptunaSearch plus what the search needs: constraint values on each
+  Optuna trial, failed trials told as FAIL, no layout measured twice, fixed user trials, and a count
+  of invalid proposals.
+- `Recorder(Callback)`: turns finished Tune trials into `TrialRecord`s, appends trials.csv, drives
+  the progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from ray import tune
+from ray.tune import Callback
+from ray.tune.search.optuna import OptunaSearch
+
+from search_spaces.job import Job
+from search_spaces.layout import Layout, parse_layout
+from search_spaces.rules import check
+
+from autotune.measurement import Backend, Measurement
+from autotune.results import STUDY_DB, TrialLog, TrialRecord
+from autotune.space_sampler import define_by_run, distributions_of, layout_of, params_of
+
+__all__ = ["evaluate_trial", "LayoutSearch", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict"]
+
+GIB = 1024**3
+STUDY_NAME = "autotune"
+CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint convention)
+N_STARTUP_TRIALS = 10
+MAX_REPEATS = 16  # proposals of measured layouts in a row before an unmeasured one is enqueued
+
+
+# --- measurements across the process boundary -------------------------------------------------------
+def measurement_to_dict(m: Measurement) -> dict[str, Any]:
+    d = asdict(m)
+    d["layout"] = str(m.layout)
+    d["violations"] = list(m.violations)
+    d["extra"] = {k: v for k, v in m.extra.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    return d
+
+
+def measurement_from_dict(d: dict[str, Any]) -> Measurement:
+    return Measurement(**{**d, "layout": parse_layout(d["layout"]), "violations": tuple(d.get("violations", ()))})
+
+
+def _failed(layout: Layout, reason: str) -> Measurement:
+    return Measurement(layout=layout, status="failed", source="analytic", reason=reason)
+
+
+def _measure(job: Job, backend: Backend, layout: Layout) -> tuple[Measurement, float]:
+    t0 = time.perf_counter()
+    try:
+        m = backend.evaluate(job, layout)
+    except Exception as e:  # a failing trial is data: record why, keep searching
+        m = _failed(layout, f"backend raised {type(e).__name__}: {e}")
+    if not isinstance(m, Measurement):
+        m = _failed(layout, f"backend returned no metrics (got {type(m).__name__})")
+    return m, time.perf_counter() - t0
+
+
+def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
+    """Tune function trainable: measure `config["layout"]` or each of `config["batch"]`."""
+    texts = config["batch"] if "batch" in config else [config["layout"]]
+    out = []
+    for text in texts:
+        m, wall_s = _measure(job, backend, parse_layout(text))
+        out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
+    first = out[0]["m"]
+    result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"]}
+    if first["tokens_per_s_per_gpu"] is not None:
+        result["tokens_per_s_per_gpu"] = first["tokens_per_s_per_gpu"]
+    if first["memory_bytes"] is not None:
+        result["memory_gib"] = first["memory_bytes"] / GIB
+    return result
+
+
+# --- objective values and constraint -----------------------------------------------------------------
+def objective(m: Measurement, capacity_bytes: float) -> tuple[list[float] | None, float]:
+    """(values for Optuna or None when there are none, constraint value <= 0 when feasible)."""
+    if m.memory_bytes is None or m.status in ("failed", "timeout", "invalid"):
+        return None, 1.0
+    excess_gib = (m.memory_bytes - capacity_bytes) / GIB
+    if m.status == "oom":
+        excess_gib = max(excess_gib, 0.5)  # a measured OOM is infeasible whatever the model said
+    return [float(m.tokens_per_s_per_gpu or 0.0), m.memory_bytes / GIB], excess_gib
+
+
+def is_feasible(m: Measurement, capacity_bytes: float) -> bool:
+    return m.status == "ok" and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes
+
+
+# --- the searcher --------------------------------------------------------------------------------------
+class LayoutSearch(OptunaSearch):
+    """OptunaSearch over a feasible space, with constraints, de-duplication and fixed trials."""
+
+    def __init__(self, *, plan: Any) -> None:
+        self.plan = plan
+        self.known: dict[Layout, Measurement] = {r.layout: r.measurement for r in plan.done}
+        self.fixed = [s.layout for s in plan.fixed if s.layout not in self.known]
+        self.seed_layouts = {s.layout for s in plan.seeds}
+        self.trial_info: dict[str, tuple[Layout, str]] = {}  # tune trial id -> (layout, origin)
+        self.counts = {"proposals": 0, "invalid_proposals": 0, "repeats": 0, "enqueued_unmeasured": 0}
+        self._rng = random.Random(plan.seed)
+        sampler = optuna.samplers.TPESampler(seed=plan.seed, n_startup_trials=N_STARTUP_TRIALS)
+        points = [params_of(plan.space, s.layout, plan.naming) for s in plan.seeds if s.layout not in self.known]
+        # In-memory study while searching (SQLite costs ~0.1-0.5 s per trial here); trials.csv is the
+        # durable record and the study is written to study.db at the end (`write_study`).
+        super().__init__(space=define_by_run(plan.space, plan.naming), metric=list(_METRICS), mode=list(_MODES),
+                         points_to_evaluate=points or None, sampler=sampler, study_name=STUDY_NAME)
+        self._tell_finished()
+
+    def _tell_finished(self) -> None:
+        """Give the study the trials of an earlier run (resume), from trials.csv."""
+        trials = []
+        for layout, m in self.known.items():
+            values, excess = objective(m, self.plan.capacity_bytes)
+            try:
+                params = params_of(self.plan.space, layout, self.plan.naming)
+            except ValueError:
+                continue  # a user layout outside the space
+            trials.append(optuna.trial.create_trial(
+                params=params, distributions=distributions_of(self.plan.space, layout, self.plan.naming),
+                values=values, state=TrialState.COMPLETE if values is not None else TrialState.FAIL,
+                user_attrs={"layout": str(layout), "status": m.status},
+                constraints={CONSTRAINT: excess} if values is not None else None))
+        self._ot_study.add_trials(trials)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.fixed:
+            layout = self.fixed.pop(0)
+            self.trial_info[trial_id] = (layout, "user")
+            return {"layout": str(layout), "origin": "user"}
+        repeats = 0
+        while True:
+            config = super().suggest(trial_id)
+            if config is None:
+                return None
+            self.counts["proposals"] += 1
+            ot_trial = self._ot_trials[trial_id]
+            layout = self._decode(config)
+            if layout is None:
+                self._ot_study.tell(ot_trial, None, state=TrialState.FAIL)
+            elif layout in self.known:
+                self.counts["repeats"] += 1
+                repeats += 1
+                self._tell(ot_trial, self.known[layout], layout)
+            else:
+                origin = "seed" if layout in self.seed_layouts else "search"
+                self.trial_info[trial_id] = (layout, origin)
+                ot_trial.set_user_attr("layout", str(layout))
+                ot_trial.set_user_attr("origin", origin)
+                return {"layout": str(layout), "origin": origin}
+            del self._ot_trials[trial_id]
+            if repeats >= MAX_REPEATS:
+                repeats = 0
+                self._enqueue_unmeasured()
+
+    def _decode(self, config: dict[str, Any]) -> Layout | None:
+        try:
+            layout = layout_of(self.plan.space, config)
+        except ValueError:
+            self.counts["invalid_proposals"] += 1
+            return None
+        if check(self.plan.job, layout):
+            self.counts["invalid_proposals"] += 1
+            return None
+        return layout
+
+    def _enqueue_unmeasured(self) -> None:
+        from autotune.search import unmeasured_layout
+
+        layout = unmeasured_layout(self.plan.space, set(self.known) | {l for l, _ in self.trial_info.values()},
+                                   self._rng)
+        if layout is not None:
+            self.counts["enqueued_unmeasured"] += 1
+            self._ot_study.enqueue_trial(params_of(self.plan.space, layout, self.plan.naming))
+
+    def _tell(self, ot_trial: Any, m: Measurement, layout: Layout) -> None:
+        values, excess = objective(m, self.plan.capacity_bytes)
+        ot_trial.set_user_attr("layout", str(layout))
+        ot_trial.set_user_attr("status", m.status)
+        if values is not None:
+            ot_trial.set_constraint(CONSTRAINT, excess)
+        if m.reason:
+            ot_trial.set_user_attr("reason", m.reason[:500])
+        try:
+            if values is None:
+                self._ot_study.tell(ot_trial, None, state=TrialState.FAIL)
+            else:
+                self._ot_study.tell(ot_trial, values)
+        except Exception as e:  # e.g. a NaN from a backend: keep the search going
+            print(f"autotune: could not tell Optuna about {layout}: {e}", file=sys.stderr)
+
+    # The study lives in SQLite and the trials in trials.csv; Tune's own searcher checkpoints are not used.
+    def save(self, checkpoint_path: str) -> None:
+        return None
+
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        return None
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        return None  # multi-objective: Optuna takes no intermediate values
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        layout, origin = self.trial_info.get(trial_id, (None, ""))
+        if layout is None:
+            return
+        m = _first_measurement(result) if result else None
+        if m is None:
+            m = _failed(layout, "the trial ended without metrics" + (" (it raised)" if error else ""))
+        self.known[layout] = m
+        if origin == "user" or trial_id not in self._ot_trials:
+            return
+        self._tell(self._ot_trials[trial_id], m, layout)
+        self._completed_trials.add(trial_id)
+
+
+_METRICS = ("tokens_per_s_per_gpu", "memory_gib")
+_MODES = ("max", "min")
+
+
+def _first_measurement(result: dict[str, Any]) -> Measurement | None:
+    try:
+        return measurement_from_dict(json.loads(result["measurements"])[0]["m"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+# --- recording -------------------------------------------------------------------------------------------
+class Recorder(Callback):
+    """Finished Tune trials -> TrialRecords in trials.csv, in finishing order; progress updates."""
+
+    def __init__(self, plan: Any, log: TrialLog, total: int, progress: Any) -> None:
+        self.plan, self.log, self.total, self.progress = plan, log, total, progress
+        self.records: list[TrialRecord] = []
+        self._next = max((r.number for r in plan.done), default=-1) + 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks into the experiment state; the copy is never run, so leave out
+        # the open trials.csv and the progress bar.
+        return {"plan": None, "log": None, "total": self.total, "progress": None, "records": [], "_next": self._next}
+
+    def _add(self, m: Measurement, origin: str, wall_s: float) -> None:
+        record = TrialRecord(number=self._next, origin=origin, measurement=m, wall_s=wall_s,
+                             feasible=is_feasible(m, self.plan.capacity_bytes), capacity_bytes=self.plan.capacity_bytes)
+        self._next += 1
+        self.records.append(record)
+        self.log.append(record)
+        if self.progress is not None:
+            self.progress(record, len(self.plan.done) + len(self.records), self.total)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        config = _config(trial)
+        origin = config.get("origin", "search")
+        try:
+            items = json.loads(result["measurements"])
+        except (KeyError, TypeError, ValueError):
+            for text in _texts(config):
+                self._add(_failed(parse_layout(text), "the trial returned no metrics"), origin, 0.0)
+            return
+        for item in items:
+            self._add(measurement_from_dict(item["m"]), origin, float(item.get("wall_s", 0.0)))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        error = trial.get_error()
+        reason = f"the trial raised: {str(error).strip().splitlines()[-1] if error else 'unknown error'}"
+        config = _config(trial)
+        for text in _texts(config):
+            self._add(_failed(parse_layout(text), reason[:500]), config.get("origin", "search"), 0.0)
+
+
+def _config(trial: Any) -> dict[str, Any]:
+    return trial.config.get("cfg", trial.config)
+
+
+def _texts(config: dict[str, Any]) -> list[str]:
+    return list(config["batch"]) if "batch" in config else [config["layout"]] if "layout" in config else []
+
+
+# --- running ------------------------------------------------------------------------------------------------
+def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[TrialRecord], bool, dict[str, Any]]:
+    """Run the plan's trials on Tune; returns (new records, interrupted, stats)."""
+    from autotune.progress import make_progress
+    from autotune.search import cleanup_dir, exhaustive_batches, tune_storage_dir
+
+    optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
+    trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
+    trainable = tune.with_resources(trainable, {"cpu": 1})
+    measured = {r.layout for r in plan.done}
+    storage_dir = tune_storage_dir()
+    stats: dict[str, Any] = {}
+    if plan.exhaustive:
+        layouts = [l for l in plan.space.layouts() if l not in measured]
+        batches = exhaustive_batches(layouts)
+        configs = [{"batch": b, "origin": "exhaustive"} for b in batches]
+        configs += [{"batch": [str(s.layout)], "origin": "user"} for s in plan.fixed if s.layout not in measured]
+        total = len(plan.done) + sum(len(c["batch"]) for c in configs)
+        search_alg, num_samples, param_space = None, 1, {"cfg": tune.grid_search(configs)}
+        trainable = tune.with_parameters(_unwrap_cfg, job=plan.job, backend=plan.backend)
+        trainable = tune.with_resources(trainable, {"cpu": 1})
+    else:
+        search_alg = LayoutSearch(plan=plan)
+        left = plan.trials + len(plan.fixed) - len(plan.done)
+        num_samples, param_space, total = max(0, left), {}, plan.trials + len(plan.fixed)
+    progress = make_progress(plan.progress, total=total, done=len(plan.done), capacity_bytes=plan.capacity_bytes,
+                             records=list(plan.done))
+    recorder = Recorder(plan, log, total, progress.update if progress else None)
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=True,
+                                    max_concurrent_trials=plan.max_concurrent,
+                                    trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+        run_config=tune.RunConfig(name="autotune", storage_path=storage_dir, verbose=2 if verbose else 0,
+                                  callbacks=[recorder], log_to_file=False),
+    )
+    try:
+        with progress or _nothing():
+            tuner.fit()
+    finally:
+        cleanup_dir(storage_dir)
+    if search_alg is not None:
+        stats.update(search_alg.counts)
+        t0 = time.perf_counter()
+        write_study(search_alg._ot_study, plan.folder / STUDY_DB)
+        stats["study_write_s"] = time.perf_counter() - t0
+    expected = total - len(plan.done)
+    interrupted = len(recorder.records) < expected
+    return recorder.records, interrupted, stats
+
+
+def _unwrap_cfg(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
+    return evaluate_trial(config["cfg"], job, backend)
+
+
+def _trial_name(trial: Any) -> str:
+    return f"trial_{trial.trial_id}"
+
+
+def _fast_sqlite(storage: Any) -> None:
+    """No fsync per statement: the file is written once, at the end, and rewritten whole on resume."""
+    from sqlalchemy import event
+
+    def pragmas(connection: Any, _record: Any) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA synchronous=OFF")
+        cursor.execute("PRAGMA journal_mode=MEMORY")
+        cursor.close()
+
+    event.listen(storage.engine, "connect", pragmas)
+    storage.engine.dispose()
+
+
+def _add_trials_one_transaction(storage: Any, study: optuna.Study, trials: list) -> None:
+    """`study.add_trials` in one SQLite transaction (one commit per trial costs ~0.1 s each here).
+
+    Uses RDBStorage's own per-trial writer (`_get_prepared_new_trial`) inside one session; falls back
+    to the public `add_trials` where that private method is absent.
+    """
+    try:
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(storage.scoped_session, True) as session:
+            for trial in trials:
+                storage._get_prepared_new_trial(study._study_id, trial, session)
+    except (ImportError, AttributeError, TypeError):
+        study.add_trials(trials)
+
+
+def write_study(study: optuna.Study, path: Path) -> None:
+    """Write `study`'s finished trials to a fresh SQLite file (`optuna-dashboard sqlite:///PATH`)."""
+    tmp = path.with_suffix(".db.tmp")
+    tmp.unlink(missing_ok=True)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp.resolve()}")
+    _fast_sqlite(storage)
+    out = optuna.create_study(storage=storage, study_name=STUDY_NAME, directions=study.directions)
+    out.set_metric_names(list(_METRICS))
+    _add_trials_one_transaction(storage, out, [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
+    storage.remove_session()
+    storage.engine.dispose()
+    os.replace(tmp, path)
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
