@@ -106,7 +106,10 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
     T, t, sd = x.tokens, x.t, x.sp_div
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
     terms = {"attn_norm_input": ACT_BYTES * T * h / sd}
-    terms["qkv_input"] = 0.0 if "layernorm" in x.modules else ACT_BYTES * T * h / sd
+    # 'layernorm' recompute discards a norm's output only where the norm is its own module: MLA's input norm,
+    # not the norm Transformer Engine fuses into `linear_qkv` (`transformer_layer.py`: IdentityOp is skipped)
+    separate_norm = model.mla is not None
+    terms["qkv_input"] = 0.0 if "layernorm" in x.modules and separate_norm else ACT_BYTES * T * h / sd
     if model.mla is not None:
         m = model.mla
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim
@@ -135,13 +138,14 @@ def mlp_activation_bytes(model: ModelSpec, x: _Shape, ffn: int) -> dict[str, flo
 
     norm_input 2sbh and fc1_input 2sbh (/t with SP); fc1 output 2sb*ffn/t (4sb*ffn/t when gated: SwiGLU keeps
     both halves); activation output = fc2 input 2sb*ffn/t; dropout mask sbh. 'mlp' recompute keeps only the input.
+    'layernorm' recompute changes nothing here: the pre-MLP norm is fused into `linear_fc1` (TE LayerNormLinear).
     """
     T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
     fc1_out = 2 * ffn if model.gated_linear_unit else ffn
     inner = "mlp" in x.modules
     return {
         "mlp_norm_input": ACT_BYTES * T * h / sd,
-        "fc1_input": 0.0 if "layernorm" in x.modules and not inner else ACT_BYTES * T * h / sd,
+        "fc1_input": ACT_BYTES * T * h / sd,
         "fc1_output": 0.0 if inner else ACT_BYTES * T * fc1_out / t,
         "activation_output": 0.0 if inner else ACT_BYTES * T * ffn / t,
         "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
@@ -156,7 +160,8 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
     output 2T_e*fc1/ETP and the fc2 input 2T_e*ffn/ETP; the routing probabilities are applied inside the fused
     activation (`weighted_bias_swiglu_impl` in `TEGroupedMLP`, which keeps only its input and the probs).
     'moe_act' recompute drops the fc2 input, 'moe' recompute the whole expert part. The router keeps fp32 scores and
-    probabilities (8 T_r E). Shared experts are a TP-split dense MLP on the same input.
+    probabilities (8 T_r E). Shared experts are a TP-split dense MLP on the same input. The MoE layer's pre-MLP
+    norm is its own module, so 'layernorm' recompute discards its output (`moe_input`).
     """
     assert model.moe is not None
     m = model.moe
@@ -178,7 +183,7 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
         shared = ACT_BYTES * T * ((2 * sffn if model.gated_linear_unit else sffn) + sffn) / t
     return {
         "mlp_norm_input": ACT_BYTES * T * h / sd,
-        "moe_input": ACT_BYTES * T * h / sd,
+        "moe_input": 0.0 if "layernorm" in x.modules else ACT_BYTES * T * h / sd,  # separate pre-MLP norm
         "router": 2 * FP32_BYTES * routed * m.num_experts,
         "experts": experts,
         "shared_experts": shared,

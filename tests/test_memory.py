@@ -336,3 +336,15 @@ def test_peak_is_the_heaviest_stage(layout):
     assert [e.stage for e in per_stage] == list(range(layout.pp))
     assert peak.total_bytes == max(e.total_bytes for e in per_stage)
     assert peak.total_bytes == per_stage[peak.stage].total_bytes
+
+
+def test_layernorm_recompute_discards_only_unfused_norm_outputs():
+    # TE fuses the GQA input norm and the dense pre-MLP norm into their GEMMs (megatron-core skips IdentityOp);
+    # the MoE pre-MLP norm is its own module, so its output is discarded
+    model, training = get_model("tiny-moe"), TrainingSpec(seq_length=256)
+    plain = Layout(tp=2, sp=True, recompute="selective")
+    norm = MemoryAssumptions(recompute_modules=("layernorm",))
+    dense = layer_activation_bytes(model, training, plain, norm, moe=False)
+    assert dense == layer_activation_bytes(model, training, plain, MemoryAssumptions(recompute_modules=()), moe=False)
+    moe_terms = layer_activation_bytes(model, training, plain, norm, moe=True)
+    assert moe_terms["moe_input"] == 0 and moe_terms["qkv_input"] == 2 * 256 * 128 / 2
