@@ -62,8 +62,10 @@ def _run_job(args: argparse.Namespace, model, layout, training, workers: int) ->
     from trainers.proxy import plan_proxy
     from trainers.worker_pool import run_pooled, shutdown_pool
 
-    ensure_ray()
     import ray
+
+    started_ray = not ray.is_initialized()
+    ensure_ray()
 
     use_gpu = int(ray.cluster_resources().get("GPU", 0)) >= workers
     scale = not use_gpu and model.total_params > CPU_FULL_MODEL_MAX_PARAMS
@@ -80,7 +82,8 @@ def _run_job(args: argparse.Namespace, model, layout, training, workers: int) ->
     try:
         outcome = run_pooled(cfg, world_size=plan.world_size, use_gpu=use_gpu, timeout_s=args.timeout)
     finally:
-        shutdown_pool()
+        if started_ray:  # a caller's Ray (tests, a search) keeps its workers for the next job
+            shutdown_pool()
     if outcome.status != "ok":
         print(f"smoke: {outcome.status}: {outcome.reason}")
         return 1
