@@ -44,6 +44,7 @@ __all__ = [
     "forward_flops_per_token",
     "padded_vocab_size",
     "ring_collective_s",
+    "group_collective_s",
     "expert_all_to_all_s",
     "pipeline_p2p_s",
     "all_to_all_s",
@@ -152,6 +153,27 @@ def ring_collective_s(nbytes: float, n: int, link: LinkSpec, cal: Calibration) -
     return (n - 1) / n * nbytes / (link.bandwidth_bytes_per_s * cal.link_fraction) + (n - 1) * link.latency_s
 
 
+def group_collective_s(nbytes: float, n: int, stride: int, cluster: ClusterSpec, cal: Calibration) -> float:
+    """All-gather or reduce-scatter over n ranks spaced `stride` apart (rank order tp-cp-ep-dp-pp).
+
+    Inside one node: a ring on NVLink. Across nodes, hierarchical: the k = gpus_per_node / stride
+    members a node holds first reduce-scatter among themselves on NVLink ((k-1)/k * bytes), then each
+    runs the inter-node ring over the n/k nodes on its own NIC with 1/k of the data
+    ((n/k - 1)/(n/k) * bytes / k); an all-gather is the mirror image. A group with one member per
+    node (k = 1) is a plain ring on the network. NCCL's multi-NIC rings and trees reach the same
+    bound (the node's NICs share the inter-node traffic); Thakur et al. 2005 for the two-phase form.
+    """
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    gpn = cluster.gpus_per_node
+    if n * stride <= gpn:
+        return ring_collective_s(nbytes, n, cluster.intra_node, cal)
+    k = max(1, min(n, gpn // stride))
+    nodes = max(1, round(n / k))
+    return (ring_collective_s(nbytes, k, cluster.intra_node, cal)
+            + ring_collective_s(nbytes / k, nodes, cluster.inter_node, cal))
+
+
 def all_to_all_s(nbytes_per_rank: float, n: int, link: LinkSpec, cal: Calibration) -> float:
     """All-to-all where each rank holds `nbytes_per_rank`, keeps 1/n and sends the rest: (n-1)/n * bytes / bw + latency."""
     if n <= 1 or nbytes_per_rank <= 0:
@@ -197,12 +219,11 @@ def dp_comm_s(job: Job, layout: Layout, cal: Calibration, params: tuple[float, f
                                   (expert, layout.expert_dp, layout.ep * layout.expert_tp)):
         if params <= 0 or group <= 1:
             continue
-        link = cluster.link_for_group(group, stride)
         if layout.dist_opt:
-            total += ring_collective_s(params * GRAD_BYTES, group, link, cal)
-            total += ring_collective_s(params * PARAM_BYTES, group, link, cal)
+            total += group_collective_s(params * GRAD_BYTES, group, stride, cluster, cal)
+            total += group_collective_s(params * PARAM_BYTES, group, stride, cluster, cal)
         else:
-            total += 2 * ring_collective_s(params * GRAD_BYTES, group, link, cal)
+            total += 2 * group_collective_s(params * GRAD_BYTES, group, stride, cluster, cal)
     return total
 
 
@@ -287,14 +308,15 @@ def _mlp_gemms_fwd_s(model: ModelSpec, tokens: float, ffn: float, t: int, gemm: 
             + gemm.time_s(tokens, h, ffn / t, count))
 
 
-def _tp_block_comm_s(tokens: float, h: int, t: int, sp: bool, link: LinkSpec, cal: Calibration) -> tuple[float, float]:
+def _tp_block_comm_s(tokens: float, h: int, t: int, sp: bool, cluster: ClusterSpec,
+                     cal: Calibration) -> tuple[float, float]:
     """(forward, backward) TP communication of one block (attention or MLP) for one micro-batch.
 
     With SP: forward all-gather + reduce-scatter, backward reduce-scatter + all-gather + the input
     all-gather redone for the weight gradient (Korthikanti et al. 2022 Sec. 4.2.2): 2 + 3 ring passes.
     Without SP: one all-reduce forward, one backward (Shoeybi et al. 2019 Fig. 4): 2 + 2 ring passes.
     """
-    one = ring_collective_s(tokens * h * 2.0, t, link, cal)
+    one = group_collective_s(tokens * h * 2.0, t, 1, cluster, cal)
     return 2 * one, (3 if sp else 2) * one
 
 
@@ -392,8 +414,7 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
     core_bwd = 2.5 * core_fwd
     rope = 4 * model.num_attention_heads / t * model.head_dim  # rotary on q and k: read + write, about q's width twice
     attn_elem_fwd = memory_bound_time_s(2.0 * tokens * (5 * h_act + rope), gpu=gpu, cal=cal)
-    tp_link = cluster.link_for_group(t, 1)
-    tp_f, tp_b = _tp_block_comm_s(tokens, h, t, sp, tp_link, cal)
+    tp_f, tp_b = _tp_block_comm_s(tokens, h, t, sp, cluster, cal)
 
     # dense MLP layer
     gate_io = 3 if model.gated_linear_unit else 2
@@ -412,10 +433,10 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
         if x.shared_expert_ffn_hidden_size:
             moe_fwd += _mlp_gemms_fwd_s(model, tokens, x.shared_expert_ffn_hidden_size, t, gemm)
             moe_bytes += tokens * gate_io * x.shared_expert_ffn_hidden_size / t
-            moe_tp_f, moe_tp_b = _tp_block_comm_s(tokens, h, t, sp, tp_link, cal)
+            moe_tp_f, moe_tp_b = _tp_block_comm_s(tokens, h, t, sp, cluster, cal)
         moe_elem = memory_bound_time_s(2.0 * moe_bytes, gpu=gpu, cal=cal)
         if etp > 1:
-            etp_f, etp_b = _tp_block_comm_s(pairs * etp, h, etp, True, cluster.link_for_group(etp, 1), cal)
+            etp_f, etp_b = _tp_block_comm_s(pairs * etp, h, etp, True, cluster, cal)
             moe_tp_f, moe_tp_b = moe_tp_f + etp_f, moe_tp_b + etp_b
         a2a = expert_all_to_all_s(tokens / t, x.topk, h, ep, etp, cluster, cal)  # one dispatch or combine
 

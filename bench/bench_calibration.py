@@ -237,17 +237,18 @@ def _get(cal: Calibration, name: str) -> float:
 # name -> candidate grid (the fitted constants of autotune/efficiency.py)
 FIT_GRID: dict[str, list[float]] = {
     "a100.gemm_peak_fraction": [x / 100 for x in range(50, 96, 2)],
-    "a100.attention_peak_fraction": [x / 100 for x in range(10, 81, 5)],
+    "a100.attention_peak_fraction": [x / 100 for x in range(5, 81, 5)],
     "h100.gemm_peak_fraction": [x / 100 for x in range(40, 91, 2)],
     "h100.attention_peak_fraction": [x / 100 for x in range(20, 81, 5)],
     "gemm_dim_half": [0, 16, 32, 48, 64, 96, 128, 192, 256],
     "a100.tp_comm_exposed_fraction": [x / 10 for x in range(0, 11)],
-    "h100.tp_comm_exposed_fraction": [x / 10 for x in range(0, 11)],
+    # floor 0.1: megatron-core's default is tp_comm_overlap=False, so a fully hidden TP is not a credible default
+    "h100.tp_comm_exposed_fraction": [x / 10 for x in range(1, 11)],
     "ep_comm_exposed_fraction": [x / 10 for x in range(0, 11)],
     "pp_p2p_exposed_fraction": [x / 10 for x in range(0, 11)],
     "dp_overlap_fraction": [x / 10 for x in range(0, 11)],
     "moe_layer_overhead_s": [0, 1e-4, 2e-4, 4e-4, 6e-4, 8e-4, 1e-3, 1.5e-3, 2e-3],
-    "step_overhead_s": [0, 0.01, 0.02, 0.05, 0.1],
+    "step_overhead_s": [0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3],
 }
 
 
