@@ -12,14 +12,15 @@ from autotune.efficiency import DEFAULT_CALIBRATION, gemm_efficiency
 from autotune.throughput import (
     TIME_KEYS,
     estimate_time,
+    group_collective_s,
     forward_flops_per_token,
     model_flops_per_step,
     pipeline_bubble_s,
     ring_collective_s,
 )
 from search_spaces.catalog import get_model
-from search_spaces.cluster import LinkSpec
-from search_spaces.gpus import build_cluster
+from search_spaces.cluster import ClusterSpec, LinkSpec
+from search_spaces.gpus import build_cluster, get_gpu
 from search_spaces.job import Job
 from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
@@ -84,6 +85,20 @@ def test_ring_collective_arithmetic() -> None:
     # 8 ranks, 1 GB: 7/8 * 1e9 / 100e9 + 7 * 1e-5 = 8.75 ms + 0.07 ms
     assert ring_collective_s(1e9, 8, link, cal) == pytest.approx(8.75e-3 + 7e-5)
     assert ring_collective_s(1e9, 1, link, cal) == 0.0
+
+
+def test_group_collective_shares_the_node_nics() -> None:
+    # 16 ranks on 2 nodes of 8, 1 GB, links at full rate, no latency:
+    # stride 1 (8 per node): 7/8 * 1e9 / 400e9 on NVLink + 1/2 * 1e9/8 / 50e9 on IB = 2.1875 ms + 1.25 ms
+    # stride 8 on 16 nodes (one member per node): a plain ring on IB: 15/16 * 1e9 / 50e9 = 18.75 ms
+    nvlink = LinkSpec(name="nv", bandwidth_bytes_per_s=400e9, latency_s=0.0, source="test")
+    ib = LinkSpec(name="ib", bandwidth_bytes_per_s=50e9, latency_s=0.0, source="test")
+    cal = replace(DEFAULT_CALIBRATION, link_fraction=1.0)
+    two = ClusterSpec(nodes=2, gpu=get_gpu("h100"), intra_node=nvlink, inter_node=ib)
+    sixteen = ClusterSpec(nodes=16, gpu=get_gpu("h100"), intra_node=nvlink, inter_node=ib)
+    assert group_collective_s(1e9, 16, 1, two, cal) == pytest.approx(7 / 8 * 1e9 / 400e9 + 0.5 * 1e9 / 8 / 50e9)
+    assert group_collective_s(1e9, 16, 8, sixteen, cal) == pytest.approx(15 / 16 * 1e9 / 50e9)
+    assert group_collective_s(1e9, 8, 1, two, cal) == pytest.approx(7 / 8 * 1e9 / 400e9)  # inside one node
 
 
 @pytest.mark.parametrize(("pp", "vpp", "expected"), [(1, None, 0.0), (4, None, 3.0), (4, 3, 1.0), (8, 7, 1.0)])
