@@ -18,7 +18,9 @@ Difference, explained: the interleaved schedule's micro-batch condition (schedul
 forward_backward_pipelining_with_interleaving) sits behind a CUDA allocation, so it cannot run on
 a CPU build; step 8 evaluates the same two conditions as that function (M >= microbatch group = PP,
 and M % PP not in (0, PP)). `data_parallel_size_matches` has no megatron counterpart (megatron
-derives DP itself), so sampled layouts always carry the derived DP.
+derives DP itself), so sampled layouts always carry the derived DP. MLA models (DeepSeek) are not
+sampled: the local layer spec cannot build MLA attention without TransformerEngine in 0.16.1
+(`DotProductAttention` has no `k_channels`); their rules are the same heads-vs-TP rules as MHA.
 """
 
 from __future__ import annotations
