@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from autotune.dashboard import Dashboard
     from autotune.measurement import Measurement
 
-__all__ = ["make_job", "search", "estimate", "Result", "DEFAULT_TRIALS", "DEFAULT_SEED"]
+__all__ = ["make_job", "search", "estimate", "ray_session", "RaySession", "Result", "DEFAULT_TRIALS", "DEFAULT_SEED"]
 
 GIB = 1024**3
 DEFAULT_TRIALS = 64
@@ -94,8 +94,9 @@ def search(
     global_batch_size: int | None = None,
     precision: str | None = None,
     trials: int = DEFAULT_TRIALS,
-    backend: str = "analytic",
+    backend: str | Any = "auto",
     seed: int = DEFAULT_SEED,
+    headroom_gib: float | None = None,
     output_dir: str | Path | None = None,
     dashboard: bool | Dashboard = False,
     **options: Any,
@@ -103,9 +104,11 @@ def search(
     """Search the layouts of `model` on a cluster and return a `Result`.
 
     The job is `model` itself when it is a `Job`, else `make_job(model, ...)` with the cluster and
-    training keywords. `trials` and `seed` mean what `--trials` and `--seed` mean in the CLI; with the
-    same inputs the ranking is the same. `output_dir` writes the same files the CLI writes (JSON, CSV,
-    plots, `report.html`). Extra `options` go to `autotune.search.run_search` unchanged.
+    training keywords. `trials`, `seed`, `backend` (`"auto"`: megatron where GPUs are visible, else
+    analytic) and `headroom_gib` (default 5% of the GPU's memory) mean what the CLI's flags mean; with the
+    same inputs the ranking is the same. The search writes the CLI's output folder (`output_dir`, default
+    `autotune_runs/<model>-<nodes>n-<time>`): trials.csv, best.json, launch files, plots, `report.html`.
+    Extra `options` go to `autotune.search.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.dashboard`);
     the URL is in `result.dashboard_url`. A `Dashboard` from `autotune.dashboard.start_local` is reused.
@@ -113,18 +116,37 @@ def search(
         >>> r = search("mixtral", nodes=4, trials=32, seed=1)     # doctest: +SKIP
         >>> r.best, r.best_measurement.tokens_per_s_per_gpu        # doctest: +SKIP
     """
-    run_search = _driver().run_search
+    driver = _driver()
     job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
                                     inter_node=inter_node, cluster=cluster, seq_length=seq_length,
                                     global_batch_size=global_batch_size, precision=precision))
+    headroom_bytes = driver.default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
     dash = _dashboard(dashboard)
-    raw = run_search(job, trials=trials, backend=backend, seed=seed, output_dir=output_dir, **options)
+    backend_used = _tracked_backend(driver, job, backend, headroom_bytes, trials)
+    raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
+                            output_dir=output_dir, **options)
     result = Result(raw, dashboard_url=None if dash is None else dash.url)
-    if output_dir is not None:
-        from autotune.report import write_report
-
-        write_report(result, output_dir)
+    folder = result.output_dir
+    if folder is not None and not (Path(folder) / "report.html").exists():
+        result.write_report(folder)  # unless the driver already wrote it
     return result
+
+
+def _tracked_backend(driver, job: Job, backend: str | Any, headroom_bytes: float, trials: int):
+    """The backend as `run_search` would build it, wrapped for the dashboard when Ray is connected.
+
+    Unwrapped (the name or object as given) when no Ray runs yet, so `run_search` resolves it itself.
+    """
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return backend
+    from autotune import dashboard
+
+    inner, _ = driver._resolve_backend(backend, headroom_bytes)
+    c = job.cluster
+    return dashboard.track(inner, f"{job.model.name} on {c.nodes}x{c.gpus_per_node} {c.gpu.name}", trials)
 
 
 def _driver():
@@ -187,6 +209,37 @@ def estimate(
     from autotune.analytic import AnalyticBackend
 
     return AnalyticBackend(headroom_bytes=headroom_gib * GIB).evaluate(job, parsed)
+
+
+class RaySession:
+    """One quiet local Ray kept up for several searches (each search otherwise starts and stops its own).
+
+        >>> ray = ray_session()          # doctest: +SKIP
+        >>> a = search("mixtral", nodes=4, trials=32); b = search("mixtral", nodes=8, trials=32)   # doctest: +SKIP
+        >>> ray.close()                  # doctest: +SKIP
+
+    Also a context manager (`with ray_session(): ...`). Joins a Ray this process already runs.
+    """
+
+    def __init__(self) -> None:
+        import contextlib
+
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(_driver()._ray_session(address=None, verbose=False, stats={}))
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> RaySession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def ray_session() -> RaySession:
+    """Start (or join) a local Ray that stays up until `.close()`; see `RaySession`."""
+    return RaySession()
 
 
 class Result:
