@@ -38,7 +38,8 @@ TINY_MOE_SHARED = replace(
     moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256, shared_expert_ffn_hidden_size=256,
                 first_dense_layers=1),
 )
-MODELS = {m.name: m for m in (get_model("tiny-gpt"), get_model("tiny-moe"), TINY_GPT3, TINY_MOE_SHARED)}
+MODELS = {m.name: m for m in (get_model("tiny-gpt"), get_model("tiny-moe"), get_model("tiny-mla"), TINY_GPT3,
+                               TINY_MOE_SHARED)}
 
 CASES = [  # (model, layout)
     ("tiny-gpt", Layout()),
@@ -52,6 +53,9 @@ CASES = [  # (model, layout)
     ("tiny-moe", Layout(pp=2, vpp=2, ep=8, dp=8)),
     ("tiny-moe-shared", Layout(tp=2, pp=2, ep=2, etp=1, sp=True)),
     ("tiny-moe-shared", Layout(pp=4, ep=2, dp=2)),
+    # MLA at TP = 1 only: the local spec splits the down projections over TP, Transformer Engine's (which the
+    # model follows, as GPU runs do) duplicates them
+    ("tiny-mla", Layout(pp=2, ep=4, dp=4)),
 ]
 
 
@@ -60,6 +64,11 @@ def _case_id(case: tuple[str, Layout]) -> str:
 
 
 # --- the subprocess: real megatron-core models -------------------------------------------------------------
+class _ParameterFreeAttention:
+    """Stands in for the core attention (no parameters) where the local spec cannot build MLA's; replaced by a
+    torch module when the subprocess imports torch (see `_count_rank`)."""
+
+
 def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
     import torch
     import torch.distributed as dist
@@ -67,8 +76,14 @@ def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    global _ParameterFreeAttention
+
+    class _ParameterFreeAttention(torch.nn.Module):  # noqa: F811 - a torch module inside the subprocess
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__()
 
     if dist.is_initialized():
         ps.destroy_model_parallel()
@@ -87,7 +102,14 @@ def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
                    moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
                    moe_layer_freq=[0] * m.first_dense_layers + [1] * (model.num_layers - m.first_dense_layers),
                    moe_grouped_gemm=False)
-    config = TransformerConfig(
+    mla: dict = {}
+    config_class = TransformerConfig
+    if model.mla is not None:
+        config_class = MLATransformerConfig
+        mla = dict(q_lora_rank=model.mla.q_lora_rank, kv_lora_rank=model.mla.kv_lora_rank,
+                   qk_head_dim=model.mla.qk_head_dim, qk_pos_emb_head_dim=model.mla.qk_pos_emb_head_dim,
+                   v_head_dim=model.mla.v_head_dim, rope_type="rope")
+    config = config_class(
         num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
         num_attention_heads=model.num_attention_heads, num_query_groups=model.query_groups,
         kv_channels=model.head_dim, gated_linear_unit=model.gated_linear_unit,
@@ -99,7 +121,7 @@ def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
         sequence_parallel=layout.sp, use_cpu_initialization=True, perform_initialization=False,
         params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, gradient_accumulation_fusion=False,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, **moe,
+        bias_dropout_fusion=False, apply_rope_fusion=False, **moe, **mla,
     )
     dense = expert = 0
     for v in range(layout.vpp_size):
@@ -107,6 +129,13 @@ def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
         if model.moe is not None:  # per-layer specs: `moe_layer_freq` makes the leading layers dense
             spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                               normalization=model.normalization, vp_stage=vp)
+            if model.mla is not None:  # the local DotProductAttention takes no MLA head dims; it has no params
+                from megatron.core.transformer import multi_latent_attention
+
+                if not isinstance(multi_latent_attention.TELinear, type):  # no TE: isinstance needs a type
+                    multi_latent_attention.TELinear = type("TELinear", (), {})
+                for layer in spec.layer_specs:
+                    layer.submodules.self_attention.submodules.core_attention = _ParameterFreeAttention
         else:
             spec = get_gpt_layer_local_spec(qk_layernorm=model.qk_layernorm, normalization=model.normalization)
         gpt = GPTModel(
