@@ -60,6 +60,9 @@ class MemoryAssumptions(ActivationAssumptions):
     """
 
     make_vocab_size_divisible_by: int = 128  # megatron `--make-vocab-size-divisible-by`
+    # MLA's q/kv down projections: duplicated on every TP rank in the Transformer Engine spec (GPU runs); the
+    # local spec (`get_gpt_layer_local_spec`, CPU runs) makes them column-parallel, split over TP
+    mla_down_proj_split: bool = False
     fp32_main_grads: bool = True  # `grad_reduce_in_fp32` (Megatron-LM turns it on for bf16)
     cuda_context_bytes: float = 1.0 * GIB
     nccl_buffer_bytes: float = 1.5 * GIB
@@ -151,13 +154,14 @@ class StageParams:
         return self.dense_params_per_gpu + self.expert_params_per_gpu
 
 
-def _attention_params_per_gpu(model: ModelSpec, tp: int) -> tuple[int, int]:
+def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = False) -> tuple[int, int]:
     """One layer's attention block incl. input norm on one TP rank: (all params, GEMM weights).
 
     Column-parallel `linear_qkv` (weight and bias split), row-parallel `linear_proj` (bias replicated),
     norms and qk-layernorm replicated (`megatron/core/transformer/attention.py`). MLA follows the
     Transformer Engine spec: `linear_q_down_proj` / `linear_kv_down_proj` are duplicated on every TP rank
-    (`parallel_mode='duplicated'`), the up projections are column-parallel (`multi_latent_attention.py`)."""
+    (`parallel_mode='duplicated'`), the up projections are column-parallel (`multi_latent_attention.py`);
+    `mla_down_split` counts the local spec instead, where the down projections are column-parallel too."""
     h, d, a, g = model.hidden_size, model.head_dim, model.num_attention_heads, model.query_groups
     per_dim = _norm_params_per_dim(model)
     norm = h * per_dim
@@ -172,7 +176,8 @@ def _attention_params_per_gpu(model: ModelSpec, tp: int) -> tuple[int, int]:
         kv_gemm_rep, kv_norm = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim), m.kv_lora_rank * per_dim
         kv_split = m.kv_lora_rank * a * (m.qk_head_dim + m.v_head_dim)
         proj = a * m.v_head_dim * h
-        gemm = q_gemm_rep + kv_gemm_rep + (q_split + kv_split + proj) // tp
+        down = q_gemm_rep + kv_gemm_rep
+        gemm = (down // tp if mla_down_split else down) + (q_split + kv_split + proj) // tp
         return norm + gemm + q_norm + kv_norm + proj_bias, gemm
     qkv = h * (a + 2 * g) * d
     proj = a * d * h
@@ -198,10 +203,10 @@ def _mlp_params_per_gpu(model: ModelSpec, ffn: int, tp: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=4096)
-def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int) -> dict[str, int]:
+def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down_split: bool) -> dict[str, int]:
     """Per-GPU parameter counts of the building blocks for one (TP, EP, ETP)."""
     norm = model.hidden_size * _norm_params_per_dim(model)
-    attn, attn_gemm = _attention_params_per_gpu(model, tp)
+    attn, attn_gemm = _attention_params_per_gpu(model, tp, mla_down_split)
     dense_mlp, dense_mlp_gemm = _mlp_params_per_gpu(model, model.ffn_hidden_size, tp)
     out = {
         "attention": attn, "attention_gemm": attn_gemm,
@@ -226,10 +231,10 @@ def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int) -> dict[
 
 @lru_cache(maxsize=4096)
 def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int,
-                         divisible_by: int) -> tuple[StageParams, ...]:
+                         divisible_by: int, mla_down_split: bool) -> tuple[StageParams, ...]:
     counts = chunk_layer_counts(model.num_layers, pp, vpp)
-    blocks = _layer_params_per_gpu(model, tp, ep, etp)
-    unsplit = _layer_params_per_gpu(model, 1, 1, 1)
+    blocks = _layer_params_per_gpu(model, tp, ep, etp, mla_down_split)
+    unsplit = _layer_params_per_gpu(model, 1, 1, 1, mla_down_split)
     h = model.hidden_size
     vocab = padded_vocab_size(model.vocab_size, tp, divisible_by)
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
@@ -271,7 +276,7 @@ def stage_params(model: ModelSpec, layout: Layout,
                  assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> list[StageParams]:
     """Parameters per pipeline stage and per GPU of that stage, for comparison with a real megatron-core model."""
     return list(_stage_params_cached(model, layout.tp, layout.pp, layout.vpp_size, layout.ep, layout.expert_tp,
-                                     assumptions.make_vocab_size_divisible_by))
+                                     assumptions.make_vocab_size_divisible_by, assumptions.mla_down_proj_split))
 
 
 # --- overhead ------------------------------------------------------------------------------------
@@ -386,7 +391,7 @@ def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
     stages = cache.stages.get(stage_key)
     if stages is None:
         stages = cache.stages[stage_key] = _stage_params_cached(
-            model, *stage_key, assumptions.make_vocab_size_divisible_by)
+            model, *stage_key, assumptions.make_vocab_size_divisible_by, assumptions.mla_down_proj_split)
     unit_key = (tp, layout.sp, layout.cp, layout.mbs, etp, layout.recompute)
     unit = cache.units.get(unit_key)
     if unit is None:

@@ -348,3 +348,12 @@ def test_layernorm_recompute_discards_only_unfused_norm_outputs():
     assert dense == layer_activation_bytes(model, training, plain, MemoryAssumptions(recompute_modules=()), moe=False)
     moe_terms = layer_activation_bytes(model, training, plain, norm, moe=True)
     assert moe_terms["moe_input"] == 0 and moe_terms["qkv_input"] == 2 * 256 * 128 / 2
+
+
+def test_mla_down_projections_duplicated_by_default_split_in_the_local_spec():
+    # tiny-mla: h = 128, q_lora = 64, kv_lora + rope = 32 + 8; TP = 2 keeps half of them on each rank when split
+    model, layout = get_model("tiny-mla"), Layout(tp=2, pp=2, ep=2, etp=1, sp=True)
+    te = stage_params(model, layout)[1]
+    local = stage_params(model, layout, MemoryAssumptions(mla_down_proj_split=True))[1]
+    layers = te.layers
+    assert te.dense_params_per_gpu - local.dense_params_per_gpu == layers * 128 * (64 + 32 + 8) // 2

@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.memory import padded_vocab_size, stage_params  # noqa: E402
+from autotune.memory import MemoryAssumptions, padded_vocab_size, stage_params  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
@@ -53,10 +53,12 @@ CASES = [  # (model, layout)
     ("tiny-moe", Layout(pp=2, vpp=2, ep=8, dp=8)),
     ("tiny-moe-shared", Layout(tp=2, pp=2, ep=2, etp=1, sp=True)),
     ("tiny-moe-shared", Layout(pp=4, ep=2, dp=2)),
-    # MLA at TP = 1 only: the local spec splits the down projections over TP, Transformer Engine's (which the
-    # model follows, as GPU runs do) duplicates them
+    # MLA: the local spec splits the down projections over TP (Transformer Engine's, the default, duplicates
+    # them), so TP > 1 is compared with `mla_down_proj_split=True`
     ("tiny-mla", Layout(pp=2, ep=4, dp=4)),
+    ("tiny-mla", Layout(tp=2, pp=2, ep=2, etp=1, sp=True)),
 ]
+LOCAL_SPEC = MemoryAssumptions(mla_down_proj_split=True)
 
 
 def _case_id(case: tuple[str, Layout]) -> str:
@@ -187,7 +189,7 @@ def megatron_counts() -> list[dict[str, dict[str, int]]]:
 @pytest.mark.parametrize("end", ["first", "last"])
 def test_params_per_gpu_match_megatron_core(megatron_counts, index, end):
     name, layout = CASES[index]
-    stages = stage_params(MODELS[name], layout)
+    stages = stage_params(MODELS[name], layout, LOCAL_SPEC)
     ours = stages[0] if end == "first" else stages[-1]
     real = megatron_counts[index][end]
     assert (ours.dense_params_per_gpu, ours.expert_params_per_gpu) == (real["dense"], real["expert"])
