@@ -357,3 +357,11 @@ def test_mla_down_projections_duplicated_by_default_split_in_the_local_spec():
     local = stage_params(model, layout, MemoryAssumptions(mla_down_proj_split=True))[1]
     layers = te.layers
     assert te.dense_params_per_gpu - local.dense_params_per_gpu == layers * 128 * (64 + 32 + 8) // 2
+
+
+def test_a_70b_model_on_plain_data_parallel_is_out_of_memory():
+    # 70.6e9 params x (6 + 12/8) B = 530 GB per GPU with the distributed optimizer over DP = 8: far over 80 GiB
+    job = _job("llama3-70b", seq=4096, gbs=64, nodes=1)
+    est = estimate_memory(job, Layout(dp=8, dist_opt=True))
+    assert not est.fits(job.cluster.gpu.memory_bytes)
+    assert est.dominant == "gradients"  # 4 B/param, unsharded
