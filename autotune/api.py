@@ -122,7 +122,9 @@ def search(
                                     global_batch_size=global_batch_size, precision=precision))
     headroom_bytes = driver.default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
     dash = _dashboard(dashboard)
-    backend_used = _tracked_backend(driver, job, backend, headroom_bytes, trials)
+    from autotune.dashboard import track_search
+
+    backend_used = track_search(job, backend, headroom_bytes, trials)  # named trials when Ray is connected
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
                             output_dir=output_dir, **options)
     result = Result(raw, dashboard_url=None if dash is None else dash.url)
@@ -130,23 +132,6 @@ def search(
     if folder is not None and not (Path(folder) / "report.html").exists():
         result.write_report(folder)  # unless the driver already wrote it
     return result
-
-
-def _tracked_backend(driver, job: Job, backend: str | Any, headroom_bytes: float, trials: int):
-    """The backend as `run_search` would build it, wrapped for the dashboard when Ray is connected.
-
-    Unwrapped (the name or object as given) when no Ray runs yet, so `run_search` resolves it itself.
-    """
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return backend
-    from autotune import dashboard
-
-    inner, _ = driver._resolve_backend(backend, headroom_bytes)
-    c = job.cluster
-    return dashboard.track(inner, f"{job.model.name} on {c.nodes}x{c.gpus_per_node} {c.gpu.name}", trials)
 
 
 def _driver():

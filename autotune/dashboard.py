@@ -45,7 +45,7 @@ __all__ = [
     "progress_actor_name",
     "ReportingBackend",
     "track",
-    "trial_name",
+    "track_search",
     "add_arguments",
     "session",
 ]
@@ -147,9 +147,9 @@ def stop(dash: Dashboard) -> None:
 
 
 def wait_for_enter(dash: Dashboard, *, stream: TextIO | None = None, out: TextIO | None = None) -> None:
-    """Print the URL and block until the user presses Enter (or stdin closes, as in a pipeline)."""
+    """Print the URL (on stderr by default) and block until the user presses Enter (or stdin closes)."""
     stream = stream or sys.stdin
-    out = out or sys.stdout
+    out = out or sys.stderr
     print(f"Ray dashboard: {dash.url} (search finished). Press Enter to stop Ray and exit.", file=out, flush=True)
     with contextlib.suppress(EOFError, KeyboardInterrupt):
         stream.readline() if stream is not sys.stdin else input()
@@ -242,14 +242,25 @@ def track(backend: Backend, search_name: str, total_trials: int | None = None) -
     return ReportingBackend(backend, progress)
 
 
-def trial_name(trial) -> str:
-    """A Ray Tune `trial_name_creator`: the trial id and its layout, so trials read as layouts."""
-    config = getattr(trial, "config", {}) or {}
-    layout = config.get("layout")
-    if layout is None:
-        keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "mbs")
-        layout = ",".join(f"{k}={config[k]}" for k in keys if config.get(k) not in (None, 1))
-    return f"{trial.trial_id}-{layout}" if layout else str(trial.trial_id)
+def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float | None, trials: int):
+    """The backend `run_search` would build for these arguments, tracked (see `track`) when Ray is connected.
+
+    Returns `backend` unchanged when no Ray runs yet (then `run_search` resolves it itself, as usual):
+
+        backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials)
+    """
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return backend
+    import importlib
+
+    driver = importlib.import_module("autotune.search")  # the module, not the `autotune.search` API function
+    headroom = driver.default_headroom_bytes(job) if headroom_bytes is None else headroom_bytes
+    inner, _ = driver._resolve_backend(backend, headroom)
+    c = job.cluster
+    return track(inner, f"{job.model.name} on {c.nodes}x{c.gpus_per_node} {c.gpu.name}", trials)
 
 
 # --- CLI hook -----------------------------------------------------------------------------------
@@ -276,7 +287,7 @@ def session(args: argparse.Namespace, *, out: TextIO | None = None) -> Iterator[
     if not getattr(args, "dashboard", False):
         yield None
         return
-    out = out or sys.stdout
+    out = out or sys.stderr  # stdout stays clean for --json
     dash = start_local(host=args.dashboard_host, port=args.dashboard_port,
                        allow_remote=getattr(args, "dashboard_allow_remote", False))
     print(f"Ray dashboard: {dash.url} (watch the search under Jobs and Actors)", file=out, flush=True)

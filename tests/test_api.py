@@ -143,3 +143,18 @@ def test_result_report_shows_the_winner(result, tmp_path):
     text = open(result.write_report(tmp_path)).read()
     winner = text[text.index('id="winner"'):]
     assert str(result.best) in winner[: winner.index("</div>")]
+
+
+# --- the same engine as the CLI ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_api_and_cli_rank_the_same_layouts(tmp_path, capsys):
+    from autotune.cli import main
+
+    argv = ["--model", "mixtral", "--nodes", "4", "--trials", "12", "--seed", "3", "--json", "--top", "12"]
+    with api.ray_session():  # one local Ray for both runs (each would otherwise start its own)
+        assert main([*argv, "--output", str(tmp_path / "cli")]) == 0
+        cli_ranked = [row["layout_text"] for row in json.loads(capsys.readouterr().out)["ranked"]]
+        result = api.search("mixtral", nodes=4, trials=12, seed=3, output_dir=tmp_path / "api")
+    assert cli_ranked, "the CLI found no feasible layout"
+    assert [str(layout) for layout in result.ranking][:12] == cli_ranked
+    assert (tmp_path / "api" / "report.html").exists()
