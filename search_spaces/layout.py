@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
-__all__ = ["Layout", "Recompute", "Precision", "TrainingSpec", "parse_layout", "MEGATRON_NAMES"]
+__all__ = ["Layout", "Recompute", "Precision", "TrainingSpec", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp8"]
@@ -28,6 +28,10 @@ MEGATRON_NAMES: dict[str, str] = {
     "mbs": "micro_batch_size",
     "dist_opt": "use_distributed_optimizer",
     "recompute": "recompute_granularity",
+    "first_stage_layers": "num_layers_in_first_pipeline_stage",
+    "last_stage_layers": "num_layers_in_last_pipeline_stage",
+    # one switch for both account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split
+    "embedding_loss_split": "account_for_embedding_in_pipeline_split",
 }
 
 
@@ -36,7 +40,11 @@ class Layout:
     """A Megatron-Core parallel layout. `dp` is explicit so that a layout alone says its world size.
 
     `vpp=None` means no interleaving (megatron-core's default); `etp=None` means ETP = TP
-    (megatron-core's default when `expert_tensor_parallel_size` is unset).
+    (megatron-core's default when `expert_tensor_parallel_size` is unset). `first_stage_layers` /
+    `last_stage_layers` are megatron-core's uneven pipeline split (`num_layers_in_first_pipeline_stage`,
+    `num_layers_in_last_pipeline_stage`); None means an even split (`stage_layer_counts`).
+    `embedding_loss_split` turns on both `account_for_embedding_in_pipeline_split` and
+    `account_for_loss_in_pipeline_split`: the embedding and the loss count as one layer each.
     """
 
     tp: int = 1
@@ -50,6 +58,9 @@ class Layout:
     sp: bool = False
     dist_opt: bool = False
     recompute: Recompute = "none"
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    embedding_loss_split: bool = False
 
     @property
     def expert_tp(self) -> int:
@@ -68,6 +79,48 @@ class Layout:
     def vpp_size(self) -> int:
         return self.vpp or 1
 
+    def stage_layer_counts(self, num_layers: int) -> tuple[int, ...]:
+        """Transformer layers on each of the PP physical stages, as megatron-core places them.
+
+        Even: num_layers / PP each. Uneven (`transformer_config.py`, "Uneven PP"): the first and/or last stage
+        take the given counts and the middle stages share the rest equally. For a layout the rules reject
+        (a remainder), the rest is spread one extra layer per stage from the first middle stage on, so that
+        callers still get counts that add up to num_layers.
+        """
+        pp = self.pp
+        if pp == 1:
+            return (num_layers,)
+        if self.embedding_loss_split:
+            chunks = self.chunk_layer_counts(num_layers)
+            return tuple(sum(chunks[s::pp]) for s in range(pp))
+        first, last = self.first_stage_layers, self.last_stage_layers
+        middle_stages = pp - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        if middle_stages == 0:
+            middle: list[int] = []
+        else:
+            base, extra = divmod(max(rest, 0), middle_stages)
+            middle = [base + (1 if k < extra else 0) for k in range(middle_stages)]
+        return tuple(([first] if first is not None else []) + middle + ([last] if last is not None else []))
+
+    def chunk_layer_counts(self, num_layers: int) -> tuple[int, ...]:
+        """Layers in each of the PP * VPP model chunks, in model order (chunk c lives on stage c % PP).
+
+        megatron-core splits each stage's layers equally over its VPP chunks (`get_num_layers_to_build`).
+        """
+        v = self.vpp_size
+        if self.embedding_loss_split and self.pp > 1:
+            # (L + 2) layers spread evenly over the PP * VPP chunks; the first chunk gives one slot to the
+            # embedding and the last chunk one to the loss (`get_num_layers_to_build`).
+            n = self.pp * v
+            base, extra = divmod(num_layers + 2, n)
+            counts = [base + (1 if k < extra else 0) for k in range(n)]
+            counts[0] -= 1
+            counts[-1] -= 1
+            return tuple(counts)
+        stages = self.stage_layer_counts(num_layers)
+        return tuple(stages[c % self.pp] // v for c in range(self.pp * v))
+
     def num_microbatches(self, global_batch_size: int) -> int:
         """GBS = MBS * DP * num_microbatches (floored; rules check divisibility)."""
         return global_batch_size // (self.mbs * self.dp)
@@ -77,6 +130,7 @@ class Layout:
         out: dict[str, object] = {MEGATRON_NAMES[k]: v for k, v in self.short_dict().items() if k in MEGATRON_NAMES}
         out["expert_tensor_parallel_size"] = self.expert_tp
         out["recompute_granularity"] = None if self.recompute == "none" else self.recompute
+        out["account_for_loss_in_pipeline_split"] = self.embedding_loss_split
         out["dp"] = self.dp
         out["expert_dp"] = self.expert_dp
         return out
@@ -91,6 +145,12 @@ class Layout:
         parts += [f"cp={self.cp}", f"ep={self.ep}"]
         if self.etp is not None:
             parts.append(f"etp={self.etp}")
+        if self.first_stage_layers is not None:
+            parts.append(f"first_stage_layers={self.first_stage_layers}")
+        if self.last_stage_layers is not None:
+            parts.append(f"last_stage_layers={self.last_stage_layers}")
+        if self.embedding_loss_split:
+            parts.append("embedding_loss_split=true")
         parts += [f"dp={self.dp}", f"mbs={self.mbs}", f"sp={str(self.sp).lower()}",
                   f"dist_opt={str(self.dist_opt).lower()}", f"recompute={self.recompute}"]
         return ",".join(parts)
@@ -114,7 +174,8 @@ class TrainingSpec:
 
 
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
-_INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs")
+_INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
+_OPTIONAL_FIELDS = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
 _KNOWN = tuple(f.name for f in fields(Layout))
 
 
@@ -137,7 +198,7 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
         if key in values:
             raise ValueError(f"layout field {key!r} is given twice.")
         if key in _INT_FIELDS:
-            if key in ("vpp", "etp") and raw in ("none", "null"):
+            if key in _OPTIONAL_FIELDS and raw in ("none", "null"):
                 values[key] = None
                 continue
             try:
@@ -147,7 +208,7 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
             if number <= 0:
                 raise ValueError(f"layout field {key!r} needs a positive integer, but got {number}.")
             values[key] = None if key == "vpp" and number == 1 else number
-        elif key in ("sp", "dist_opt"):
+        elif key in ("sp", "dist_opt", "embedding_loss_split"):
             if raw not in _BOOL:
                 raise ValueError(f"layout field {key!r} needs true or false, but got {raw!r}.")
             values[key] = _BOOL[raw]
@@ -159,3 +220,29 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
     if "dp" not in values and world_size is not None:
         layout = replace(layout, dp=max(1, world_size // (layout.tp * layout.pp * layout.cp)))
     return layout
+
+
+def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, object] | None:
+    """The uneven pipeline split autotune offers when num_layers % (PP * VPP) != 0, as Layout fields.
+
+    1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's
+       `account_for_embedding/loss_in_pipeline_split` (Llama-3.1-405B: 126 + 2 = 128 over PP 8 x VPP 8;
+       Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4).
+    2. Otherwise `first_stage_layers` / `last_stage_layers`: middle stages get m layers, the smallest multiple
+       of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
+       also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
+       (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2).
+    Returns None when an even split works, PP == 1, or no such split exists.
+    """
+    if pp < 2 or num_layers % (pp * vpp) == 0:
+        return None
+    if (num_layers + 2) % pp == 0 and ((num_layers + 2) // pp) % vpp == 0 and (num_layers + 2) // (pp * vpp) >= 2:
+        return {"embedding_loss_split": True}
+    per_stage = -(-num_layers // pp)
+    m = -(-per_stage // vpp) * vpp
+    rest = num_layers - (pp - 2) * m
+    last = (rest // 2) // vpp * vpp
+    first = rest - last
+    if last < vpp or first < vpp or first % vpp or first > m:
+        return None
+    return {"first_stage_layers": first, "last_stage_layers": last}
