@@ -31,6 +31,12 @@ def _layers_per_virtual_stage(job: Job, layout: Layout) -> int:
     return job.model.num_layers // (layout.pp * layout.vpp_size)
 
 
+def _uneven(layout: Layout) -> tuple[int | None, int | None, bool]:
+    """megatron-core's uneven pipeline split (first/last stage layers, embedding and loss as layers)."""
+    return (getattr(layout, "first_stage_layers", None), getattr(layout, "last_stage_layers", None),
+            bool(getattr(layout, "embedding_loss_split", False)))
+
+
 def bridge_overrides(job: Job, layout: Layout) -> list[str]:
     """Hydra/OmegaConf overrides for a Megatron-Bridge recipe, in `group.field=value` form."""
     is_moe = job.model.moe is not None
@@ -40,6 +46,13 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
         f"model.virtual_pipeline_model_parallel_size={layout.vpp if layout.vpp else 'null'}",
         f"model.context_parallel_size={layout.cp}",
     ]
+    first, last, embedding_loss = _uneven(layout)
+    if first is not None:
+        out.append(f"model.num_layers_in_first_pipeline_stage={first}")
+    if last is not None:
+        out.append(f"model.num_layers_in_last_pipeline_stage={last}")
+    if embedding_loss:
+        out += ["model.account_for_embedding_in_pipeline_split=true", "model.account_for_loss_in_pipeline_split=true"]
     if is_moe:
         out += [f"model.expert_model_parallel_size={layout.ep}",
                 f"model.expert_tensor_parallel_size={layout.expert_tp}"]
@@ -66,8 +79,17 @@ def megatron_lm_args(job: Job, layout: Layout) -> list[str]:
     """`pretrain_gpt.py` arguments (flag and value as separate items, ready for a shell line)."""
     is_moe = job.model.moe is not None
     out = ["--tensor-model-parallel-size", str(layout.tp), "--pipeline-model-parallel-size", str(layout.pp)]
-    if layout.vpp:
+    first, last, embedding_loss = _uneven(layout)
+    if layout.vpp and (first, last, embedding_loss) == (None, None, False):
         out += ["--num-layers-per-virtual-pipeline-stage", str(_layers_per_virtual_stage(job, layout))]
+    elif layout.vpp:  # uneven stages: chunks differ in size, so name the number of chunks instead
+        out += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+    if first is not None:
+        out += ["--decoder-first-pipeline-num-layers", str(first)]
+    if last is not None:
+        out += ["--decoder-last-pipeline-num-layers", str(last)]
+    if embedding_loss:
+        out += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     out += ["--context-parallel-size", str(layout.cp)]
     if is_moe:
         out += ["--expert-model-parallel-size", str(layout.ep), "--expert-tensor-parallel-size", str(layout.expert_tp)]

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_tria
 
 GIB = 1024**3
 TRIALS_CSV, META_JSON, STUDY_DB = "trials.csv", "search.json", "study.db"
-LAYOUT_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "sp", "dist_opt", "recompute")
+LAYOUT_COLUMNS = tuple(f.name for f in fields(Layout))  # tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, ...
 CSV_COLUMNS = ("number", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason", "tokens_per_s_per_gpu",
                "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s", "dominant_time", "source",
                "wall_s", "time_breakdown_s", "memory_breakdown_gib")
@@ -152,6 +152,8 @@ def read_trials(folder: str | Path, capacity_bytes: float) -> list[TrialRecord]:
     records = []
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
+            if None in row.values() or None in row:
+                continue  # a line cut short (or run on) by a kill
             try:
                 records.append(record_from_row(row, capacity_bytes))
             except (KeyError, ValueError, TypeError, json.JSONDecodeError):

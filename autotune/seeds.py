@@ -26,7 +26,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.space import DIMENSIONS, FeasibleSpace
 
-__all__ = ["Seed", "Band", "DENSE_BANDS", "MOE_BANDS", "band_for", "rule_of_thumb_seeds", "nearest_layout",
+__all__ = ["Seed", "Band", "DENSE_BANDS", "MOE_BANDS", "band_for", "rule_of_thumb_seeds", "nearest_layout", "neighbours",
            "parse_user_layouts"]
 
 B = 1e9
@@ -141,3 +141,22 @@ def parse_user_layouts(job: Job, texts: Sequence[str]) -> list[Seed]:
             raise ValueError(f"--layout {text!r}: {e}") from None
         seeds.append(Seed(layout=layout, origin="user"))
     return seeds
+
+
+def neighbours(space: FeasibleSpace, layout: Layout) -> list[Layout]:
+    """Layouts of `space` one move from `layout`: one dimension changed to another offered option, the
+    later dimensions kept where still offered and otherwise moved to the nearest (dp follows)."""
+    current = layout.short_dict()
+    values: dict[str, object] = {}
+    out: list[Layout] = []
+    seen = {layout}
+    for name in DIMENSIONS:
+        for option in space.choices(name, values):
+            if option == current[name]:
+                continue
+            candidate = nearest_layout(space, {**current, **values, name: option})
+            if candidate not in seen:
+                seen.add(candidate)
+                out.append(candidate)
+        values[name] = current[name]
+    return out

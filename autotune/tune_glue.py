@@ -36,6 +36,7 @@ from search_spaces.rules import check
 
 from autotune.measurement import Backend, Measurement
 from autotune.results import STUDY_DB, TrialLog, TrialRecord
+from autotune.seeds import neighbours
 from autotune.space_sampler import define_by_run, distributions_of, layout_of, params_of
 
 __all__ = ["evaluate_trial", "LayoutSearch", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict"]
@@ -44,7 +45,8 @@ GIB = 1024**3
 STUDY_NAME = "autotune"
 CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint convention)
 N_STARTUP_TRIALS = 10
-MAX_REPEATS = 16  # proposals of measured layouts in a row before an unmeasured one is enqueued
+MAX_REPEATS = 16
+LOCAL_SEARCH_STARTS = 8  # the fastest layouts whose neighbourhoods are refined, best first  # proposals of measured layouts in a row before an unmeasured one is enqueued
 
 
 # --- measurements across the process boundary -------------------------------------------------------
@@ -116,8 +118,11 @@ class LayoutSearch(OptunaSearch):
         self.fixed = [s.layout for s in plan.fixed if s.layout not in self.known]
         self.seed_layouts = {s.layout for s in plan.seeds}
         self.trial_info: dict[str, tuple[Layout, str]] = {}  # tune trial id -> (layout, origin)
-        self.counts = {"proposals": 0, "invalid_proposals": 0, "repeats": 0, "enqueued_unmeasured": 0}
+        self.counts = {"proposals": 0, "invalid_proposals": 0, "repeats": 0, "enqueued_unmeasured": 0,
+                       "local_moves": 0}
         self._rng = random.Random(plan.seed)
+        self._turn = 0
+        self._neighbours: dict[Layout, list[Layout]] = {}
         sampler = optuna.samplers.TPESampler(seed=plan.seed, n_startup_trials=N_STARTUP_TRIALS)
         points = [params_of(plan.space, s.layout, plan.naming) for s in plan.seeds if s.layout not in self.known]
         # In-memory study while searching (SQLite costs ~0.1-0.5 s per trial here); trials.csv is the
@@ -148,6 +153,7 @@ class LayoutSearch(OptunaSearch):
             self.trial_info[trial_id] = (layout, "user")
             return {"layout": str(layout), "origin": "user"}
         repeats = 0
+        self._maybe_enqueue_neighbour()
         while True:
             config = super().suggest(trial_id)
             if config is None:
@@ -171,6 +177,32 @@ class LayoutSearch(OptunaSearch):
             if repeats >= MAX_REPEATS:
                 repeats = 0
                 self._enqueue_unmeasured()
+
+    def _maybe_enqueue_neighbour(self) -> None:
+        """Every other proposal after the start-up trials: an unmeasured neighbour of the best layouts.
+
+        The incumbent (fastest feasible so far) is refined one move at a time (`seeds.neighbours`);
+        when its neighbourhood is measured, the next fastest takes over. TPE proposes the others.
+        The neighbour is enqueued in the study, so Optuna still proposes it through the same
+        define-by-run space and learns from it.
+        """
+        self._turn += 1
+        if len(self.known) < len(self.plan.seeds) + N_STARTUP_TRIALS or self._turn % 2:
+            return
+        measured = set(self.known) | {l for l, _ in self.trial_info.values()}
+        ranked = sorted(((m.tokens_per_s_per_gpu or 0.0, str(l), l) for l, m in self.known.items()
+                         if is_feasible(m, self.plan.capacity_bytes)), reverse=True)
+        for _, _, layout in ranked[:LOCAL_SEARCH_STARTS]:
+            if layout not in self._neighbours:
+                options = neighbours(self.plan.space, layout)
+                self._rng.shuffle(options)
+                self._neighbours[layout] = options
+            left = [n for n in self._neighbours[layout] if n not in measured]
+            self._neighbours[layout] = left
+            if left:
+                self.counts["local_moves"] += 1
+                self._ot_study.enqueue_trial(params_of(self.plan.space, left[0], self.plan.naming))
+                return
 
     def _decode(self, config: dict[str, Any]) -> Layout | None:
         try:
