@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
@@ -65,6 +64,7 @@ class Dashboard:
     host: str
     port: int
     started_here: bool
+    token_required: bool = False  # Ray's token authentication is on: `ray get-auth-token` prints the token
 
 
 def _check_host(host: str, allow_remote: bool) -> None:
@@ -76,15 +76,26 @@ def _check_host(host: str, allow_remote: bool) -> None:
         )
 
 
-def _wait_until_serving(url: str, timeout_s: float = _READY_TIMEOUT_S) -> None:
-    """Poll the dashboard's version endpoint until it answers (it starts a little after ray.init returns)."""
+def _wait_until_serving(url: str, timeout_s: float = _READY_TIMEOUT_S) -> bool:
+    """Poll the dashboard's version endpoint until it answers (it starts a little after ray.init returns).
+
+    Returns True when it answers 401/403: Ray's token authentication is on (Ray 2.5x's default for a
+    local cluster), and the browser will ask for the token.
+    """
+    import urllib.error
+    import urllib.request
+
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"{url}/api/version", timeout=2) as reply:  # noqa: S310 - local URL
                 if reply.status == 200:
-                    return
+                    return False
+        except urllib.error.HTTPError as e:
+            if e.code in (401, 403):
+                return True
+            last_error = e
         except OSError as e:
             last_error = e
         time.sleep(0.5)
@@ -123,9 +134,9 @@ def start_local(
         log_to_driver=False,
     )
     url = _http(context.dashboard_url or f"{host}:{port}")
-    _wait_until_serving(url)
+    token_required = _wait_until_serving(url)
     bound_port = int(url.rsplit(":", 1)[1])
-    return Dashboard(url=url, host=host, port=bound_port, started_here=True)
+    return Dashboard(url=url, host=host, port=bound_port, started_here=True, token_required=token_required)
 
 
 def _current_dashboard_url() -> str:
@@ -290,7 +301,9 @@ def session(args: argparse.Namespace, *, out: TextIO | None = None) -> Iterator[
     out = out or sys.stderr  # stdout stays clean for --json
     dash = start_local(host=args.dashboard_host, port=args.dashboard_port,
                        allow_remote=getattr(args, "dashboard_allow_remote", False))
-    print(f"Ray dashboard: {dash.url} (watch the search under Jobs and Actors)", file=out, flush=True)
+    print(f"Ray dashboard: {dash.url} (watch the search under Jobs, Actors and Tasks)", file=out, flush=True)
+    if dash.token_required:
+        print("It asks for Ray's token: `ray get-auth-token` prints it (~/.ray/auth_token).", file=out, flush=True)
     try:
         yield dash
         wait_for_enter(dash, out=out)

@@ -61,7 +61,6 @@ PLOT_FILES: dict[str, str] = {
     "memory_breakdown": "memory_breakdown.png",
     "progress": "progress.png",
 }
-_LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "sp", "dist_opt", "recompute")
 
 
 def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
@@ -80,7 +79,7 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
             "trial": getattr(item, "number", i), "origin": getattr(item, "origin", ""), "layout": str(m.layout),
             "status": m.status, "ok": m.ok, "feasible": bool(getattr(item, "feasible", m.ok)),
         }
-        row.update({f: getattr(m.layout, f) for f in _LAYOUT_FIELDS})
+        row.update(m.layout.short_dict())  # every Layout field, as the CSV has them
         row.update(
             tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
             memory_gib=m.memory_gib,
@@ -163,12 +162,28 @@ def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, title: str = 
     if capacity_gib is not None:
         ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1,
                    label=f"GPU memory ({capacity_gib:.0f} GiB)")
+    _clip_memory_axis(ax, measured, feasible, capacity_gib)
     ax.set_xlabel("memory per GPU (GiB)")
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title(title or "Throughput against memory")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     return fig
+
+
+def _clip_memory_axis(ax, measured: pd.DataFrame, feasible: pd.DataFrame, capacity_gib: float | None) -> None:
+    """Stop the x axis at 1.5x the capacity (or the largest feasible memory) so far-off OOM layouts do not
+    squash the front; how many lie beyond is said on the axis."""
+    reference = capacity_gib if capacity_gib is not None else (feasible["memory_gib"].max() if len(feasible) else None)
+    if reference is None or reference != reference:
+        return
+    right = 1.5 * float(reference)
+    beyond = int((measured["memory_gib"] > right).sum())
+    if beyond:
+        ax.set_xlim(left=0, right=right)
+        ax.annotate(f"{beyond} infeasible beyond {right:.0f} GiB \u2192", xy=(1, 0), xycoords="axes fraction",
+                    xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom", fontsize="small",
+                    color="tab:red")
 
 
 def _ordered_terms(columns: Iterable[str], prefix: str, known: Mapping[str, str] | None = None) -> list[str]:
@@ -207,16 +222,21 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
+_ABBREVIATIONS = {"sp=true": "sp", "dist_opt=true": "distopt", "recompute=selective": "rc=sel", "recompute=full": "rc=full",
+                  "embedding_loss_split=true": "emb+loss"}
+_DEFAULTS = {"sp=false", "dist_opt=false", "recompute=none", "cp=1", "ep=1", "etp=1", "embedding_loss_split=false"}
+
+
 def _short(layout: str) -> str:
-    """Drop the defaults from a layout string so tick labels stay short."""
-    keep = [p for p in layout.split(",") if p not in ("sp=false", "dist_opt=false", "recompute=none", "cp=1", "ep=1")]
-    return ",".join(keep)
+    """A tick label: defaults dropped, long flags abbreviated (`tp=2,pp=4,vpp=2,ep=8,dp=4,mbs=1,sp,distopt,rc=sel`)."""
+    parts = [p for p in layout.split(",") if p not in _DEFAULTS]
+    return ",".join(_ABBREVIATIONS.get(p, p) for p in parts)
 
 
 def time_breakdown(df: pd.DataFrame, *, k: int = 5) -> Figure:
     """Stacked step time of the top-k feasible layouts: compute, TP, PP bubble, DP, EP, CP, optimizer."""
     rows = top_feasible(df, k)
-    fig = _figure(7.5, 1.6 + 0.5 * max(len(rows), 1))
+    fig = _figure(9.0, 1.6 + 0.5 * max(len(rows), 1))
     ax = fig.add_subplot()
     _stacked_bars(ax, rows, "time.", 1.0, TIME_TERMS)
     ax.set_xlabel("time per step (s)")
@@ -227,7 +247,7 @@ def time_breakdown(df: pd.DataFrame, *, k: int = 5) -> Figure:
 def memory_breakdown(df: pd.DataFrame, *, k: int = 5, capacity_gib: float | None = None) -> Figure:
     """Stacked memory per GPU of the top-k feasible layouts, with the GPU's capacity as a line."""
     rows = top_feasible(df, k)
-    fig = _figure(7.5, 1.6 + 0.5 * max(len(rows), 1))
+    fig = _figure(9.0, 1.6 + 0.5 * max(len(rows), 1))
     ax = fig.add_subplot()
     _stacked_bars(ax, rows, "memory.", 1.0 / GIB)
     if capacity_gib is not None:
@@ -244,7 +264,7 @@ def progress(df: pd.DataFrame) -> Figure:
     ordered = df.sort_values("trial") if "trial" in df else df.reset_index(drop=True).rename_axis("trial").reset_index()
     tps = ordered["tokens_per_s_per_gpu"].where(feasible_mask(ordered))
     ax.scatter(ordered["trial"], tps, s=10, color="tab:blue", alpha=0.5, label="feasible trial")
-    ax.step(ordered["trial"], tps.cummax(), where="post", color="tab:green", label="best so far")
+    ax.step(ordered["trial"], tps.cummax().ffill(), where="post", color="tab:green", label="best so far")
     ax.set_xlabel("trial")
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title("Search progress")
