@@ -350,6 +350,12 @@ class Result:
 
         return write_report(self, folder)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the job, the winner with its launch forms, the top layouts (the report's sections)."""
+        from autotune.report import summary_html
+
+        return summary_html(self)
+
     def __repr__(self) -> str:
         feasible = int(self.trials["feasible"].sum()) if len(self.trials) else 0
         return f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, best {self.best}>"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-__all__ = ["ReportInput", "render_report", "write_report", "report_input", "REPORT_FILE"]
+__all__ = ["ReportInput", "render_report", "summary_html", "write_report", "report_input", "REPORT_FILE"]
 
 REPORT_FILE = "report.html"
 MAX_TRIAL_ROWS = 5000  # beyond this the all-trials table is cut (the CSV/JSON outputs keep everything)
@@ -169,6 +169,14 @@ def render_report(data: ReportInput) -> str:
     ]
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{_esc(data.title)}</title>"
             f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def summary_html(result) -> str:
+    """A short HTML view of a result (job, winner, top 5) without plots, for notebooks."""
+    data = report_input(result)
+    top = plots.top_feasible(data.trials, 5)
+    return "".join([f"<h4>{_esc(data.title)}</h4>", _kv_table(data.job), _winner_section(data, top),
+                    _table(top, _TABLE_COLUMNS)])
 
 
 _LAUNCH_TITLES = {"megatron_bridge": "Megatron-Bridge overrides", "megatron_lm": "Megatron-LM arguments"}

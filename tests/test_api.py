@@ -34,6 +34,15 @@ def test_model_variant_rejects_unknown_fields():
         models.variant(models.get("llama3-8b"), layers=4)
 
 
+def test_model_from_hf_config_matches_the_catalog_counts():
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "hf" / "mixtral-8x7b.json"
+    model = models.from_hf_config(path)
+    assert model.total_params == models.get("mixtral").total_params
+    assert api.make_job(str(path), nodes=4).model.total_params == model.total_params  # a path works as model=
+
+
 def test_models_resolve_rejects_other_types():
     with pytest.raises(ValueError, match="catalog name"):
         models.resolve(42)  # type: ignore[arg-type]
@@ -190,3 +199,7 @@ def test_docs_cli_lines_parse(name):
 def test_docs_python_blocks_compile(name):
     for block in _blocks(name, "python"):
         compile(block, name, "exec")
+
+
+def test_result_notebook_view_names_the_winner(result):
+    assert str(result.best) in result._repr_html_()
