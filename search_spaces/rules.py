@@ -21,7 +21,7 @@ from math import gcd
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
-__all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "check", "is_valid", "lcm"]
+__all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -145,23 +145,153 @@ def expert_ffn_divisible_by_etp(job: Job, layout: Layout) -> Violation | None:
                       moe_ffn_hidden_size=size, etp=etp)
 
 
-# --- pipeline and virtual pipeline (transformer_block.py, parallel_state.py, schedules.py) --------
+# --- pipeline and virtual pipeline (transformer_config.py, transformer_block.py, parallel_state.py) -----
+def _split_fields(layout: Layout) -> dict[str, object]:
+    return {"first_stage_layers": layout.first_stage_layers, "last_stage_layers": layout.last_stage_layers,
+            "embedding_loss_split": layout.embedding_loss_split}
+
+
+def _uneven(layout: Layout) -> bool:
+    return layout.first_stage_layers is not None or layout.last_stage_layers is not None
+
+
+def pipeline_split_exclusive(job: Job, layout: Layout) -> Violation | None:
+    """First/last stage layer counts and the embedding/loss split are two ways to split; one at a time."""
+    if not (_uneven(layout) and layout.embedding_loss_split):
+        return None
+    return _violation("pipeline_split_exclusive", "num_layers_in_first_pipeline_stage and "
+                      "num_layers_in_last_pipeline_stage cannot be set at the same time with "
+                      "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split "
+                      f"({_split_text(layout)}).", **_split_fields(layout))
+
+
+def pipeline_split_needs_pp(job: Job, layout: Layout) -> Violation | None:
+    """Stricter than megatron-core, which at PP 1 accepts first = num_layers and the embedding/loss split
+    (no-ops) and even first + last < num_layers (then builds only `last` layers): with one stage there is
+    nothing to split."""
+    if layout.pp > 1 or not (_uneven(layout) or layout.embedding_loss_split):
+        return None
+    return _violation("pipeline_split_needs_pp", "an uneven pipeline split (num_layers_in_first_pipeline_stage, "
+                      "num_layers_in_last_pipeline_stage, account_for_embedding/loss_in_pipeline_split) needs "
+                      f"pipeline_model_parallel_size > 1, but got {layout.pp} ({_split_text(layout)}); drop the split or "
+                      "raise PP.",
+                      pp=layout.pp, **_split_fields(layout))
+
+
 def layers_divisible_by_pp(job: Job, layout: Layout) -> Violation | None:
+    """Even split (no uneven-split field set): num_layers % PP == 0."""
     layers, pp = job.model.num_layers, layout.pp
-    if layers % pp == 0:
+    if _uneven(layout) or layout.embedding_loss_split or layers % pp == 0:
         return None
     return _violation("layers_divisible_by_pp", f"num_layers should be divisible by pipeline_model_parallel_size "
-                      f"(num_layers {layers}, pipeline_model_parallel_size {pp}).", num_layers=layers, pp=pp)
+                      f"(num_layers {layers}, pipeline_model_parallel_size {pp}); an uneven split "
+                      f"(first_stage_layers / last_stage_layers, embedding_loss_split) may fit.",
+                      num_layers=layers, pp=pp)
 
 
 def layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
-    """Each virtual stage holds an integer number of layers: num_layers % (PP * VPP) == 0."""
+    """Even split: each virtual stage holds an integer number of layers, num_layers % (PP * VPP) == 0."""
     layers, pp, vpp = job.model.num_layers, layout.pp, layout.vpp_size
-    if vpp == 1 or layers % pp or (layers // pp) % vpp == 0:
+    if _uneven(layout) or layout.embedding_loss_split or vpp == 1 or layers % pp or (layers // pp) % vpp == 0:
         return None  # layers % pp is layers_divisible_by_pp's violation
     return _violation("layers_divisible_by_vpp", f"num_layers_per_pipeline_rank {layers // pp} should be divisible "
                       f"by vp_size {vpp} (num_layers {layers}, pipeline_model_parallel_size {pp}).",
                       num_layers=layers, pp=pp, vpp=vpp)
+
+
+def _stage_layers_divisible_by_vpp(which: str, count: int | None, layout: Layout) -> Violation | None:
+    vpp = layout.vpp
+    if count is None or vpp is None or count % vpp == 0 or layout.pp == 1:
+        return None
+    return _violation(f"{which}_stage_layers_divisible_by_vpp", f"number of layers at {which} stage: {count} must be "
+                      f"divisible by virtual pipeline parallel degree {vpp}.",
+                      **{f"{which}_stage_layers": count, "vpp": vpp})
+
+
+def first_stage_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
+    return _stage_layers_divisible_by_vpp("first", layout.first_stage_layers, layout)
+
+
+def last_stage_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
+    return _stage_layers_divisible_by_vpp("last", layout.last_stage_layers, layout)
+
+
+def _split_text(layout: Layout) -> str:
+    return (f"num_layers_in_first_pipeline_stage {layout.first_stage_layers}, "
+            f"num_layers_in_last_pipeline_stage {layout.last_stage_layers}")
+
+
+def _middle(job: Job, layout: Layout) -> tuple[int, int]:
+    """(layers, stages) left for the middle stages once the first/last stage counts are taken."""
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    layers = job.model.num_layers - (first or 0) - (last or 0)
+    return layers, layout.pp - (first is not None) - (last is not None)
+
+
+def middle_stages_match(job: Job, layout: Layout) -> Violation | None:
+    """Middle stages and middle layers both present or both absent (PP 2 with first + last = num_layers)."""
+    if not _uneven(layout) or layout.embedding_loss_split or layout.pp == 1:
+        return None
+    layers, stages = _middle(job, layout)
+    if bool(layers) == bool(stages):
+        return None
+    return _violation("middle_stages_match", f"Mismatch: {layers} middle layers remaining but {stages} middle PP "
+                      f"stages available (num_layers {job.model.num_layers}, pipeline_model_parallel_size "
+                      f"{layout.pp}, {_split_text(layout)}).", num_layers=job.model.num_layers, pp=layout.pp, **_split_fields(layout))
+
+
+def middle_layers_divisible(job: Job, layout: Layout) -> Violation | None:
+    """The middle stages share the rest equally. Stricter than megatron-core for a negative rest (first + last
+    > num_layers), which its modulo lets through."""
+    if not _uneven(layout) or layout.embedding_loss_split or layout.pp == 1:
+        return None
+    layers, stages = _middle(job, layout)
+    if stages <= 0 or (layers >= 0 and layers % stages == 0):
+        return None
+    return _violation("middle_layers_divisible", f"number of layers at middle stage: {layers} must be divisible by "
+                      f"the middle pipeline model parallel size {stages} (num_layers {job.model.num_layers}, "
+                      f"pipeline_model_parallel_size {layout.pp}, {_split_text(layout)}).",
+                      num_layers=job.model.num_layers, pp=layout.pp, **_split_fields(layout))
+
+
+def middle_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
+    if not _uneven(layout) or layout.embedding_loss_split or layout.pp == 1 or layout.vpp is None:
+        return None
+    layers, stages = _middle(job, layout)
+    if stages <= 0 or layers < 0 or layers % stages or (layers // stages) % layout.vpp == 0:
+        return None  # middle_layers_divisible's violation
+    return _violation("middle_layers_divisible_by_vpp", f"number of layers on each middle pipeline rank: "
+                      f"{layers // stages} must be divisible by virtual pipeline parallel degree {layout.vpp} "
+                      f"(num_layers {job.model.num_layers}, pipeline_model_parallel_size {layout.pp}, "
+                      f"{_split_text(layout)}).",
+                      num_layers=job.model.num_layers, pp=layout.pp, vpp=layout.vpp, **_split_fields(layout))
+
+
+def embedding_loss_layers_divisible_by_pp(job: Job, layout: Layout) -> Violation | None:
+    """The embedding and the loss count as one layer each: (num_layers + 2) % PP == 0."""
+    if not layout.embedding_loss_split or _uneven(layout) or layout.pp == 1:
+        return None
+    layers = job.model.num_layers + 2
+    if layers % layout.pp == 0:
+        return None
+    return _violation("embedding_loss_layers_divisible_by_pp", f"num_layers: {layers} after enable "
+                      "account_for_embedding_in_pipeline_split or account_for_loss_in_pipeline_split must be "
+                      f"divisible by pipeline_model_parallel_size {layout.pp} (num_layers {job.model.num_layers}).",
+                      num_layers=job.model.num_layers, pp=layout.pp, embedding_loss_split=True)
+
+
+def embedding_loss_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
+    if not layout.embedding_loss_split or _uneven(layout) or layout.pp == 1 or layout.vpp is None:
+        return None
+    layers = job.model.num_layers + 2
+    if layers % layout.pp or (layers // layout.pp) % layout.vpp == 0:
+        return None
+    return _violation("embedding_loss_layers_divisible_by_vpp", f"number of layers on each pipeline rank: "
+                      f"{layers // layout.pp} (after enable account_for_embedding_in_pipeline_split or "
+                      "account_for_loss_in_pipeline_split) must be divisible by virtual_pipeline_model_parallel_size "
+                      f"{layout.vpp} (num_layers {job.model.num_layers}, pipeline_model_parallel_size {layout.pp}).",
+                      num_layers=job.model.num_layers, pp=layout.pp, vpp=layout.vpp,
+                      embedding_loss_split=True)
 
 
 def vpp_needs_pp(job: Job, layout: Layout) -> Violation | None:
@@ -271,6 +401,11 @@ def global_batch_divisible(job: Job, layout: Layout) -> Violation | None:
 
 _CORE = "megatron/core/"
 _DENSE = frozenset({"tp", "pp", "cp", "dp"})
+# the split fields are derived from (num_layers, PP, VPP) in the space (`layout.pipeline_split_for`)
+SPLIT_FIELDS: frozenset[str] = frozenset({"first_stage_layers", "last_stage_layers", "embedding_loss_split"})
+_SPLIT = SPLIT_FIELDS
+_PIPE = frozenset({"pp", "vpp"}) | SPLIT_FIELDS
+_UNEVEN = _CORE + "transformer/transformer_config.py (__post_init__, Uneven PP)"
 RULES: tuple[Rule, ...] = (
     Rule(name="world_size_divisible", reads=frozenset({"tp", "pp", "cp"}), check=world_size_divisible,
          source=_CORE + "parallel_state.py (initialize_model_parallel)"),
@@ -292,12 +427,27 @@ RULES: tuple[Rule, ...] = (
          source=_CORE + "utils.py (get_batch_on_this_cp_rank)"),
     Rule(name="sp_sequence_divisible", reads=frozenset({"tp", "cp", "sp"}), check=sp_sequence_divisible,
          source=_CORE + "tensor_parallel/mappings.py (_split_along_first_dim)"),
-    Rule(name="layers_divisible_by_pp", reads=frozenset({"pp"}), check=layers_divisible_by_pp,
-         source=_CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
     Rule(name="vpp_needs_pp", reads=frozenset({"pp", "vpp"}), check=vpp_needs_pp,
          source=_CORE + "parallel_state.py (initialize_model_parallel)"),
-    Rule(name="layers_divisible_by_vpp", reads=frozenset({"pp", "vpp"}), check=layers_divisible_by_vpp,
+    Rule(name="pipeline_split_exclusive", reads=_SPLIT, check=pipeline_split_exclusive,
+         source=_UNEVEN),
+    Rule(name="pipeline_split_needs_pp", reads=_PIPE, check=pipeline_split_needs_pp,
+         source=_CORE + "transformer/transformer_config.py (Uneven PP; autotune is stricter: it lets PP 1 through)"),
+    Rule(name="layers_divisible_by_pp", reads=_PIPE, check=layers_divisible_by_pp,
          source=_CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
+    Rule(name="layers_divisible_by_vpp", reads=_PIPE, check=layers_divisible_by_vpp,
+         source=_CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
+    Rule(name="first_stage_layers_divisible_by_vpp", reads=_PIPE, check=first_stage_layers_divisible_by_vpp,
+         source=_UNEVEN),
+    Rule(name="last_stage_layers_divisible_by_vpp", reads=_PIPE, check=last_stage_layers_divisible_by_vpp,
+         source=_UNEVEN),
+    Rule(name="middle_stages_match", reads=_PIPE, check=middle_stages_match, source=_UNEVEN),
+    Rule(name="middle_layers_divisible", reads=_PIPE, check=middle_layers_divisible, source=_UNEVEN),
+    Rule(name="middle_layers_divisible_by_vpp", reads=_PIPE, check=middle_layers_divisible_by_vpp, source=_UNEVEN),
+    Rule(name="embedding_loss_layers_divisible_by_pp", reads=_PIPE, check=embedding_loss_layers_divisible_by_pp,
+         source=_UNEVEN),
+    Rule(name="embedding_loss_layers_divisible_by_vpp", reads=_PIPE, check=embedding_loss_layers_divisible_by_vpp,
+         source=_UNEVEN),
     Rule(name="ep_needs_moe", reads=frozenset({"ep"}), check=ep_needs_moe,
          source=_CORE + "transformer/transformer_config.py (__post_init__)"),
     Rule(name="experts_divisible_by_ep", reads=frozenset({"ep"}), check=experts_divisible_by_ep,
@@ -324,6 +474,11 @@ def _require_positive(layout: Layout) -> None:
         value = getattr(layout, name)
         if value is not None and value <= 0:
             raise ValueError(f"`{name} > 0` (or unset) must hold, but got ({name}={value}).")
+    for name, megatron in (("first_stage_layers", "num_layers_in_first_pipeline_stage"),
+                           ("last_stage_layers", "num_layers_in_last_pipeline_stage")):
+        value = getattr(layout, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"{megatron} must be larger than 0, but got ({name}={value}).")
 
 
 def check(job: Job, layout: Layout, rules: tuple[Rule, ...] = RULES) -> tuple[Violation, ...]:

@@ -4,8 +4,9 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
 
     tp         divisors of the world; heads, query groups and FFN sizes allow it; inside one node by default
     cp         seq_length % (2*CP) == 0 and TP*CP divides the world
-    pp         divides world / (TP*CP) and num_layers              -> DP = world / (TP*CP*PP)
-    vpp        None, or v >= 2 with PP >= min_pp_for_vpp and num_layers % (PP*v) == 0
+    pp         divides world / (TP*CP), and some vpp below splits the layers  -> DP = world / (TP*CP*PP)
+    vpp        None, or v >= 2 with PP >= min_pp_for_vpp; num_layers % (PP*v) == 0 (even split) or else
+               `pipeline_split_for(num_layers, PP, v)` gives the one uneven split offered for (PP, VPP)
     ep         dense: 1. MoE: divides num_experts and TP*CP*DP      (EP*ETP inside one node by default)
     etp        dense: None (= TP). MoE: explicit, EP*ETP divides TP*CP*DP; 1 when the model has biases
     mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
@@ -21,6 +22,9 @@ reaches a dead end. The search driver builds its Optuna space like this:
     for name in DIMENSIONS:
         values[name] = trial.suggest_categorical(param_name, space.choices(name, values))
     layout = space.layout(values)
+
+The uneven split (first_stage_layers / last_stage_layers / embedding_loss_split) is not a dimension:
+it is fully determined by (num_layers, PP, VPP), so `layout(values)` adds it (`pipeline_fields`).
 
 (Optuna wants a fixed choice list per parameter name, so `param_name` should carry the prefix the
 choices depend on, e.g. `space.param_name(name, values)`.)
@@ -41,11 +45,12 @@ from functools import lru_cache
 from math import prod
 
 from search_spaces.job import Job
-from search_spaces.layout import RECOMPUTE_CHOICES, Layout
-from search_spaces.rules import RULES, Rule, Violation
+from search_spaces.layout import RECOMPUTE_CHOICES, Layout, pipeline_split_for
+from search_spaces.rules import RULES, SPLIT_FIELDS, Rule, Violation
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
-           "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules"]
+           "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
+           "pipeline_fields", "vpp_values"]
 
 DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "dist_opt", "recompute")
 SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:8]  # dist_opt and recompute are free: no rule reads them
@@ -151,11 +156,13 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     """The naive per-dimension ranges whose product is the candidate set of `rejections`.
 
     tp, cp, pp (and ep, etp for MoE): divisors of the world size (under the max_* caps);
-    vpp: None or a divisor >= 2 of num_layers; dense models do not search ep (1) or etp (None).
+    vpp: None or a v >= 2 that splits the layers, evenly or unevenly, for some PP >= 2 of that range (`vpp_values`);
+    dense models do not search ep (1) or etp (None).
     """
     world, moe = job.world_size, job.model.is_moe
     world_divisors = divisors(world)
-    vpps = tuple(v for v in divisors(job.model.num_layers) if v >= 2)
+    pps = [pp for pp in _capped(world_divisors, options.max_pp) if pp >= 2]
+    vpps = tuple(sorted({v for pp in pps for v in vpp_values(job.model.num_layers, pp) if v is not None}))
     return {
         "tp": _capped(world_divisors, options.max_tp),
         "cp": _capped(world_divisors, options.max_cp),
@@ -168,6 +175,25 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
         "dist_opt": tuple(options.dist_opt),
         "recompute": tuple(options.recompute),
     }
+
+
+def pipeline_fields(num_layers: int, pp: int, vpp: int | None) -> dict[str, object]:
+    """The split fields of (PP, VPP): {} when num_layers splits evenly (or nothing splits: the rules say
+    why), else the one uneven split `pipeline_split_for` offers."""
+    if num_layers % (pp * (vpp or 1)) == 0:
+        return {}
+    return pipeline_split_for(num_layers, pp, vpp or 1) or {}
+
+
+def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2) -> list[int | None]:
+    """VPP options of one PP whose layers split, evenly or by `pipeline_split_for` (None: no interleaving)."""
+    def splits(v: int) -> bool:
+        return num_layers % (pp * v) == 0 or pipeline_split_for(num_layers, pp, v) is not None
+    out: list[int | None] = [None] if splits(1) else []
+    if pp >= max(2, min_pp_for_vpp):
+        # a chunk holds at least one layer: v <= (num_layers + 2) / PP
+        out += [v for v in range(2, (num_layers + 2) // pp + 1) if splits(v)]
+    return out
 
 
 # --- direct construction ---------------------------------------------------------------------------
@@ -197,12 +223,8 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
             if not sps:
                 continue
             for pp in _capped(divisors(world // (tp * cp)), options.max_pp):
-                if layers % pp:
-                    continue
                 dp = world // (tp * cp * pp)
-                vpps = [None] if pp < options.min_pp_for_vpp else \
-                    [None] + [v for v in divisors(layers // pp) if v >= 2]
-                for vpp in _capped_vpp(vpps, options.max_vpp):
+                for vpp in _capped_vpp(_vpp_options(layers, pp, options), options.max_vpp):
                     for ep, etp in _expert_values(job, options, tp * cp * dp):
                         for mbs in options.micro_batch_sizes:
                             if gbs % (mbs * dp):
@@ -213,7 +235,12 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
                                 yield (tp, cp, pp, vpp, ep, etp, mbs, sp)
 
 
-def _capped_vpp(vpps: list, cap: int | None) -> list:
+@lru_cache(maxsize=256)
+def _vpp_options(layers: int, pp: int, options: SpaceOptions) -> tuple[int | None, ...]:
+    return tuple(vpp_values(layers, pp, options.min_pp_for_vpp))
+
+
+def _capped_vpp(vpps: tuple, cap: int | None) -> list:
     return vpps if cap is None else [v for v in vpps if v is None or v <= cap]
 
 
@@ -314,7 +341,8 @@ class FeasibleSpace:
 def _layout(job: Job, shape: tuple, dist_opt: object, recompute: object) -> Layout:
     tp, cp, pp, vpp, ep, etp, mbs, sp = shape
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
-                  dist_opt=dist_opt, recompute=recompute)  # type: ignore[arg-type]
+                  dist_opt=dist_opt, recompute=recompute,  # type: ignore[arg-type]
+                  **pipeline_fields(job.model.num_layers, pp, vpp))  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=32)
@@ -358,7 +386,7 @@ def rejections(job: Job, options: SpaceOptions = SpaceOptions()) -> SpaceReport:
     assigned: set[str] = set()
     due: list[tuple[Rule, ...]] = []  # rules that become checkable at each dimension
     for name in DIMENSIONS:
-        assigned |= {name, "dp"} if name == "pp" else {name}
+        assigned |= {name, "dp"} if name == "pp" else SPLIT_FIELDS | {name} if name == "vpp" else {name}
         due.append(tuple(r for r in rules if r.reads <= assigned and r not in sum(due, ())))
     last = max(i for i, d in enumerate(due) if d)
     counts = dict.fromkeys([r.name for r in rules], 0)
@@ -373,6 +401,8 @@ def rejections(job: Job, options: SpaceOptions = SpaceOptions()) -> SpaceReport:
                 if name == "pp":
                     model_size = values["tp"] * values["cp"] * value
                     values["dp"] = world // model_size if world % model_size == 0 else 1
+                if name == "vpp":
+                    values.update(pipeline_fields(job.model.num_layers, values["pp"], value))
                 broken = _first_broken(job, due[i], values)
                 if broken is None:
                     survivors.append(values)

@@ -99,6 +99,28 @@ BROKEN = [
     (GQA12, 16, 8, 4096, 256, "pp=8", "layers_divisible_by_pp"),  # 12 % 8 = 4
     (GQA12, 16, 8, 4096, 256, "pp=2,vpp=4", "layers_divisible_by_vpp"),  # 12 / 2 = 6, 6 % 4 = 2
     (GQA12, 16, 8, 4096, 256, "pp=1,vpp=2", "vpp_needs_pp"),
+    # uneven pipeline split, 12 layers (megatron-core transformer_config.py, "Uneven PP")
+    (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=6,embedding_loss_split=true", "pipeline_split_exclusive"),
+    (GQA12, 16, 8, 4096, 256, "pp=1,first_stage_layers=12", "pipeline_split_needs_pp"),  # megatron: a no-op
+    (GQA12, 16, 8, 4096, 256, "pp=1,embedding_loss_split=true", "pipeline_split_needs_pp"),
+    (GQA12, 12, 4, 4096, 24, "pp=3,vpp=5,first_stage_layers=2,last_stage_layers=5",
+     "first_stage_layers_divisible_by_vpp"),  # 2 % 5 = 2; middle 12 - 2 - 5 = 5 on 1 stage, 5 % 5 = 0
+    (GQA12, 12, 4, 4096, 24, "pp=3,vpp=5,first_stage_layers=5,last_stage_layers=2",
+     "last_stage_layers_divisible_by_vpp"),
+    (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=5,last_stage_layers=5",
+     "middle_stages_match"),  # 12 - 5 - 5 = 2 layers left, 0 middle stages
+    (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=5", None),  # 7 layers on the 1 stage left
+    (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=5,last_stage_layers=7", None),  # 0 layers, 0 stages
+    (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=2", "middle_layers_divisible"),  # 10 % 3 = 1
+    (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=9,last_stage_layers=9", "middle_layers_divisible"),  # -6
+    (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=3", None),  # 12 - 3 = 9 on 3 stages: 3 each
+    (GQA12, 16, 8, 4096, 256, "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=4",
+     "middle_layers_divisible_by_vpp"),  # (12 - 2 - 4) / 2 = 3 per middle stage, 3 % 2 = 1
+    (GQA12, 16, 8, 4096, 256, "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=2", None),  # 8 / 2 = 4
+    (GQA12, 16, 8, 4096, 256, "pp=4,embedding_loss_split=true", "embedding_loss_layers_divisible_by_pp"),  # 14 % 4
+    (GQA12, 16, 8, 4096, 256, "pp=2,embedding_loss_split=true", None),  # (12 + 2) / 2 = 7
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=2,embedding_loss_split=true",
+     "embedding_loss_layers_divisible_by_vpp"),  # 14 / 2 = 7, 7 % 2 = 1
     (GQA12, 16, 8, 4096, 8, "pp=4,vpp=3", "vpp_microbatches"),  # M = 8 / (1 * 4) = 2 < PP = 4
     (GQA12, 16, 8, 4096, 24, "pp=4,vpp=3", "vpp_microbatches"),  # M = 24 / 4 = 6, 6 % 4 = 2
     (GQA12, 16, 8, 4096, 32, "pp=4,vpp=3", None),  # M = 32 / 4 = 8, 8 % 4 = 0
@@ -165,6 +187,20 @@ def test_unset_etp_means_tp() -> None:
     job = make_job("tiny-moe", 8)
     assert rules_broken(job, "tp=2,sp=true,ep=4") == set()
     assert rules_broken(job, "tp=2,sp=true,ep=4,etp=4") == {"expert_world_size_divisible"}
+
+
+@pytest.mark.parametrize(("model", "world", "text"), [
+    ("deepseek-v3", 2048, "tp=2,pp=16,ep=64,sp=true,first_stage_layers=3,last_stage_layers=2"),  # 3 + 14*4 + 2
+    ("llama3.1-405b", 512, "tp=8,pp=8,vpp=8,sp=true,embedding_loss_split=true"),  # (126 + 2) / 8 = 16 = 8 * 2
+    ("qwen3-235b", 256, "tp=4,pp=8,vpp=4,ep=8,sp=true,embedding_loss_split=true"),  # (94 + 2) / 8 = 12 = 4 * 3
+])
+def test_published_uneven_recipes_are_valid(model, world, text) -> None:
+    assert rules_broken(make_job(model, world, gbs=1024), text) == set()
+
+
+def test_split_layer_counts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="num_layers_in_first_pipeline_stage must be larger than 0"):
+        check(make_job(GQA12, 16), Layout(pp=2, dp=8, first_stage_layers=0))
 
 
 def test_non_positive_sizes_are_bad_input() -> None:

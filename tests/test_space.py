@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -9,10 +10,13 @@ import pytest
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, MoESpec
-from search_spaces.rules import RULES, check
+from search_spaces.rules import RULES, SPLIT_FIELDS, check
 from search_spaces.space import (DIMENSIONS, SHAPE_DIMENSIONS, SpaceOptions, dimension_ranges, feasible_layouts,
-                                 feasible_space, rejections, space_rules)
+                                 feasible_space, pipeline_fields, rejections, space_rules)
 from test_rules import GQA12, MOE6, MOE_BIAS, make_job
+
+# 14 layers: PP 4 splits (14 + 2) / 4 = 4 with embedding_loss_split; PP 3: 5 + 5 + 4; PP 6: 1 + 4*3 + 1
+GQA14 = dataclasses.replace(GQA12, name="gqa14", num_layers=14)
 
 SMALL = SpaceOptions(micro_batch_sizes=(1, 2), recompute=("none",), dist_opt=(False,))
 WIDE = SpaceOptions(micro_batch_sizes=(1, 4), recompute=("full",), dist_opt=(True,), tp_within_node=False,
@@ -25,6 +29,7 @@ SMALL_JOBS = [
     (GQA12, 12, 4, 4104, 24),
     (MOE6, 12, 4, 96, 24),
     (MOE_BIAS, 8, 8, 64, 16),
+    (GQA14, 12, 4, 4104, 48),
 ]
 
 
@@ -34,8 +39,8 @@ def _job(spec):
 
 
 def _level(rule) -> int:
-    """The dimension at which a rule becomes checkable (dp is known once pp is)."""
-    reads = {"pp" if name == "dp" else name for name in rule.reads}
+    """The dimension at which a rule becomes checkable (dp is known once pp is, the split once vpp is)."""
+    reads = {"pp" if name == "dp" else "vpp" if name in SPLIT_FIELDS else name for name in rule.reads}
     return max(DIMENSIONS.index(name) for name in reads)
 
 
@@ -48,7 +53,7 @@ def _brute_force(job, options):
         d = dict(zip(ranges, values))
         model_size = d["tp"] * d["cp"] * d["pp"]
         d["dp"] = job.world_size // model_size if job.world_size % model_size == 0 else 1
-        layout = Layout(**d)
+        layout = Layout(**d, **pipeline_fields(job.model.num_layers, d["pp"], d["vpp"]))
         broken = next((r.name for r in rules if r.check(job, layout)), None)
         if broken is None:
             valid.add(layout)
@@ -212,3 +217,34 @@ def test_mixture_of_dense_first_layers_keeps_dense_ffn_rule() -> None:
     # dense ffn 100 % 8 = 4: TP 8 is not offered, TP 4 is
     tps = {x.tp for x in feasible_layouts(make_job(model, 8, seq=64, gbs=16))}
     assert 4 in tps and 8 not in tps
+
+
+# --- uneven pipeline splits (layout.pipeline_split_for) ---------------------------------------------
+@pytest.mark.parametrize(("model", "world", "pp", "vpp", "fields"), [
+    ("deepseek-v3", 2048, 16, None, {"first_stage_layers": 3, "last_stage_layers": 2}),  # 3 + 14 * 4 + 2 = 61
+    ("llama3.1-405b", 512, 8, 8, {"embedding_loss_split": True}),  # (126 + 2) / (8 * 8) = 2
+    ("qwen3-235b", 256, 8, 4, {"embedding_loss_split": True}),  # (94 + 2) / (8 * 4) = 3
+    ("llama3-70b", 64, 8, 2, {}),  # 80 / (8 * 2) = 5: even
+])
+def test_published_recipes_are_in_the_space_with_their_split(model, world, pp, vpp, fields) -> None:
+    job = make_job(model, world, gbs=1024)
+    space = feasible_space(job)
+    layouts = [x for x in space.layouts() if x.pp == pp and x.vpp == vpp]
+    assert layouts and all(check(job, x) == () for x in layouts[:: max(1, len(layouts) // 50)])
+    assert {(x.first_stage_layers, x.last_stage_layers, x.embedding_loss_split) for x in layouts} == {
+        (fields.get("first_stage_layers"), fields.get("last_stage_layers"), fields.get("embedding_loss_split", False))}
+
+
+def test_layout_of_values_adds_the_split() -> None:
+    # 14 layers on PP 4: (14 + 2) / 4 = 4 per stage with the embedding and the loss counted as layers
+    space = feasible_space(_job(SMALL_JOBS[-1]), SMALL)
+    values = dict(tp=1, cp=1, pp=4, vpp=None, ep=1, etp=None, mbs=1, sp=False, dist_opt=False, recompute="none")
+    layout = space.layout(values)
+    assert layout.embedding_loss_split and layout.stage_layer_counts(14) == (3, 4, 4, 3)
+
+
+def test_no_split_means_no_such_pp() -> None:
+    # 14 layers on PP 12: even fails, (14 + 2) % 12 = 4, and 12 stages of >= 2 layers need 24: PP 12 not offered
+    space = feasible_space(_job(SMALL_JOBS[-1]), SMALL)
+    assert 12 not in space.choices("pp", {"tp": 1, "cp": 1})
+    assert 4 in space.choices("pp", {"tp": 1, "cp": 1})
