@@ -17,7 +17,26 @@ from test_rules import make_job
 MEGATRON_KEYS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
                  "sequence_parallel", "micro_batch_size", "use_distributed_optimizer", "recompute_granularity",
-                 "dp", "expert_dp"}
+                 "dp", "expert_dp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"}
+
+
+def _layers_split(obj: dict, num_layers: int) -> bool:
+    """megatron-core's pipeline split arithmetic (transformer_config.py "Uneven PP", transformer_block.py)."""
+    pp, v = obj["pipeline_model_parallel_size"], obj["virtual_pipeline_model_parallel_size"] or 1
+    first, last = obj["num_layers_in_first_pipeline_stage"], obj["num_layers_in_last_pipeline_stage"]
+    extra = obj["account_for_embedding_in_pipeline_split"] + obj["account_for_loss_in_pipeline_split"]
+    if first is None and last is None and not extra:
+        return num_layers % (pp * v) == 0
+    if pp == 1 or (extra and (first or last)):
+        return False
+    if extra:
+        return (num_layers + extra) % (pp * v) == 0
+    ends = [n for n in (first, last) if n is not None]
+    middle_layers, middle_stages = num_layers - sum(ends), pp - len(ends)
+    if any(n <= 0 or n % v for n in ends) or middle_layers < 0 or bool(middle_layers) != bool(middle_stages):
+        return False
+    return middle_stages == 0 or middle_layers % (middle_stages * v) == 0
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -39,7 +58,7 @@ def _independently_valid(obj: dict, model, world: int, gpus_per_node: int, seq: 
         "expert grid": tp * cp * dp == ep * etp * edp,
         "heads": model.num_attention_heads % tp == 0,
         "groups": groups % tp == 0 or tp % groups == 0,
-        "layers": model.num_layers % (pp * (vpp or 1)) == 0,
+        "layers": _layers_split(obj, model.num_layers),
         "vpp": vpp is None or (pp > 1 and (gbs // (mbs * dp)) % pp == 0),
         "cp": cp == 1 or seq % (2 * cp) == 0,
         "sp": (not sp or (tp > 1 and (seq // cp) % tp == 0)) and (model.moe is None or tp == 1 or sp),
@@ -87,6 +106,35 @@ def test_allow_cross_node_tp_widens_the_space(capsys) -> None:
     tps = {json.loads(line)["tensor_model_parallel_size"] for line in out.splitlines()}
     wide_tps = {json.loads(line)["tensor_model_parallel_size"] for line in wide.splitlines()}
     assert max(tps) == 8 and max(wide_tps) == 16  # 16 heads, 2 nodes of 8
+
+
+@pytest.mark.parametrize(("model", "nodes", "pp", "vpp"), [
+    ("deepseek-v3", 256, 16, None),  # 61 layers: 3 + 14 x 4 + 2
+    ("llama3.1-405b", 64, 8, 8),  # 126 + 2 = 128 = 8 x 8 x 2
+    pytest.param("qwen3-235b", 32, 8, 4, marks=pytest.mark.slow),  # 94 + 2 = 96 = 8 x 4 x 3; 127k lines
+])
+def test_space_json_offers_the_published_uneven_splits(capsys, model, nodes, pp, vpp) -> None:
+    code, out, _ = _run(capsys, "space", "--model", model, "--nodes", str(nodes), "--global-batch-size", "1024",
+                        "--micro-batch-sizes", "1", "--json")
+    lines = [json.loads(line) for line in out.splitlines()]
+    picked = [o for o in lines if o["pipeline_model_parallel_size"] == pp
+              and o["virtual_pipeline_model_parallel_size"] == vpp]
+    assert code == 0 and picked
+    spec = get_model(model)
+    for obj in picked[:: max(1, len(picked) // 20)]:
+        assert _independently_valid(obj, spec, nodes * 8, 8, 4096, 1024) == [], obj
+    assert all(o["num_layers_in_first_pipeline_stage"] or o["account_for_embedding_in_pipeline_split"] for o in picked)
+
+
+def test_check_deepseek_v3_pp16_uneven_split(capsys) -> None:
+    layout = "tp=2,pp=16,ep=64,sp=true,first_stage_layers=3,last_stage_layers=2"
+    code, out, _ = _run(capsys, "check", "--model", "deepseek-v3", "--nodes", "256", "--layout", layout, "--json")
+    obj = json.loads(out)
+    assert code == 0 and obj["valid"] and obj["stage_layers"] == [3] + [4] * 14 + [2]  # 3 + 56 + 2 = 61
+    assert obj["layout"]["num_layers_in_first_pipeline_stage"] == 3
+    code, out, _ = _run(capsys, "check", "--model", "deepseek-v3", "--nodes", "256", "--layout",
+                        "tp=2,pp=16,ep=64,sp=true", "--json")
+    assert code == 1 and {v["rule"] for v in json.loads(out)["violations"]} == {"layers_divisible_by_pp"}
 
 
 def test_list_models(capsys) -> None:

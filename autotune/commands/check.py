@@ -22,6 +22,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def stage_layers_text(layout, num_layers: int) -> str:
+    """Transformer layers per pipeline stage, runs compressed: `3, 4 x 14, 2` (DeepSeek-V3 on PP 16)."""
+    runs: list[list[int]] = []
+    for count in layout.stage_layer_counts(num_layers):
+        if runs and runs[-1][0] == count:
+            runs[-1][1] += 1
+        else:
+            runs.append([count, 1])
+    return ", ".join(str(c) if n == 1 else f"{c} x {n}" for c, n in runs)
+
+
 def notes(job, layout) -> list[str]:
     """Facts worth saying about a layout that are not violations (search-space choices, derived sizes)."""
     out = []
@@ -38,6 +49,7 @@ def check_object(job, layout, violations) -> dict[str, object]:
     return {
         "valid": not violations,
         "layout": layout.to_megatron(),
+        "stage_layers": list(layout.stage_layer_counts(job.model.num_layers)),
         "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message} for v in violations],
         "notes": notes(job, layout),
     }
@@ -76,6 +88,8 @@ def _print_rich(job, layout, violations) -> None:
             facts.append(f"expert DP {layout.expert_dp}")
             facts.append(f"{job.model.moe.num_experts // layout.ep} experts per GPU")
         facts.append(f"{layout.num_microbatches(job.training.global_batch_size)} micro-batches per step")
+        if layout.pp > 1:
+            facts.append(f"layers per stage {stage_layers_text(layout, job.model.num_layers)}")
         console.print(f"[green]valid[/green]: {', '.join(facts)}")
     for note in notes(job, layout):
         console.print(f"  note: {escape(note)}")

@@ -3,7 +3,9 @@
 Prints the number of valid layouts, how many candidates of the naive product each rule removed (each
 candidate counted against the first rule it breaks, see `search_spaces/space.py`), and an evenly
 spread sample. With --json: one JSON object per line per valid layout, megatron-core field names as
-keys plus `dp` and `expert_dp`. `--list-models` prints the catalog names.
+keys plus `dp` and `expert_dp` (the uneven pipeline split as `num_layers_in_first_pipeline_stage`,
+`num_layers_in_last_pipeline_stage`, `account_for_embedding_in_pipeline_split`,
+`account_for_loss_in_pipeline_split`). `--list-models` prints the catalog names.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch-sizes", type=_int_list, default=None, metavar="LIST",
                    help="micro-batch sizes to search, e.g. 1,2 (default 1,2,4,8)")
     g.add_argument("--max-vpp", type=int, default=None, metavar="N",
-                   help="largest virtual pipeline size to search (default: every one that divides the layers)")
+                   help="largest virtual pipeline size to search (default: every one that splits the layers, "
+                        "evenly or by the one uneven split offered)")
     g.add_argument("--min-pp-for-vpp", type=int, default=None, metavar="N",
                    help="interleave only when PP >= N (default 2, megatron-core; Megatron-LM without "
                         "--overlap-p2p-comm wants 3)")
@@ -119,10 +122,14 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
     if not chosen:
         return
     table = Table(title=f"sample of {len(chosen)} layouts")
-    for name in ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "mbs", "sp", "dist_opt", "recompute"):
+    from autotune.commands.check import stage_layers_text
+
+    for name in ("tp", "cp", "pp", "vpp", "layers/stage", "ep", "etp", "dp", "edp", "mbs", "sp", "dist_opt",
+                 "recompute"):
         table.add_column(name, justify="right")
     for layout in chosen:
-        table.add_row(*(str(v) for v in (layout.tp, layout.cp, layout.pp, layout.vpp or "-", layout.ep,
+        table.add_row(*(str(v) for v in (layout.tp, layout.cp, layout.pp, layout.vpp or "-",
+                                          stage_layers_text(layout, job.model.num_layers), layout.ep,
                                           layout.etp if layout.etp is not None else "-", layout.dp, layout.expert_dp,
                                           layout.mbs, str(layout.sp).lower(), str(layout.dist_opt).lower(),
                                           layout.recompute)))
