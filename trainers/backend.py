@@ -29,7 +29,10 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from trainers.proxy import ProxyPlan, plan_proxy
 
-__all__ = ["MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups", "expert_folding_violation"]
+__all__ = [
+    "MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups", "expert_folding_violation",
+    "analytic_proxy_memory", "proxy_memory_assumptions",
+]
 
 WORKER_RSS_BYTES = 700 * 1024**2  # one worker with torch + megatron-core and a tiny model, with headroom
 MAX_CPU_WORKERS = 8
@@ -91,11 +94,15 @@ class MegatronBackend:
     precision: Literal["bf16", "fp32"] = "bf16"
     cpus_per_worker: float = 0.0  # CPU reserved per worker actor (0: do not compete with Tune trials)
     microbatches: int | None = None  # per step on the proxy; None: the layout's own, capped (see proxy)
+    proxy_layers_per_virtual_stage: int = 1
+    proxy_seq_length: int = 64
     ray_temp_dir: str | None = None
 
     def plan(self, job: Job, layout: Layout, *, use_gpu: bool, max_workers: int) -> ProxyPlan:
         return plan_proxy(job.model, layout, job.training, max_workers=max_workers,
-                          scale_model=not use_gpu, microbatches=self.microbatches)
+                          scale_model=not use_gpu, microbatches=self.microbatches,
+                          layers_per_virtual_stage=self.proxy_layers_per_virtual_stage,
+                          seq_length=self.proxy_seq_length)
 
     def job_config(self, plan: ProxyPlan) -> Any:
         from trainers.megatron_job import JobConfig
@@ -160,22 +167,36 @@ def _group_mismatch(ranks: list[dict[str, Any]], layout: Layout) -> str:
     return ""
 
 
-def _analytic_memory(plan: ProxyPlan) -> dict[str, float]:
-    """The analytic memory model evaluated on the proxy's own shape (for term-by-term comparison)."""
+def proxy_memory_assumptions() -> Any:
+    """The analytic model's assumptions as the CPU proxy runs: local (unfused) attention, no dropout."""
+    from dataclasses import fields
+
+    from autotune.memory import DEFAULT_ASSUMPTIONS
+
+    wanted = {"flash_attention": False, "dropout": False, "attention_score_bytes": 6.0}
+    names = {f.name for f in fields(DEFAULT_ASSUMPTIONS)}
+    return replace(DEFAULT_ASSUMPTIONS, **{k: v for k, v in wanted.items() if k in names})
+
+
+def analytic_proxy_memory(plan: ProxyPlan, *, per_stage: bool = False) -> Any:
+    """The analytic memory model on the proxy's own shape and layout (term-by-term comparison).
+
+    Returns {term: bytes} for the heaviest stage, or a list of them by stage with `per_stage`;
+    empty when the memory model is not importable or fails (the comparison is optional)."""
     try:
-        from autotune.memory import estimate_memory
-        from search_spaces.cluster import ClusterSpec
+        from autotune.memory import estimate_memory, estimate_memory_per_stage
         from search_spaces.gpus import build_cluster
-    except ImportError:
-        return {}
-    try:
-        cluster: ClusterSpec = build_cluster(nodes=1, gpus_per_node=plan.world_size)
+
+        cluster = build_cluster(nodes=1, gpus_per_node=plan.world_size)
         proxy_job = Job(model=plan.model, cluster=cluster, training=plan.training)
-        est = estimate_memory(proxy_job, plan.layout)
-    except Exception:  # noqa: BLE001 - the comparison is optional
-        return {}
-    return {"weights": est.weights_bytes, "gradients": est.gradients_bytes, "optimizer": est.optimizer_bytes,
-            "activations": est.activations_bytes}
+        assumptions = proxy_memory_assumptions()
+        estimates = (estimate_memory_per_stage(proxy_job, plan.layout, assumptions) if per_stage
+                     else (estimate_memory(proxy_job, plan.layout, assumptions),))
+    except Exception:  # noqa: BLE001
+        return [] if per_stage else {}
+    terms = [{"stage": e.stage, "weights": e.weights_bytes, "gradients": e.gradients_bytes,
+              "optimizer": e.optimizer_bytes, "activations": e.activations_bytes} for e in estimates]
+    return terms if per_stage else terms[0]
 
 
 def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, source: str,
@@ -193,8 +214,9 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
     steps = _step_times(ranks)
     heaviest = max(ranks, key=lambda r: r["memory"].get("allocator_peak", r["memory"]["total"]))
     extra.update(groups=ranks[0]["groups"], losses=losses, step_times_s=steps,
-                 memory_per_rank=[{"rank": r["rank"], **r["memory"]} for r in ranks],
-                 build_s=max(r["build_s"] for r in ranks), analytic_proxy_memory=_analytic_memory(plan))
+                 memory_per_rank=[{"rank": r["rank"], "pp_rank": r["pp_rank"], **r["memory"]} for r in ranks],
+                 build_s=max(r["build_s"] for r in ranks), job_s=max(r.get("job_s", 0.0) for r in ranks),
+                 analytic_proxy_memory=analytic_proxy_memory(plan))
     status, reason = "ok", _group_mismatch(ranks, plan.layout)
     if reason:
         status = "failed"

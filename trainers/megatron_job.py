@@ -364,6 +364,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
         except (AssertionError, ValueError, NotImplementedError) as e:
             raise JobRejected(f"{type(e).__name__}: {e}") from e
         result["build_s"] = build_s
+        result["job_s"] = time.perf_counter() - t0  # build + every step + measuring, on this rank
         del chunks, optimizer
     return result
 

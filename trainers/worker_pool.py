@@ -152,7 +152,7 @@ def _make_pool_class() -> Any:
                 ray.get(pg.ready(), timeout=timeout_s)
             workers = []
             for rank in range(world):
-                opts = dict(options)
+                opts = dict(options, scheduling_strategy="DEFAULT")
                 if pg is not None:
                     opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                         placement_group=pg, placement_group_bundle_index=rank)
@@ -239,8 +239,10 @@ def _get_pool() -> Any:
         return ray.get_actor(POOL_NAME, namespace=POOL_NAMESPACE)
     except ValueError:
         cls = _make_pool_class()
-        return cls.options(name=POOL_NAME, namespace=POOL_NAMESPACE, lifetime="detached",
-                           get_if_exists=True, runtime_env=_runtime_env()).remote()
+        # "DEFAULT" scheduling: a Tune trial's placement group captures child actors by default, and
+        # removing that group at the trial's end would kill the pool with it.
+        return cls.options(name=POOL_NAME, namespace=POOL_NAMESPACE, lifetime="detached", get_if_exists=True,
+                           runtime_env=_runtime_env(), scheduling_strategy="DEFAULT").remote()
 
 
 def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
