@@ -21,6 +21,12 @@ and M % PP not in (0, PP)). `data_parallel_size_matches` has no megatron counter
 derives DP itself), so sampled layouts always carry the derived DP. MLA models (DeepSeek) are not
 sampled: the local layer spec cannot build MLA attention without TransformerEngine in 0.16.1
 (`DotProductAttention` has no `k_channels`); their rules are the same heads-vs-TP rules as MHA.
+
+Uneven pipeline splits (first/last stage layers, the embedding/loss split) are checked by step 1
+(`transformer_config.py`, "Uneven PP") and step 3 (`get_num_layers_to_build`); the random sample
+derives them as the space does (`space.pipeline_fields`), hand-picked layouts break each rule.
+`pipeline_split_needs_pp` and a negative middle are stricter than megatron-core, which accepts
+them (`test_stricter_than_megatron_core`, `STRICTER`).
 """
 
 from __future__ import annotations
@@ -34,22 +40,45 @@ import pytest
 
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.rules import RULE_NAMES, check
-from search_spaces.space import SpaceOptions, dimension_ranges, feasible_space
+from search_spaces.space import SpaceOptions, dimension_ranges, feasible_space, pipeline_fields
 from test_rules import GQA12, GQA12_FFN198, MOE6, MOE_BIAS, make_job
+
+# 14 layers: PP 4 takes the embedding/loss split ((14 + 2) / 4), PP 3 is 5 + 5 + 4, PP 6 is 1 + 4 x 3 + 1
+GQA14 = dataclasses.replace(GQA12, name="gqa14", num_layers=14)
 
 pytestmark = pytest.mark.slow
 
 SEARCHED = SpaceOptions(tp_within_node=False, expert_within_node=False, micro_batch_sizes=(1, 2, 4))
 # (model, world, gpus per node, seq, gbs, hand-picked layouts besides the random sample)
 JOBS = [
-    (GQA12_FFN198, 12, 4, 36, 24, ("ep=2", "tp=12", "pp=1,vpp=2", "pp=3,vpp=2,mbs=2")),
+    (GQA12_FFN198, 12, 4, 36, 24, ("ep=2", "tp=12", "pp=1,vpp=2", "pp=3,vpp=2,mbs=2",
+                                   "pp=3,vpp=5,first_stage_layers=2,last_stage_layers=5",  # 2 % 5
+                                   "pp=3,vpp=5,first_stage_layers=5,last_stage_layers=2")),
     (MOE6, 8, 4, 64, 16, ("tp=2,ep=2,etp=1", "pp=2,vpp=2,ep=2,etp=1,mbs=4")),
     (MOE_BIAS, 8, 8, 64, 16, ("tp=2,sp=true,ep=2", "tp=2,sp=true,ep=2,etp=1")),
     ("tiny-moe", 16, 8, 48, 32, ("tp=2,cp=3,sp=true", "tp=4,cp=2,sp=true,ep=2,etp=1", "pp=4,vpp=2,mbs=2")),
     # heads 12 vs TP 8 and 16; 12 layers vs PP 8; SP: 68 / CP 2 = 34 tokens, 34 % TP 4 = 2
-    (GQA12, 16, 8, 68, 32, ("tp=8", "tp=16", "pp=8", "tp=4,cp=2,sp=true", "tp=4,cp=2")),
+    (GQA12, 16, 8, 68, 32, ("tp=8", "tp=16", "pp=8", "tp=4,cp=2,sp=true", "tp=4,cp=2",
+                            # uneven PP on 12 layers: exclusive; PP 1 with a mismatch; 2 left for 0 stages;
+                            # 10 % 3; 3 per middle stage vs VPP 2; 14 % 4; 14 / 2 = 7 vs VPP 2; then accepted
+                            "pp=2,first_stage_layers=6,embedding_loss_split=true", "pp=1,first_stage_layers=5",
+                            "pp=2,first_stage_layers=5,last_stage_layers=5", "pp=4,first_stage_layers=2",
+                            "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=4", "pp=4,embedding_loss_split=true",
+                            "pp=2,vpp=2,embedding_loss_split=true", "pp=2,first_stage_layers=5",
+                            "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=2", "pp=2,embedding_loss_split=true")),
+    (GQA14, 12, 4, 36, 48, ("pp=4,embedding_loss_split=true", "pp=4,vpp=2,embedding_loss_split=true",
+                            "pp=3,first_stage_layers=5,last_stage_layers=4", "pp=6,first_stage_layers=1,last_stage_layers=1",
+                            "pp=3,first_stage_layers=3", "pp=4")),
 ]
 N_ACCEPTED, PER_RULE = 8, 2
+# accepted by megatron-core 0.16.1, rejected here (model, world, layout, our rule): PP 1 has nothing to split
+# (megatron builds all 12 layers, or, with first + last, only the last stage's 3); first + last > num_layers
+STRICTER = [
+    (GQA12, 16, "pp=1,first_stage_layers=12", "pipeline_split_needs_pp"),
+    (GQA12, 16, "pp=1,embedding_loss_split=true", "pipeline_split_needs_pp"),
+    (GQA12, 16, "pp=1,first_stage_layers=5,last_stage_layers=3", "pipeline_split_needs_pp"),
+    (GQA12, 16, "pp=4,first_stage_layers=9,last_stage_layers=9", "middle_layers_divisible"),  # -6 % 2 == 0
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +112,10 @@ def _config_kwargs(mc, job, layout: Layout) -> dict:
         recompute_granularity=None if layout.recompute == "none" else layout.recompute,
         recompute_method="uniform" if layout.recompute == "full" else None,
         recompute_num_layers=1 if layout.recompute == "full" else None,
+        num_layers_in_first_pipeline_stage=layout.first_stage_layers,
+        num_layers_in_last_pipeline_stage=layout.last_stage_layers,
+        account_for_embedding_in_pipeline_split=layout.embedding_loss_split,
+        account_for_loss_in_pipeline_split=layout.embedding_loss_split,
         pipeline_dtype=mc.torch.float32, use_cpu_initialization=True, perform_initialization=False,
         gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
@@ -149,7 +182,7 @@ def _sample(job, hand: tuple[str, ...], rng: random.Random) -> list[Layout]:
         values = {name: rng.choice(options) for name, options in ranges.items()}
         model_size = values["tp"] * values["cp"] * values["pp"]
         values["dp"] = max(1, job.world_size // model_size)
-        layout = Layout(**values)
+        layout = Layout(**values, **pipeline_fields(job.model.num_layers, values["pp"], values["vpp"]))
         violations = check(job, layout)
         if len(violations) == 1 and len(by_rule.setdefault(violations[0].rule, [])) < PER_RULE:
             by_rule[violations[0].rule].append(layout)
@@ -185,3 +218,11 @@ def test_same_decision_as_megatron_core(mcore) -> None:
             mismatches.append(f"{job.model.name} on {job.world_size}: {layout}: ours={[v.rule for v in ours]} "
                               f"megatron={'accepts' if theirs else reason}")
     assert not mismatches, "\n".join(mismatches)
+
+
+@pytest.mark.parametrize(("model", "world", "text", "rule"), STRICTER, ids=[c[2] for c in STRICTER])
+def test_stricter_than_megatron_core(mcore, model, world, text, rule) -> None:
+    job = make_job(model, world, gpus_per_node=8, seq=68, gbs=32)
+    layout = parse_layout(text, world_size=world)
+    assert {v.rule for v in check(job, layout)} == {rule}
+    assert megatron_accepts(mcore, job, layout) == (True, "")
