@@ -31,6 +31,7 @@ from search_spaces.model import ModelSpec
 __all__ = [
     "MemoryAssumptions",
     "DEFAULT_ASSUMPTIONS",
+    "LOCAL_SPEC_ASSUMPTIONS",
     "MemoryEstimate",
     "StageParams",
     "estimate_memory",
@@ -70,6 +71,10 @@ class MemoryAssumptions(ActivationAssumptions):
 
 
 DEFAULT_ASSUMPTIONS = MemoryAssumptions()
+# megatron-core's local (non-TE) layer spec, as the CPU proxy runs it: no flash attention (fp32 softmax and its
+# bf16 copy kept per score), torch norms and unfused SwiGLU, MLA down projections split over TP
+LOCAL_SPEC_ASSUMPTIONS = MemoryAssumptions(flash_attention=False, attention_score_bytes=6.0, fused_kernels=False,
+                                           mla_down_proj_split=True)
 
 
 # --- bytes per parameter (Megatron-LM `theoretical_memory_usage.py`) ---------------------------------
@@ -472,5 +477,5 @@ def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chu
     vocab = padded_vocab_size(model.vocab_size, layout.tp, assumptions.make_vocab_size_divisible_by)
     unit = unit_activation_bytes(model, training, layout, assumptions, vocab)
     terms = unit.breakdown(chunks=((k, start, counts[k]),), inflight=(1,), first_dense=first_dense,
-                           last=len(counts) - 1, has_output=False, has_moe=False)
+                           last=len(counts) - 1, has_output=False, has_moe=False, transients=False)
     return dict(terms)

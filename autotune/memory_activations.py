@@ -52,6 +52,10 @@ class ActivationAssumptions:
     - `attention_score_bytes`: bytes kept per attention score without flash attention. Korthikanti's 5 (fused
       fp16 softmax 2, dropout mask 1, dropout output 2); megatron-core's unfused local path (the CPU proxy, no
       dropout) keeps 6 (fp32 softmax 4 and its bf16 copy 2).
+    - `fused_kernels`: Transformer Engine norms and fused SwiGLU (GPU runs). False describes megatron-core's
+      local spec (`get_gpt_layer_local_spec`, the CPU proxy): torch's RMSNorm keeps its input and its normalised
+      output in fp32 (8 B per element where TE keeps the 2 B input), and the unfused SwiGLU also keeps silu(x)
+      (and, in the experts, the product before the routing-probability multiply).
     - FP8: activations are counted as BF16. TE saves FP8 copies of GEMM inputs, but norms, attention and
       activation-function tensors stay in BF16; the BF16 count is an upper bound.
     """
@@ -61,6 +65,7 @@ class ActivationAssumptions:
     dropout: bool | None = None
     moe_token_imbalance: float = 1.0
     attention_score_bytes: float = 5.0
+    fused_kernels: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,8 @@ class _Shape:
     dropout: bool
     flash: bool
     score_bytes: float
+    norm_bytes: float  # bytes per element a norm keeps of its input: 2 (TE, torch LayerNorm), 8 (torch RMSNorm)
+    fused: bool
 
     @property
     def tokens(self) -> int:
@@ -90,6 +97,8 @@ def _shape(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions
         s=training.seq_length // layout.cp, s_full=training.seq_length, b=layout.mbs, t=layout.tp,
         sp_div=layout.tp if layout.sp else 1, recompute=layout.recompute, modules=modules, dropout=dropout,
         flash=assumptions.flash_attention, score_bytes=assumptions.attention_score_bytes,
+        norm_bytes=ACT_BYTES if assumptions.fused_kernels or model.normalization == "LayerNorm" else 8.0,
+        fused=assumptions.fused_kernels,
     )
 
 
@@ -105,7 +114,7 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
     """
     T, t, sd = x.tokens, x.t, x.sp_div
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
-    terms = {"attn_norm_input": ACT_BYTES * T * h / sd}
+    terms = {"attn_norm_input": x.norm_bytes * T * h / sd}
     # 'layernorm' recompute discards a norm's output only where the norm is its own module: MLA's input norm,
     # not the norm Transformer Engine fuses into `linear_qkv` (`transformer_layer.py`: IdentityOp is skipped)
     separate_norm = model.mla is not None
@@ -117,10 +126,9 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
         terms["mla_latents"] = ACT_BYTES * T * latent / sd
         qkv_width, o_width = a * (2 * qk + m.v_head_dim), a * m.v_head_dim
     else:
-        kv_heads = g if x.flash else a  # `DotProductAttention` repeats K, V over the query groups
-        qkv_width, o_width = (a + 2 * kv_heads) * d, a * d
-        if model.qk_layernorm:
-            terms["qk_norm_input"] = ACT_BYTES * T * (a + g) * d / t
+        qkv_width, o_width = _qkv_saved_width(model, x), a * d
+        if model.qk_layernorm and not x.fused:  # torch RMSNorm keeps fp32 copies; TE's keeps the (counted) view
+            terms["qk_norm_input"] = (x.norm_bytes - ACT_BYTES) * T * (a + g) * d / t
     terms["qkv"] = ACT_BYTES * T * qkv_width / t
     if "core_attn" in x.modules:
         terms["core_attention"] = 0.0
@@ -133,6 +141,28 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
     return terms
 
 
+def _qkv_saved_width(model: ModelSpec, x: _Shape) -> int:
+    """Per token and before the TP split, the width of the Q, K, V storages autograd keeps.
+
+    `linear_qkv` writes one mixed tensor of width (a + 2g)d; Q, K and V are views of it (`attention.py`).
+    RoPE and qk-layernorm make new Q and K ((a + g)d), while V stays a view that keeps the whole mixed tensor
+    alive: (a + 2g)d + (a + g)d when the attention core (flash attention, or the selective-recompute checkpoint)
+    keeps Q, K, V as given. Without flash attention megatron-core's `DotProductAttention` repeats K and V over
+    the query groups (new tensors of width ad each) when g < a. Korthikanti's GPT (MHA, learned positions) keeps
+    just the mixed tensor, 3h: his 4sbh (Q, K) + 2sbh (V). Measured on CPU with the saved-tensor probe.
+    """
+    a, g, d = model.num_attention_heads, model.query_groups, model.head_dim
+    rotated = model.max_position_embeddings == 0 or model.qk_layernorm
+    mixed, q_new, k_new = (a + 2 * g) * d, a * d, g * d
+    if x.flash or "core_attn" in x.modules or g == a:
+        return mixed + (q_new + k_new if rotated else 0)
+    # unfused attention with GQA: K and V are repeated to a heads; the mixed tensor stays alive only through
+    # a Q view (no RoPE) or the qk-layernorm inputs
+    q = q_new if rotated else 0
+    alive = mixed if (not rotated or model.qk_layernorm) else 0
+    return alive + q + 2 * a * d
+
+
 def mlp_activation_bytes(model: ModelSpec, x: _Shape, ffn: int) -> dict[str, float]:
     """One dense layer's MLP incl. its pre-MLP norm (Korthikanti Sec. 4.1 'MLP': 19sbh for ffn = 4h).
 
@@ -143,11 +173,13 @@ def mlp_activation_bytes(model: ModelSpec, x: _Shape, ffn: int) -> dict[str, flo
     T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
     fc1_out = 2 * ffn if model.gated_linear_unit else ffn
     inner = "mlp" in x.modules
+    # unfused SwiGLU also keeps silu(x) and the contiguous copy of x's first half that silu saves (CPU probe)
+    unfused_glu = 0 if x.fused or not model.gated_linear_unit else 2 * ffn
     return {
-        "mlp_norm_input": ACT_BYTES * T * h / sd,
+        "mlp_norm_input": x.norm_bytes * T * h / sd,
         "fc1_input": ACT_BYTES * T * h / sd,
         "fc1_output": 0.0 if inner else ACT_BYTES * T * fc1_out / t,
-        "activation_output": 0.0 if inner else ACT_BYTES * T * ffn / t,
+        "activation_output": 0.0 if inner else ACT_BYTES * T * (ffn + unfused_glu) / t,
         "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
     }
 
@@ -175,14 +207,15 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
         experts = 0.0
     elif "moe_act" in x.modules:
         experts = ACT_BYTES * expert_tokens * (h + fc1 / etp)
-    else:
-        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + ffn / etp)
+    else:  # unfused (local spec): silu(x) and the product before the probs multiply are kept too
+        extra = 0 if x.fused else (3 * ffn if model.gated_linear_unit else ffn)
+        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + (ffn + extra) / etp)
     shared = 0.0
     if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and "moe" not in x.modules:
         sffn = m.shared_expert_ffn_hidden_size
         shared = ACT_BYTES * T * ((2 * sffn if model.gated_linear_unit else sffn) + sffn) / t
     return {
-        "mlp_norm_input": ACT_BYTES * T * h / sd,
+        "mlp_norm_input": x.norm_bytes * T * h / sd,
         "moe_input": 0.0 if "layernorm" in x.modules else ACT_BYTES * T * h / sd,  # separate pre-MLP norm
         "router": 2 * FP32_BYTES * routed * m.num_experts,
         "experts": experts,
@@ -218,7 +251,7 @@ def output_activation_bytes(model: ModelSpec, x: _Shape, vocab: int) -> dict[str
     for the output layer and loss)."""
     T, h = x.tokens, model.hidden_size
     return {
-        "final_norm_input": ACT_BYTES * T * h / x.sp_div,
+        "final_norm_input": x.norm_bytes * T * h / x.sp_div,
         "output_layer_input": ACT_BYTES * T * h / x.sp_div,
         "logits_fp32": FP32_BYTES * T * vocab / x.t,
     }
@@ -273,8 +306,9 @@ class UnitActivations:
         return sum(v for _, v in self.transient_terms[(has_output, has_moe)])
 
     def breakdown(self, *, chunks: tuple[tuple[int, int, int], ...], inflight: tuple[int, ...], first_dense: int,
-                  last: int, has_output: bool, has_moe: bool) -> tuple[tuple[str, float], ...]:
-        """The named terms of one stage: in-flight micro-batches x chunk terms, plus transients."""
+                  last: int, has_output: bool, has_moe: bool, transients: bool = True,
+                  ) -> tuple[tuple[str, float], ...]:
+        """The named terms of one stage: in-flight micro-batches x chunk terms, plus (optionally) transients."""
         out: dict[str, float] = {}
 
         def add(terms: tuple[tuple[str, float], ...], weight: float) -> None:
@@ -291,7 +325,8 @@ class UnitActivations:
                 add(self.embedding_terms, n_inflight)
             if k == last:
                 add(self.output_terms, n_inflight)
-        add(self.transient_terms[(has_output, has_moe)], 1)
+        if transients:
+            add(self.transient_terms[(has_output, has_moe)], 1)
         return tuple(out.items())
 
 

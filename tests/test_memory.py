@@ -10,6 +10,7 @@ import pytest
 
 from autotune.memory import (
     DEFAULT_ASSUMPTIONS,
+    LOCAL_SPEC_ASSUMPTIONS,
     MemoryAssumptions,
     chunk_layer_counts,
     estimate_memory,
@@ -29,9 +30,10 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec
 
-# Korthikanti's GPT: MHA, ffn = 4h, GeLU, LayerNorm, dropout masks kept, no flash attention.
+# Korthikanti's GPT: MHA, ffn = 4h, GeLU, LayerNorm, learned positions, dropout masks kept, no flash attention.
 GPT = ModelSpec(name="gpt-k", num_layers=8, hidden_size=1024, ffn_hidden_size=4096, num_attention_heads=16,
-                vocab_size=51200, gated_linear_unit=False, normalization="LayerNorm", add_bias_linear=True)
+                vocab_size=51200, gated_linear_unit=False, normalization="LayerNorm", add_bias_linear=True,
+                max_position_embeddings=2048)
 KORTHIKANTI = ActivationAssumptions(flash_attention=False, dropout=True)
 
 
@@ -180,9 +182,18 @@ def test_gated_mlp_keeps_both_fc1_halves_and_the_activation():
 
 
 def test_gqa_keys_and_values_are_g_over_a_of_the_queries():
-    model = get_model("llama3-8b")  # a = 32, g = 8, d = 128
+    # llama3-8b: a = 32, g = 8, d = 128. The mixed QKV output (a + 2g)d stays alive through the V view; RoPE
+    # writes new Q and K, (a + g)d
+    model = get_model("llama3-8b")
     terms = layer_activation_bytes(model, TrainingSpec(seq_length=4096), Layout(), DEFAULT_ASSUMPTIONS, moe=False)
-    assert terms["qkv"] == 2 * 4096 * (32 + 2 * 8) * 128
+    assert terms["qkv"] == 2 * 4096 * ((32 + 2 * 8) + (32 + 8)) * 128
+
+
+def test_unfused_attention_repeats_keys_and_values_over_the_groups():
+    # LOCAL_SPEC_ASSUMPTIONS (no flash): rotated Q (ad) + K and V repeated to a heads (2ad) = 3ad per token
+    model = get_model("llama3-8b")
+    terms = layer_activation_bytes(model, TrainingSpec(seq_length=4096), Layout(), LOCAL_SPEC_ASSUMPTIONS, moe=False)
+    assert terms["qkv"] == 2 * 4096 * 3 * 32 * 128
 
 
 @pytest.mark.parametrize("cp", [2, 4])

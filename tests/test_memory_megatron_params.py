@@ -1,14 +1,16 @@
-"""Parameters per GPU from `autotune.memory.stage_params` against real megatron-core GPTModels.
+"""`autotune.memory` against real megatron-core GPTModels: parameters per GPU, and one micro-batch's activations.
 
-A subprocess builds, for each layout, the model chunks that the first and the last rank would hold: torch's
-fake process group (`FakeStore`, backend "fake") stands in for a world of TP * PP * CP * DP ranks, so
+Parameters: a subprocess builds, for each layout, the model chunks that the first and the last rank would hold:
+torch's fake process group (`FakeStore`, backend "fake") stands in for a world of TP * PP * CP * DP ranks, so
 `parallel_state.initialize_model_parallel` creates the real groups and `GPTModel` allocates each rank's real
 shards (local layer spec, CPU, no initialisation). Parameters are split the way megatron-core's DDP splits
 them: expert parameters are the ones marked `allreduce = False`. The vocabulary is padded by Megatron-LM's
 rule (a multiple of 128 * TP) before it reaches `GPTModel`, as `pretrain_gpt.py` does.
 
-Run alone: `python tests/test_memory_megatron_params.py '<json cases>'` prints the counts as JSON.
-"""
+Activations: the same subprocess runs one bf16 micro-batch forward (with its loss) of a one-rank gloo world
+under `trainers.memory_probe.SavedTensorTracker` and reports the bytes autograd keeps for the backward pass.
+
+Run alone: `python tests/test_memory_megatron_params.py '{"params": [...], "activations": [...]}'`."""
 
 from __future__ import annotations
 
@@ -23,9 +25,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.memory import MemoryAssumptions, padded_vocab_size, stage_params  # noqa: E402
+from autotune.memory import (  # noqa: E402
+    LOCAL_SPEC_ASSUMPTIONS,
+    microbatch_activation_terms,
+    padded_vocab_size,
+    stage_params,
+)
 from search_spaces.catalog import get_model  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.gpus import build_cluster  # noqa: E402
+from search_spaces.job import Job  # noqa: E402
+from search_spaces.layout import Layout, TrainingSpec  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
 
 # GPT-3 style: LayerNorm, biases, GeLU, tied embeddings, learned positions, MHA, a vocabulary that needs padding.
@@ -54,11 +63,20 @@ CASES = [  # (model, layout)
     ("tiny-moe-shared", Layout(tp=2, pp=2, ep=2, etp=1, sp=True)),
     ("tiny-moe-shared", Layout(pp=4, ep=2, dp=2)),
     # MLA: the local spec splits the down projections over TP (Transformer Engine's, the default, duplicates
-    # them), so TP > 1 is compared with `mla_down_proj_split=True`
+    # them), so everything is compared with LOCAL_SPEC_ASSUMPTIONS (`mla_down_proj_split=True`)
     ("tiny-mla", Layout(pp=2, ep=4, dp=4)),
     ("tiny-mla", Layout(tp=2, pp=2, ep=2, etp=1, sp=True)),
 ]
-LOCAL_SPEC = MemoryAssumptions(mla_down_proj_split=True)
+# One micro-batch's forward on one rank (TP = PP = 1): what autograd keeps, against `microbatch_activation_terms`.
+SEQ = 128
+ACTIVATION_CASES = [
+    ("tiny-gpt", Layout(mbs=2)),
+    ("tiny-gpt", Layout(mbs=2, recompute="selective")),
+    ("tiny-gpt", Layout(mbs=2, recompute="full")),
+    ("tiny-moe", Layout(mbs=2)),
+    ("tiny-moe", Layout(mbs=2, recompute="selective")),
+]
+ACTIVATION_TOLERANCE = 0.03  # seen: within 1% (RoPE cos/sin caches, the causal mask and router indices are not counted)
 
 
 def _case_id(case: tuple[str, Layout]) -> str:
@@ -66,44 +84,39 @@ def _case_id(case: tuple[str, Layout]) -> str:
 
 
 # --- the subprocess: real megatron-core models -------------------------------------------------------------
-class _ParameterFreeAttention:
-    """Stands in for the core attention (no parameters) where the local spec cannot build MLA's; replaced by a
-    torch module when the subprocess imports torch (see `_count_rank`)."""
-
-
-def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
-    import torch
+def _init_world(layout: Layout, rank: int, *, fake: bool) -> None:
+    """A process group for `rank` of the layout's world (fake: no communication), then megatron's groups."""
     import torch.distributed as dist
-    import torch.nn.functional as F
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    global _ParameterFreeAttention
-
-    class _ParameterFreeAttention(torch.nn.Module):  # noqa: F811 - a torch module inside the subprocess
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__()
 
     if dist.is_initialized():
         ps.destroy_model_parallel()
         dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    if fake:
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp, context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.expert_tp,
         create_gloo_process_groups=False,
     )
+
+
+def _config(model: ModelSpec, layout: Layout, *, initialise: bool):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
     moe: dict = {}
     if model.moe is not None:
         m = model.moe
         moe = dict(num_moe_experts=m.num_experts, moe_router_topk=m.topk, moe_ffn_hidden_size=m.expert_ffn_hidden_size,
                    moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
                    moe_layer_freq=[0] * m.first_dense_layers + [1] * (model.num_layers - m.first_dense_layers),
-                   moe_grouped_gemm=False)
+                   moe_grouped_gemm=False, moe_token_dispatcher_type="alltoall")
     mla: dict = {}
     config_class = TransformerConfig
     if model.mla is not None:
@@ -111,7 +124,12 @@ def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
         mla = dict(q_lora_rank=model.mla.q_lora_rank, kv_lora_rank=model.mla.kv_lora_rank,
                    qk_head_dim=model.mla.qk_head_dim, qk_pos_emb_head_dim=model.mla.qk_pos_emb_head_dim,
                    v_head_dim=model.mla.v_head_dim, rope_type="rope")
-    config = config_class(
+    recompute: dict = {}
+    if layout.recompute == "full":
+        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif layout.recompute == "selective":
+        recompute = dict(recompute_granularity="selective")
+    return config_class(
         num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
         num_attention_heads=model.num_attention_heads, num_query_groups=model.query_groups,
         kv_channels=model.head_dim, gated_linear_unit=model.gated_linear_unit,
@@ -120,42 +138,89 @@ def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp, context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.expert_tp,
-        sequence_parallel=layout.sp, use_cpu_initialization=True, perform_initialization=False,
-        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, gradient_accumulation_fusion=False,
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, **moe, **mla,
+        sequence_parallel=layout.sp, use_cpu_initialization=True, perform_initialization=initialise,
+        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bf16=True, hidden_dropout=0.0,
+        attention_dropout=0.0, gradient_accumulation_fusion=False, bias_activation_fusion=False,
+        masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+        **moe, **mla, **recompute,
     )
-    dense = expert = 0
+
+
+def _build_chunks(model: ModelSpec, layout: Layout, config) -> list:
+    """This rank's GPTModel chunks (one per virtual stage), local layer spec."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
+
+    class ParameterFreeAttention(torch.nn.Module):
+        """Stands in for the core attention where the local spec cannot build MLA's (it has no parameters)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__()
+
+    chunks = []
     for v in range(layout.vpp_size):
         vp = v if layout.vpp else None
         if model.moe is not None:  # per-layer specs: `moe_layer_freq` makes the leading layers dense
             spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                               normalization=model.normalization, vp_stage=vp)
-            if model.mla is not None:  # the local DotProductAttention takes no MLA head dims; it has no params
+            if model.mla is not None:  # the local DotProductAttention takes no MLA head dims
                 from megatron.core.transformer import multi_latent_attention
 
                 if not isinstance(multi_latent_attention.TELinear, type):  # no TE: isinstance needs a type
                     multi_latent_attention.TELinear = type("TELinear", (), {})
                 for layer in spec.layer_specs:
-                    layer.submodules.self_attention.submodules.core_attention = _ParameterFreeAttention
+                    layer.submodules.self_attention.submodules.core_attention = ParameterFreeAttention
         else:
             spec = get_gpt_layer_local_spec(qk_layernorm=model.qk_layernorm, normalization=model.normalization)
-        gpt = GPTModel(
+        chunks.append(GPTModel(
             config=config, transformer_layer_spec=spec,
             vocab_size=padded_vocab_size(model.vocab_size, layout.tp),
-            max_sequence_length=max(128, model.max_position_embeddings),
+            max_sequence_length=model.max_position_embeddings or SEQ,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
             share_embeddings_and_output_weights=model.tied_embeddings,
             position_embedding_type="learned_absolute" if model.max_position_embeddings else "rope",
             vp_stage=vp,
-        )
-        for p in gpt.parameters():
+        ))
+    return chunks
+
+
+def _count_rank(model: ModelSpec, layout: Layout, rank: int) -> dict[str, int]:
+    _init_world(layout, rank, fake=True)
+    dense = expert = 0
+    for chunk in _build_chunks(model, layout, _config(model, layout, initialise=False)):
+        for p in chunk.parameters():
             if getattr(p, "allreduce", True):
                 dense += p.numel()
             else:
                 expert += p.numel()
     return {"dense": dense, "expert": expert}
+
+
+def _probe_activations(model: ModelSpec, layout: Layout) -> int:
+    """Bytes of tensors saved for backward and still live after one micro-batch's forward with its loss
+    (`trainers.memory_probe.SavedTensorTracker`: unique storages, parameters excluded). One rank, TP = PP = 1."""
+    import torch
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.module import Float16Module
+
+    from trainers.memory_probe import SavedTensorTracker
+
+    _init_world(layout, 0, fake=False)
+    model_parallel_cuda_manual_seed(1234)
+    config = _config(model, layout, initialise=True)
+    gpt = Float16Module(config, _build_chunks(model, layout, config)[0])
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.vocab_size, (layout.mbs, SEQ + 1), generator=gen)
+    positions = torch.arange(SEQ).unsqueeze(0).expand(layout.mbs, SEQ).contiguous()
+    tracker = SavedTensorTracker({p.untyped_storage().data_ptr() for p in gpt.parameters()})
+    with tracker.hooks():
+        loss = gpt(tokens[:, :-1].contiguous(), positions, None, labels=tokens[:, 1:].contiguous())
+        live = tracker.live_bytes
+    del loss
+    return live
 
 
 def _main(cases_json: str) -> None:
@@ -166,20 +231,24 @@ def _main(cases_json: str) -> None:
     from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
 
     apply_cpu_patches()
-    out = []
+    cases = json.loads(cases_json)
+    params, activations = [], []
     with cpu_device_mode():
-        for name, fields in json.loads(cases_json):
+        for name, fields in cases["params"]:
             layout, model = Layout(**fields), MODELS[name]
             last = layout.world_size - 1
-            out.append({"first": _count_rank(model, layout, 0), "last": _count_rank(model, layout, last)})
-    print(json.dumps(out))
+            params.append({"first": _count_rank(model, layout, 0), "last": _count_rank(model, layout, last)})
+        for name, fields in cases["activations"]:
+            activations.append(_probe_activations(MODELS[name], Layout(**fields)))
+    print(json.dumps({"params": params, "activations": activations}))
 
 
 # --- the tests ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def megatron_counts() -> list[dict[str, dict[str, int]]]:
-    cases = json.dumps([(name, asdict(layout)) for name, layout in CASES])
-    done = subprocess.run([sys.executable, __file__, cases], capture_output=True, text=True, timeout=300, cwd=ROOT)
+def megatron() -> dict[str, list]:
+    cases = json.dumps({"params": [(name, asdict(layout)) for name, layout in CASES],
+                        "activations": [(name, asdict(layout)) for name, layout in ACTIVATION_CASES]})
+    done = subprocess.run([sys.executable, __file__, cases], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -187,12 +256,23 @@ def megatron_counts() -> list[dict[str, dict[str, int]]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[_case_id(c) for c in CASES])
 @pytest.mark.parametrize("end", ["first", "last"])
-def test_params_per_gpu_match_megatron_core(megatron_counts, index, end):
+def test_params_per_gpu_match_megatron_core(megatron, index, end):
     name, layout = CASES[index]
-    stages = stage_params(MODELS[name], layout, LOCAL_SPEC)
+    stages = stage_params(MODELS[name], layout, LOCAL_SPEC_ASSUMPTIONS)
     ours = stages[0] if end == "first" else stages[-1]
-    real = megatron_counts[index][end]
+    real = megatron["params"][index][end]
     assert (ours.dense_params_per_gpu, ours.expert_params_per_gpu) == (real["dense"], real["expert"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(ACTIVATION_CASES)), ids=[_case_id(c) for c in ACTIVATION_CASES])
+def test_microbatch_activations_match_the_saved_tensor_probe(megatron, index):
+    # the local spec's tensors (no flash attention, torch norms, unfused SwiGLU): LOCAL_SPEC_ASSUMPTIONS
+    name, layout = ACTIVATION_CASES[index]
+    job = Job(model=MODELS[name], cluster=build_cluster(nodes=1, gpus_per_node=1),
+              training=TrainingSpec(seq_length=SEQ, global_batch_size=layout.mbs))
+    predicted = sum(microbatch_activation_terms(job, layout, assumptions=LOCAL_SPEC_ASSUMPTIONS).values())
+    assert predicted == pytest.approx(megatron["activations"][index], rel=ACTIVATION_TOLERANCE)
 
 
 if __name__ == "__main__":
