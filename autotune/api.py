@@ -124,7 +124,8 @@ def search(
     dash = _dashboard(dashboard)
     from autotune.dashboard import track_search
 
-    backend_used = track_search(job, backend, headroom_bytes, trials)  # named trials when Ray is connected
+    # Named trials in the dashboard when Ray is connected (or `address=` names a cluster to connect to).
+    backend_used = track_search(job, backend, headroom_bytes, trials, address=options.get("address"))
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
                             output_dir=output_dir, **options)
     result = Result(raw, dashboard_url=None if dash is None else dash.url)

@@ -118,7 +118,6 @@ def start_local(
     """
     _check_host(host, allow_remote)
     import ray
-    from ray.job_config import JobConfig
 
     if ray.is_initialized():
         url = _http(_current_dashboard_url())
@@ -130,13 +129,20 @@ def start_local(
         num_cpus=num_cpus,
         _temp_dir=temp_dir,
         namespace=NAMESPACE,
-        job_config=JobConfig(metadata={"name": job_name, "tool": "autotune"}),
+        job_config=_job_config(job_name),
         log_to_driver=False,
     )
     url = _http(context.dashboard_url or f"{host}:{port}")
     token_required = _wait_until_serving(url)
     bound_port = int(url.rsplit(":", 1)[1])
     return Dashboard(url=url, host=host, port=bound_port, started_here=True, token_required=token_required)
+
+
+def _job_config(job_name: str):
+    """The Ray job's metadata, shown on the dashboard's Jobs page."""
+    from ray.job_config import JobConfig
+
+    return JobConfig(metadata={"name": job_name, "tool": "autotune"})
 
 
 def _current_dashboard_url() -> str:
@@ -253,15 +259,24 @@ def track(backend: Backend, search_name: str, total_trials: int | None = None) -
     return ReportingBackend(backend, progress)
 
 
-def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float | None, trials: int):
+def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float | None, trials: int, *,
+                 address: str | None = None):
     """The backend `run_search` would build for these arguments, tracked (see `track`) when Ray is connected.
 
-    Returns `backend` unchanged when no Ray runs yet (then `run_search` resolves it itself, as usual):
+    With `address` (an existing cluster, `"auto"` or `ray://...`) this process connects to it first, so
+    the search is visible in that cluster's dashboard (`run_search` then uses the connection as is).
+    Returns `backend` unchanged when no Ray runs (then `run_search` resolves it itself, as usual):
 
-        backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials)
+        backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address)
     """
     import sys
 
+    if address:
+        import ray as ray_module
+
+        if not ray_module.is_initialized():
+            ray_module.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                            job_config=_job_config("autotune search"))
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return backend
