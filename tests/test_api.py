@@ -203,3 +203,19 @@ def test_docs_python_blocks_compile(name):
 
 def test_result_notebook_view_names_the_winner(result):
     assert str(result.best) in result._repr_html_()
+
+
+def test_autotune_search_stays_the_api_function_after_the_driver_loads():
+    import autotune
+
+    api._driver()  # importing the driver module `autotune.search` sets it on the package; _driver puts it back
+    assert autotune.search is api.search
+
+
+def test_dashboard_session_without_the_flag_starts_nothing():
+    import argparse
+
+    from autotune import dashboard
+
+    with dashboard.session(argparse.Namespace(dashboard=False)) as dash:
+        assert dash is None
