@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH  # the CLI's defaults, not copies
 from search_spaces.cluster import ClusterSpec
 from search_spaces.job import Job
 from search_spaces.layout import Layout, TrainingSpec
@@ -36,8 +37,6 @@ __all__ = ["make_job", "search", "estimate", "ray_session", "RaySession", "Resul
 GIB = 1024**3
 DEFAULT_TRIALS = 64
 DEFAULT_SEED = 0
-DEFAULT_SEQ_LENGTH = 4096  # the CLI's defaults (autotune/cli.py)
-DEFAULT_GLOBAL_BATCH_SIZE = 256
 
 
 def make_job(
