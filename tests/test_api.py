@@ -219,3 +219,12 @@ def test_dashboard_session_without_the_flag_starts_nothing():
 
     with dashboard.session(argparse.Namespace(dashboard=False)) as dash:
         assert dash is None
+
+
+@pytest.mark.parametrize("module", ["autotune.models", "autotune.clusters", "autotune.api"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    failures, tried = doctest.testmod(importlib.import_module(module))
+    assert (failures, tried > 0) == (0, True)
