@@ -100,14 +100,14 @@ def gpu_family(gpu: GPUSpec) -> str:
 
 DEFAULT_CALIBRATION = Calibration(
     per_gpu_family=(
-        ("a100", GpuFractions(gemm_peak_fraction=0.82, attention_peak_fraction=0.10, tp_comm_exposed_fraction=0.9)),
-        ("h100", GpuFractions(gemm_peak_fraction=0.68, attention_peak_fraction=0.80, tp_comm_exposed_fraction=0.1)),
+        ("a100", GpuFractions(gemm_peak_fraction=0.80, attention_peak_fraction=0.10, tp_comm_exposed_fraction=0.8)),
+        ("h100", GpuFractions(gemm_peak_fraction=0.68, attention_peak_fraction=0.75, tp_comm_exposed_fraction=0.1)),
     ),
     gemm_dim_half=96.0,
     ep_comm_exposed_fraction=0.4,
     pp_p2p_exposed_fraction=1.0,
-    dp_overlap_fraction=0.4,
-    moe_layer_overhead_s=1.5e-3,
+    dp_overlap_fraction=0.5,
+    moe_layer_overhead_s=2e-3,
     step_overhead_s=0.1,
 )
 

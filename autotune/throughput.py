@@ -17,7 +17,6 @@ including its exposed TP, EP, CP and p2p communication. See docs/throughput-mode
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -185,23 +184,28 @@ def all_to_all_s(nbytes_per_rank: float, n: int, link: LinkSpec, cal: Calibratio
 def stage_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
     """(dense, expert) parameters held by one GPU of the heaviest stage.
 
-    Dense: ceil(L/p) layers' non-expert parameters / t, plus the larger of embedding and output / t.
-    Expert: ceil(L/p) layers' routed experts / (e * etp) (MoE parallel folding, arXiv 2504.14960).
+    Stage s holds L_s layers (`Layout.stage_layer_counts`: L/p each, or megatron-core's uneven split).
+    Dense: max over stages of L_s layers' non-expert parameters (+ the embedding on the first stage,
+    the output layer on the last) / t. Expert: max L_s layers' routed experts / (e * etp) (MoE parallel
+    folding, arXiv 2504.14960).
     """
-    return _stage_params(model, layout.tp, layout.pp, layout.ep, layout.expert_tp)
+    return _stage_params(model, layout.tp, layout.stage_layer_counts(model.num_layers), layout.ep, layout.expert_tp)
 
 
 @lru_cache(maxsize=4096)
-def _stage_params(model: ModelSpec, tp: int, pp: int, ep: int, etp: int) -> tuple[float, float]:
-    layers = math.ceil(model.num_layers / pp)
+def _stage_params(model: ModelSpec, tp: int, stages: tuple[int, ...], ep: int, etp: int) -> tuple[float, float]:
     ends = model.embedding_params + model.output_params
     if model.tied_embeddings:
         ends -= model.vocab_size * model.hidden_size
     per_layer_dense = (model.dense_params - ends) / model.num_layers
-    end_params = max(model.embedding_params, model.output_params) if pp > 1 else ends
-    dense = (layers * per_layer_dense + end_params) / tp
-    expert = layers * model.routed_expert_params / model.num_layers / (ep * etp)
-    return dense, expert
+    if len(stages) == 1:
+        dense = stages[0] * per_layer_dense + ends
+    else:
+        first = stages[0] * per_layer_dense + model.embedding_params
+        last = stages[-1] * per_layer_dense + model.output_params
+        dense = max(first, last, *(n * per_layer_dense for n in stages[1:-1]))
+    expert = max(stages) * model.routed_expert_params / model.num_layers / (ep * etp)
+    return dense / tp, expert
 
 
 def dp_comm_s(job: Job, layout: Layout, cal: Calibration, params: tuple[float, float] | None = None) -> float:
@@ -236,9 +240,14 @@ def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, params: tuple[f
     return memory_bound_time_s((dense + expert) * ADAM_BYTES_PER_PARAM, gpu=job.cluster.gpu, cal=cal)
 
 
-def pipeline_bubble_s(stage_avg_s: float, layout: Layout) -> float:
-    """(p - 1) / v micro-batch slots idle per step: Narayanan et al. 2021 eq. (1) and Sec. 2.2.2 (interleaved)."""
-    return (layout.pp - 1) / layout.vpp_size * stage_avg_s
+def pipeline_bubble_s(stage_s: tuple[float, ...], layout: Layout) -> float:
+    """Fill and drain of a 1F1B pipeline with per-micro-batch stage times t_s: (sum t_s - max t_s) / v.
+
+    The heaviest stage works through all m micro-batches; every other stage's one pass adds fill or
+    drain time. Equal stages give (p - 1) / v * t, Narayanan et al. 2021 eq. (1) and Sec. 2.2.2
+    (interleaved); with megatron-core's uneven split the heaviest stage sets the pace.
+    """
+    return (sum(stage_s) - max(stage_s)) / layout.vpp_size
 
 
 # --- one micro-batch through one layer --------------------------------------------------------
@@ -487,8 +496,9 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
 def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION) -> TimeEstimate:
     """Step time, tokens/s per GPU, model TFLOP/s per GPU and MFU of `layout` on `job`.
 
-    m = GBS / (b * DP) micro-batches; the slowest stage (the last, with the logits) sets the steady
-    state, the average stage sets the bubble. DP communication overlaps with the last micro-batch's
+    m = GBS / (b * DP) micro-batches; stage s runs L_s layers (`Layout.stage_layer_counts`, megatron-core's
+    even or uneven split), the last stage also the logits and loss. The heaviest stage sets the steady
+    state (m of its micro-batches), the others' fill and drain the bubble (`pipeline_bubble_s`). DP communication overlaps with the last micro-batch's
     backward (grad reduce-scatter) and the first micro-batch's forward (param all-gather), all but
     the last bucket (`dp_overlap_fraction`), never more than that compute.
     """
@@ -496,22 +506,24 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     m = max(layout.num_microbatches(training.global_batch_size), 1)
     mb = microbatch_times(job, layout, cal)
     pp = layout.pp
-    layers_max = -(-model.num_layers // pp)
     per_layer, last_stage = mb.per_layer, mb.last_stage
+    layer_s, last_s = sum(per_layer.values()), sum(last_stage.values())
+    counts = layout.stage_layer_counts(model.num_layers)
+    stage_s = tuple(n * layer_s + (last_s if s == pp - 1 else 0.0) for s, n in enumerate(counts))
+    heavy = max(range(pp), key=lambda s: (stage_s[s], s))  # ties: the last stage (it has the logits)
+    layers_max = counts[heavy]
     breakdown = dict.fromkeys(TIME_KEYS, 0.0)
     scale = m * layers_max
     for key, value in per_layer.items():
         breakdown[key] = scale * value
-    last_s = 0.0
-    for key, value in last_stage.items():
-        breakdown[key] += m * value
-        last_s += value
-    stage_avg_s = sum(per_layer.values()) * model.num_layers / pp + last_s / pp
-    breakdown["pp_bubble"] = pipeline_bubble_s(stage_avg_s, layout)
+    if heavy == pp - 1:
+        for key, value in last_stage.items():
+            breakdown[key] += m * value
+    breakdown["pp_bubble"] = pipeline_bubble_s(stage_s, layout)
     if pp > 1:
         breakdown["pp_p2p"] += m * mb.p2p_s * cal.pp_p2p_exposed_fraction
     memo = _memo(job, cal)
-    pkey = ("params", layout.tp, pp, layout.ep, layout.expert_tp)
+    pkey = ("params", layout.tp, counts, layout.ep, layout.expert_tp)
     params = memo.get(pkey)
     if params is None:
         params = memo[pkey] = stage_params(model, layout)

@@ -26,6 +26,10 @@ Defaults assumed where a source is silent (documented in docs/throughput-model.m
   the ModelZoo's module recompute "layernorm, moe" -> full (recomputing the MoE block is most of a layer's
   forward and frees most of its activations; the Layout has no per-module recompute); "full..." -> full, "selective..." -> selective (Megatron's attention-core recompute; the
   ModelZoo's "norm, act" module recompute is mapped to selective as the nearest cheap recompute), empty -> none;
+- uneven pipeline split where num_layers % (PP * VPP) != 0 (the Qwen3-235B rows: 94 layers on PP 8 x VPP 4 and
+  PP 32 x VPP 3): the ModelZoo scripts pass --account-for-embedding-in-pipeline-split
+  --account-for-loss-in-pipeline-split, so embedding_loss_split (96 = 8 x 4 x 3 = 32 x 3 x 1); any other row
+  would get the split autotune offers (`layout.pipeline_split_for`);
 - cluster: 8 GPUs per node; A100 rows on NVLink3 + InfiniBand HDR (Selene), H100 rows on NVLink4 + NDR (EOS);
 - GPT-style rows (gelu) are LayerNorm, biased linears, learned positions, tied embeddings (Megatron GPT defaults);
   SwiGLU rows are RMSNorm, no bias, RoPE, untied, with qk_layernorm where the attention column says so.
@@ -46,7 +50,7 @@ from autotune.throughput import estimate_time, forward_flops_per_token  # noqa: 
 from search_spaces.cluster import ClusterSpec  # noqa: E402
 from search_spaces.gpus import get_gpu, get_link  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import Layout, TrainingSpec  # noqa: E402
+from search_spaces.layout import Layout, TrainingSpec, pipeline_split_for  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
 
 CSV_PATH = Path("/work/shared/data/calibration-runs.csv")
@@ -122,10 +126,20 @@ def _flag(text: str, default: bool) -> bool:
     return default
 
 
+def _pipeline_split(r: dict[str, str], pp: int, vpp: int | None) -> dict[str, object]:
+    """The published recipe's split when the layers do not divide PP * VPP (see the module docstring)."""
+    layers = int(r["num_layers"])
+    if layers % (pp * (vpp or 1)) == 0:
+        return {}
+    if r["source_id"] == "moe-modelzoo":
+        return {"embedding_loss_split": True}
+    return pipeline_split_for(layers, pp, vpp or 1) or {}
+
+
 def _job_and_layout(r: dict[str, str]) -> tuple[Job, Layout]:
     modern = r["source_id"] in MODERN_SOURCES
     tp, pp = int(r["tp"]), int(r["pp"])
-    layout = Layout(
+    layout = Layout(**_pipeline_split(r, pp, _int(r["vpp"])),  # type: ignore[arg-type]
         tp=tp, pp=pp, vpp=_int(r["vpp"]), cp=_int(r["cp"], 1), ep=_int(r["ep"], 1),
         etp=_int(r["etp"], 1 if r["source_id"] == "moe-modelzoo" else None),
         dp=int(r["dp"]), mbs=_int(r["micro_batch_size"], 1),

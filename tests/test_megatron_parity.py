@@ -67,6 +67,7 @@ JOBS = [
                             "pp=2,vpp=2,embedding_loss_split=true", "pp=2,first_stage_layers=5",
                             "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=2", "pp=2,embedding_loss_split=true")),
     (GQA14, 12, 4, 36, 48, ("pp=4,embedding_loss_split=true", "pp=4,vpp=2,embedding_loss_split=true",
+                            "pp=4,vpp=4,embedding_loss_split=true",  # 16 / 16: the first chunk builds 0 layers
                             "pp=3,first_stage_layers=5,last_stage_layers=4", "pp=6,first_stage_layers=1,last_stage_layers=1",
                             "pp=3,first_stage_layers=3", "pp=4")),
 ]

@@ -103,8 +103,42 @@ def test_group_collective_shares_the_node_nics() -> None:
 
 @pytest.mark.parametrize(("pp", "vpp", "expected"), [(1, None, 0.0), (4, None, 3.0), (4, 3, 1.0), (8, 7, 1.0)])
 def test_bubble_is_pp_minus_one_over_vpp(pp, vpp, expected) -> None:
-    # (p - 1) / v micro-batch slots of 1 s each
-    assert pipeline_bubble_s(1.0, Layout(pp=pp, vpp=vpp)) == pytest.approx(expected)
+    # equal stages of 1 s: (sum - max) / v = (p - 1) / v
+    assert pipeline_bubble_s((1.0,) * pp, Layout(pp=pp, vpp=vpp)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("stages", "vpp", "expected"), [
+    ((3.0, 4.0, 4.0, 2.0), None, 9.0),  # 13 - 4: every stage but the heaviest fills or drains once
+    ((3.0, 4.0, 4.0, 2.0), 2, 4.5),  # / v
+    ((1.0, 1.0, 5.0), None, 2.0),
+])
+def test_uneven_bubble_is_the_other_stages(stages, vpp, expected) -> None:
+    assert pipeline_bubble_s(stages, Layout(pp=len(stages), vpp=vpp)) == pytest.approx(expected)
+
+
+# 14 layers, a tiny vocabulary (the logits cost next to nothing): splits of PP 4
+GQA14 = ModelSpec(name="gqa14", num_layers=14, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=16,
+                  num_query_groups=4, vocab_size=1024)
+
+
+def test_the_heaviest_stage_sets_the_pace() -> None:
+    # embedding/loss split: stages 3, 4, 4, 3 (the heaviest 4); first 5, last 3: stages 5, 3, 3, 3 (the heaviest 5)
+    job = _job(GQA14, nodes=1, gbs=64)
+    even_ish = estimate_time(job, Layout(pp=4, dp=2, embedding_loss_split=True))
+    lopsided = estimate_time(job, Layout(pp=4, dp=2, first_stage_layers=5, last_stage_layers=3))
+    assert lopsided.breakdown["compute"] / even_ish.breakdown["compute"] == pytest.approx(5 / 4)
+    assert lopsided.step_time_s > even_ish.step_time_s
+    # bubble: other stages' layers, (14 - 4) vs (14 - 5) layer-times
+    assert lopsided.breakdown["pp_bubble"] / even_ish.breakdown["pp_bubble"] == pytest.approx(9 / 10, rel=1e-3)
+
+
+def test_deepseek_v3_pp16_split_runs_four_layers_per_stage() -> None:
+    # 61 = 3 + 14 x 4 + 2: the heaviest stage holds 4 layers, as many as ceil(61 / 16)
+    job = _job("deepseek-v3", nodes=32, gbs=128)
+    layout = Layout(tp=2, pp=16, ep=64, etp=1, dp=8, sp=True, first_stage_layers=3, last_stage_layers=2)
+    est = estimate_time(job, layout)
+    assert layout.stage_layer_counts(61) == (3,) + (4,) * 14 + (2,)
+    assert 0 < est.mfu <= 1 and est.breakdown["pp_bubble"] > 0
 
 
 def test_thinner_gemms_are_less_efficient() -> None:
@@ -120,7 +154,10 @@ LAYOUTS = [
     ("llama3-70b", 4, Layout(tp=8, pp=4, vpp=5, dp=1, sp=True, dist_opt=True)),
     ("llama3-70b", 4, Layout(tp=4, pp=2, cp=2, dp=2, sp=True, recompute="full")),
     ("mixtral", 4, Layout(tp=2, pp=2, ep=8, dp=8, sp=True, dist_opt=True)),
-    ("deepseek-v3", 32, Layout(tp=2, pp=16, ep=64, etp=1, dp=8, sp=True, dist_opt=True, recompute="selective")),
+    ("deepseek-v3", 32, Layout(tp=2, pp=16, ep=64, etp=1, dp=8, sp=True, dist_opt=True, recompute="selective",
+                               first_stage_layers=3, last_stage_layers=2)),
+    ("qwen3-235b", 32, Layout(tp=4, pp=8, vpp=4, ep=8, etp=1, dp=8, sp=True, dist_opt=True,
+                              embedding_loss_split=True)),
 ]
 
 
