@@ -3,8 +3,9 @@
 Each trial is `MegatronBackend.evaluate` on a tiny model and 4 CPU workers (gloo), called from inside a
 Ray Tune function trainable as the search does. Reused: the worker group of `trainers.worker_pool`
 survives across trials (the first trial pays its start-up). Fresh: every trial builds a Ray Train V2
-`TorchTrainer` with new worker processes. Printed per trial: wall time seen by the trial, the job's own
-work on the slowest rank (build + steps + measuring), and the difference (overhead).
+`TorchTrainer` with new worker processes. Printed per trial: the driver's `Tuner.fit` time (one Tuner per
+trial here, so it includes Tune's own start-up, which a search pays once), the wall time inside the trial
+function, the job's own work on the slowest rank (build + steps + measuring), and wall minus work (overhead).
 
     python bench/bench_trainer_overhead.py                 # 6 reused + 2 fresh trials, about 3 minutes here
     python bench/bench_trainer_overhead.py --reused 4 --fresh 1
@@ -43,18 +44,19 @@ def _run(tune, layouts: list[str], job, backend, storage: str) -> list[dict]:
         tuner = tune.Tuner(trainable, param_space={"layout": layout},
                            tune_config=tune.TuneConfig(num_samples=1),
                            run_config=tune.RunConfig(storage_path=storage, verbose=0))
+        t0 = time.perf_counter()
         result = tuner.fit()[0]
-        out.append({"layout": layout, **result.metrics})
+        out.append({"layout": layout, **result.metrics, "tune_s": time.perf_counter() - t0})
     return out
 
 
 def _print(title: str, rows: list[dict]) -> list[float]:
     print(f"\n{title}")
-    print(f"  {'layout':22s} {'status':7s} {'wall s':>7s} {'job s':>6s} {'overhead s':>10s} {'fresh':>6s}")
+    print(f"  {'layout':22s} {'status':7s} {'Tuner s':>7s} {'wall s':>7s} {'job s':>6s} {'overhead s':>10s} {'fresh':>6s}")
     overheads = []
     for r in rows:
         overhead = r["wall_s"] - r["job_s"]
-        print(f"  {r['layout']:22s} {r['status']:7s} {r['wall_s']:7.1f} {r['job_s']:6.1f} {overhead:10.1f} {str(r['fresh']):>6s}"
+        print(f"  {r['layout']:22s} {r['status']:7s} {r['tune_s']:7.1f} {r['wall_s']:7.1f} {r['job_s']:6.1f} {overhead:10.1f} {str(r['fresh']):>6s}"
               + (f"  {r['reason']}" if r["status"] != "ok" else ""))
         if not r["fresh"]:
             overheads.append(overhead)

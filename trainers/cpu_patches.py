@@ -13,9 +13,11 @@ answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1 (see
   the job (Ray Train runs the training function in its own thread).
 - `tensor_parallel.random` CUDA RNG get/set: routed to the CPU generator (else every attention
   forward queues a lazy CUDA call that never runs: a leak).
-- Sequence parallel with torch norms: `WrappedTorchNorm` asserts "sequence parallel not supported
-  by torch LayerNorm"; the norm is built and its parameters marked `sequence_parallel = True`
-  (megatron-core then all-reduces their grads over TP, as it does for TE's norms).
+- Norms: `WrappedTorchNorm` builds `trainers.proxy_norm` norms instead of torch's, which save for
+  backward what TE's / Apex's fused norms save (bf16 input + fp32 statistics; torch's composite
+  RMSNorm keeps fp32 copies, 4x the bytes). With sequence parallelism (which `WrappedTorchNorm`
+  asserts against) their parameters are marked `sequence_parallel = True`, so megatron-core
+  all-reduces their grads over TP as it does for TE's norms.
 - MoE alltoall on gloo: split sizes must be numpy, and `maybe_move_tensor_to_cpu` converts only
   CUDA tensors. 0.16.1 also leaves `moe_utils.te_general_gemm` undefined without TE.
 """
@@ -127,14 +129,17 @@ def _patch_rng_tracker() -> None:
 def _patch_torch_norm() -> None:
     from megatron.core.transformer import torch_norm
 
+    from trainers.proxy_norm import ProxyLayerNorm, ProxyRMSNorm
+
     original_new = torch_norm.WrappedTorchNorm.__new__
 
     def new(cls, config, hidden_size, eps=1e-5, **kwargs):  # noqa: ANN001
-        sequence_parallel = config.sequence_parallel
-        if sequence_parallel:
-            config = _without_sp(config)
-        norm = original_new(cls, config, hidden_size, eps, **kwargs)
-        if sequence_parallel:
+        proxy_cls = {"RMSNorm": ProxyRMSNorm, "LayerNorm": ProxyLayerNorm}.get(config.normalization)
+        if proxy_cls is not None:
+            norm = proxy_cls(hidden_size, eps)
+        else:
+            norm = original_new(cls, _without_sp(config), hidden_size, eps, **kwargs)
+        if config.sequence_parallel:
             for p in norm.parameters():
                 p.sequence_parallel = True
         return norm
