@@ -20,7 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--layout", required=True,
         help='layout as name=value pairs, e.g. "tp=4,pp=4,vpp=5,sp=true,dist_opt=true,recompute=selective"; '
-             "fields: tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, recompute. Omitted fields take "
+             "fields: tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, recompute, and megatron-core's uneven "
+             "pipeline split first_stage_layers, last_stage_layers (num_layers_in_first/last_pipeline_stage) or "
+             "embedding_loss_split=true (account_for_embedding/loss_in_pipeline_split). Omitted fields take "
              "megatron-core's defaults (1, no VPP, ETP = TP, SP off, no distributed optimizer, no recompute); "
              "dp defaults to world / (tp * pp * cp)",
     )
