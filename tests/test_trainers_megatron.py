@@ -97,3 +97,22 @@ def test_smoke_verb_prints_the_groups_and_passes(backend, capsys: pytest.Capture
     out = capsys.readouterr().out
     assert code == 0, out
     assert "TP=2 PP=2 DP=1" in out and "step 3: loss" in out
+
+
+def _tiny_job_config(fault: str):
+    from trainers.megatron_job import JobConfig
+    from trainers.proxy import plan_proxy
+
+    plan = plan_proxy(get_model("tiny-gpt"), parse_layout("tp=2,pp=2"), TrainingSpec(), max_workers=WORLD)
+    return JobConfig(model=plan.model, layout=plan.layout, seq_length=plan.training.seq_length,
+                     num_microbatches=plan.num_microbatches, precision="fp32", timed_steps=1, fault=fault)
+
+
+@pytest.mark.parametrize(("fault", "status"), [("crash", "failed"), ("hang", "timeout")])
+def test_crash_and_hang_are_outcomes_and_the_next_trial_gets_fresh_workers(backend, fault: str, status: str) -> None:
+    from trainers.worker_pool import run_pooled
+
+    out = run_pooled(_tiny_job_config(fault), world_size=WORLD, use_gpu=False, timeout_s=15)
+    assert out.status == status, out.reason
+    after = _evaluate(backend, "tiny-gpt", "tp=2,pp=2")
+    assert after.status == "ok" and after.extra["fresh_workers"] is True

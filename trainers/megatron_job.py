@@ -1,7 +1,8 @@
 """One short megatron-core training job for one layout, inside one worker of an initialised process group.
 
 `run_job(config)` runs on every rank: it (re)initialises `parallel_state` for the layout, builds the GPT
-model chunks (local layer spec; dense or MoE; one chunk per virtual stage), wraps them in megatron-core's
+model chunks (TransformerEngine spec where TE is installed on a GPU, else the local layer spec; dense or
+MoE; one chunk per virtual stage), wraps them in megatron-core's
 DDP and optimizer (distributed optimizer when the layout says so), runs warm-up and timed steps on
 synthetic tokens through `get_forward_backward_func()` (1F1B, interleaved with VPP), and returns this
 rank's `RankResult` as a plain dict. Device is the only difference between GPU (NCCL, cuda) and the CPU
@@ -45,6 +46,7 @@ class JobConfig:
     moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
     measure_memory: bool = True
     lr: float = 1e-3
+    fault: Literal["none", "crash", "hang"] = "none"  # injected on rank 0 in the first step (tests of failure handling)
 
 
 def _device() -> Any:
@@ -136,13 +138,30 @@ def transformer_config(cfg: JobConfig) -> Any:
     )
 
 
+def transformer_engine_available() -> bool:
+    """TE runs only on CUDA; on a CPU build it is never used even if importable."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _layer_spec(cfg: JobConfig) -> Any:
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    """TransformerEngine's spec where TE is installed (GPU), else the local spec (CP via cp_attention)."""
+    from megatron.core.models.gpt import gpt_layer_specs
 
     m = cfg.model
-    spec = get_gpt_layer_local_spec(
-        num_experts=m.moe.num_experts if m.moe else None, moe_grouped_gemm=False,
-        qk_layernorm=m.qk_layernorm, normalization=m.normalization,
+    num_experts = m.moe.num_experts if m.moe else None
+    if transformer_engine_available():
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=m.qk_layernorm)
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(
+        num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=m.qk_layernorm, normalization=m.normalization,
     )
     if cfg.layout.cp > 1:
         from trainers.cp_attention import ContextParallelCoreAttention
@@ -369,12 +388,28 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
     return result
 
 
+def _inject_fault(fault: str) -> None:
+    if fault == "none" or torch_rank() != 0:
+        return
+    if fault == "crash":
+        raise RuntimeError("injected crash on rank 0")
+    while True:  # "hang": the other ranks block in the next collective
+        time.sleep(3600)
+
+
+def torch_rank() -> int:
+    import torch
+
+    return torch.distributed.get_rank()
+
+
 def _train_and_measure(cfg: JobConfig, chunks: list[Any], optimizer: Any) -> dict[str, Any]:
     """Warm-up and timed steps; the first step also tracks saved activations. Returns this rank's report."""
     losses: list[float | None] = []
     step_times: list[float] = []
     activations = 0
     for step in range(cfg.warmup_steps + cfg.timed_steps):
+        _inject_fault(cfg.fault)
         _sync()
         start = time.perf_counter()
         if step == 0 and cfg.measure_memory:
