@@ -72,8 +72,8 @@ class MemoryAssumptions(ActivationAssumptions):
 
 DEFAULT_ASSUMPTIONS = MemoryAssumptions()
 # megatron-core's local (non-TE) layer spec, as the CPU proxy runs it: no flash attention (fp32 softmax and its
-# bf16 copy kept per score), torch norms and unfused SwiGLU, MLA down projections split over TP
-LOCAL_SPEC_ASSUMPTIONS = MemoryAssumptions(flash_attention=False, attention_score_bytes=6.0, fused_kernels=False,
+# bf16 copy kept per score), unfused SwiGLU, MLA down projections split over TP; the proxy's norms save what TE's do
+LOCAL_SPEC_ASSUMPTIONS = MemoryAssumptions(flash_attention=False, attention_score_bytes=6.0, fused_swiglu=False,
                                            mla_down_proj_split=True)
 
 

@@ -52,10 +52,13 @@ class ActivationAssumptions:
     - `attention_score_bytes`: bytes kept per attention score without flash attention. Korthikanti's 5 (fused
       fp16 softmax 2, dropout mask 1, dropout output 2); megatron-core's unfused local path (the CPU proxy, no
       dropout) keeps 6 (fp32 softmax 4 and its bf16 copy 2).
-    - `fused_kernels`: Transformer Engine norms and fused SwiGLU (GPU runs). False describes megatron-core's
-      local spec (`get_gpt_layer_local_spec`, the CPU proxy): torch's RMSNorm keeps its input and its normalised
-      output in fp32 (8 B per element where TE keeps the 2 B input), and the unfused SwiGLU also keeps silu(x)
-      (and, in the experts, the product before the routing-probability multiply).
+    - `fused_swiglu`: megatron-core's fused SwiGLU (`bias_swiglu_impl`, `weighted_bias_swiglu_impl`; GPU runs)
+      keeps only its input. False (the local spec with `bias_activation_fusion=False`, as the CPU proxy runs it):
+      the unfused SwiGLU also keeps silu(x) and a contiguous copy of x's first half (and, in the experts, the
+      product before the routing-probability multiply).
+    - `torch_rmsnorm`: megatron-core's local spec builds torch's RMSNorm, whose composite kernel keeps fp32 copies
+      of its input and normalised output (8 B per element where TE keeps the 2 B input). The CPU proxy
+      (`trainers.cpu_patches`) swaps in norms that save what TE's save, so False there too.
     - FP8: activations are counted as BF16. TE saves FP8 copies of GEMM inputs, but norms, attention and
       activation-function tensors stay in BF16; the BF16 count is an upper bound.
     """
@@ -65,7 +68,8 @@ class ActivationAssumptions:
     dropout: bool | None = None
     moe_token_imbalance: float = 1.0
     attention_score_bytes: float = 5.0
-    fused_kernels: bool = True
+    fused_swiglu: bool = True
+    torch_rmsnorm: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +87,7 @@ class _Shape:
     flash: bool
     score_bytes: float
     norm_bytes: float  # bytes per element a norm keeps of its input: 2 (TE, torch LayerNorm), 8 (torch RMSNorm)
-    fused: bool
+    fused_swiglu: bool
 
     @property
     def tokens(self) -> int:
@@ -97,8 +101,8 @@ def _shape(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions
         s=training.seq_length // layout.cp, s_full=training.seq_length, b=layout.mbs, t=layout.tp,
         sp_div=layout.tp if layout.sp else 1, recompute=layout.recompute, modules=modules, dropout=dropout,
         flash=assumptions.flash_attention, score_bytes=assumptions.attention_score_bytes,
-        norm_bytes=ACT_BYTES if assumptions.fused_kernels or model.normalization == "LayerNorm" else 8.0,
-        fused=assumptions.fused_kernels,
+        norm_bytes=8.0 if assumptions.torch_rmsnorm and model.normalization == "RMSNorm" else ACT_BYTES,
+        fused_swiglu=assumptions.fused_swiglu,
     )
 
 
@@ -127,7 +131,7 @@ def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
         qkv_width, o_width = a * (2 * qk + m.v_head_dim), a * m.v_head_dim
     else:
         qkv_width, o_width = _qkv_saved_width(model, x), a * d
-        if model.qk_layernorm and not x.fused:  # torch RMSNorm keeps fp32 copies; TE's keeps the (counted) view
+        if model.qk_layernorm and x.norm_bytes > ACT_BYTES:  # torch RMSNorm: fp32 copies; TE: the (counted) view
             terms["qk_norm_input"] = (x.norm_bytes - ACT_BYTES) * T * (a + g) * d / t
     terms["qkv"] = ACT_BYTES * T * qkv_width / t
     if "core_attn" in x.modules:
@@ -174,7 +178,7 @@ def mlp_activation_bytes(model: ModelSpec, x: _Shape, ffn: int) -> dict[str, flo
     fc1_out = 2 * ffn if model.gated_linear_unit else ffn
     inner = "mlp" in x.modules
     # unfused SwiGLU also keeps silu(x) and the contiguous copy of x's first half that silu saves (CPU probe)
-    unfused_glu = 0 if x.fused or not model.gated_linear_unit else 2 * ffn
+    unfused_glu = 0 if x.fused_swiglu or not model.gated_linear_unit else 2 * ffn
     return {
         "mlp_norm_input": x.norm_bytes * T * h / sd,
         "fc1_input": ACT_BYTES * T * h / sd,
@@ -208,7 +212,7 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
     elif "moe_act" in x.modules:
         experts = ACT_BYTES * expert_tokens * (h + fc1 / etp)
     else:  # unfused (local spec): silu(x) and the product before the probs multiply are kept too
-        extra = 0 if x.fused else (3 * ffn if model.gated_linear_unit else ffn)
+        extra = 0 if x.fused_swiglu else (3 * ffn if model.gated_linear_unit else ffn)
         experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + (ffn + extra) / etp)
     shared = 0.0
     if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and "moe" not in x.modules:
