@@ -112,28 +112,27 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+Split = tuple[int | None, int | None, bool]  # (first_stage_layers, last_stage_layers, embedding_loss_split)
+EVEN: Split = (None, None, False)
+
+
+def pipeline_split(layout: Layout) -> Split:
+    """The layout's pipeline split fields, as a hashable cache key."""
+    return (layout.first_stage_layers, layout.last_stage_layers, layout.embedding_loss_split)
+
+
 @lru_cache(maxsize=4096)
-def chunk_layer_counts(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
+def chunk_layer_counts(num_layers: int, pp: int, vpp: int = 1, split: Split = EVEN) -> tuple[int, ...]:
     """Transformer layers in each of the PP * VPP model chunks, in model order (chunk k on stage k % PP).
 
-    Even split when `num_layers % (PP * VPP) == 0` (megatron-core's default). Otherwise, when adding the
-    embedding and the loss as one layer each makes it even (`account_for_embedding_in_pipeline_split` and
-    `account_for_loss_in_pipeline_split`, e.g. Qwen3-235B's 94 + 2 = 96 over PP=8 x VPP=4), the first and last
-    chunks get one layer fewer; with only one of them, the last chunk gets one fewer. Any other remainder is
-    given one extra layer per chunk from the first chunk on (a conservative stand-in for
-    `num_layers_in_first_pipeline_stage`; the validity rules decide whether megatron accepts the layout).
+    Exactly `Layout.chunk_layer_counts`: megatron-core's even split, its uneven split
+    (`num_layers_in_first/last_pipeline_stage`) or its embedding+loss split
+    (`account_for_embedding/loss_in_pipeline_split`), from `transformer_config.py` / `get_num_layers_to_build`.
     """
-    n = pp * vpp
-    if num_layers % n == 0:
-        return (num_layers // n,) * n
-    if n > 1 and (num_layers + 2) % n == 0 and (num_layers + 2) // n >= 1:
-        per = (num_layers + 2) // n
-        return (per - 1,) + (per,) * (n - 2) + (per - 1,)
-    if (num_layers + 1) % n == 0:
-        per = (num_layers + 1) // n
-        return (per,) * (n - 1) + (per - 1,)
-    base, extra = divmod(num_layers, n)
-    return tuple(base + (1 if k < extra else 0) for k in range(n))
+    first, last, embedding_loss = split
+    layout = Layout(pp=pp, vpp=vpp if vpp > 1 else None, first_stage_layers=first, last_stage_layers=last,
+                    embedding_loss_split=embedding_loss)
+    return layout.chunk_layer_counts(num_layers)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,9 +234,9 @@ def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down
 
 
 @lru_cache(maxsize=4096)
-def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int,
+def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, split: Split,
                          divisible_by: int, mla_down_split: bool) -> tuple[StageParams, ...]:
-    counts = chunk_layer_counts(model.num_layers, pp, vpp)
+    counts = chunk_layer_counts(model.num_layers, pp, vpp, split)
     blocks = _layer_params_per_gpu(model, tp, ep, etp, mla_down_split)
     unsplit = _layer_params_per_gpu(model, 1, 1, 1, mla_down_split)
     h = model.hidden_size
@@ -281,7 +280,7 @@ def stage_params(model: ModelSpec, layout: Layout,
                  assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> list[StageParams]:
     """Parameters per pipeline stage and per GPU of that stage, for comparison with a real megatron-core model."""
     return list(_stage_params_cached(model, layout.tp, layout.pp, layout.vpp_size, layout.ep, layout.expert_tp,
-                                     assumptions.make_vocab_size_divisible_by, assumptions.mla_down_proj_split))
+                                     pipeline_split(layout), assumptions.make_vocab_size_divisible_by, assumptions.mla_down_proj_split))
 
 
 # --- overhead ------------------------------------------------------------------------------------
@@ -350,13 +349,13 @@ def _state_bytes(sp: StageParams, layout: Layout, precision: str, assumptions: M
 
 
 @lru_cache(maxsize=4096)
-def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int,
+def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, split: Split = EVEN,
                       ) -> tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]:
     """Stages that can be the peak, with their chunks as (chunk index k, first layer, layers).
 
     In-flight micro-batches never grow with the stage index, so among stages holding the same layers
     (same dense/MoE counts per chunk, same embedding/output) only the first can be the heaviest."""
-    counts = chunk_layer_counts(num_layers, pp, vpp)
+    counts = chunk_layer_counts(num_layers, pp, vpp, split)
     starts = [sum(counts[:k]) for k in range(len(counts))]
     last = len(counts) - 1
     seen: set[tuple] = set()
@@ -392,7 +391,7 @@ def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
     model, training = job.model, job.training
     cache = _job_cache(model, training, assumptions)
     tp, etp = layout.tp, layout.expert_tp
-    stage_key = (tp, layout.pp, layout.vpp_size, layout.ep, etp)
+    stage_key = (tp, layout.pp, layout.vpp_size, layout.ep, etp, pipeline_split(layout))
     stages = cache.stages.get(stage_key)
     if stages is None:
         stages = cache.stages[stage_key] = _stage_params_cached(
@@ -441,7 +440,8 @@ def estimate_memory(job: Job, layout: Layout,
     stages, unit = _lookups(job, layout, assumptions)
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     best: MemoryEstimate | None = None
-    for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size):
+    for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size,
+                                        pipeline_split(layout)):
         est = _stage_estimate(job, layout, assumptions, stages[p], unit, chunks)
         if best is None or est.total_bytes > best.total_bytes:
             best = est
@@ -453,7 +453,7 @@ def estimate_memory_per_stage(job: Job, layout: Layout,
                               assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> tuple[MemoryEstimate, ...]:
     """The estimate for one GPU of every pipeline stage, in stage order (`estimate_memory` is their maximum)."""
     stages, unit = _lookups(job, layout, assumptions)
-    counts = chunk_layer_counts(job.model.num_layers, layout.pp, layout.vpp_size)
+    counts = chunk_layer_counts(job.model.num_layers, layout.pp, layout.vpp_size, pipeline_split(layout))
     starts = [sum(counts[:k]) for k in range(len(counts))]
     return tuple(
         _stage_estimate(job, layout, assumptions, sp, unit,
@@ -470,7 +470,7 @@ def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chu
     pp, vpp = layout.pp, layout.vpp_size
     if not (0 <= stage < pp and 0 <= chunk < vpp):
         raise ValueError(f"stage must be in [0, {pp}) and chunk in [0, {vpp}), but got (stage={stage}, chunk={chunk}).")
-    counts = chunk_layer_counts(model.num_layers, pp, vpp)
+    counts = chunk_layer_counts(model.num_layers, pp, vpp, pipeline_split(layout))
     k = chunk * pp + stage
     start = sum(counts[:k])
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers

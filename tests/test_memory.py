@@ -92,14 +92,15 @@ def test_vocab_padded_to_multiple_of_128_tp(vocab, tp, padded):
     assert padded_vocab_size(vocab, tp) == padded
 
 
-@pytest.mark.parametrize("layers,pp,vpp,counts", [
-    (8, 2, 1, (4, 4)),
-    (8, 2, 2, (2, 2, 2, 2)),
-    (94, 8, 4, (2,) + (3,) * 30 + (2,)),  # (94 + 2) / 32 = 3, embedding and loss count as a layer
-    (61, 16, 1, (4,) * 13 + (3,) * 3),  # no even split: the remainder goes to the first chunks
+@pytest.mark.parametrize("layers,pp,vpp,split,counts", [
+    (8, 2, 1, (None, None, False), (4, 4)),
+    (8, 2, 2, (None, None, False), (2, 2, 2, 2)),
+    (94, 8, 4, (None, None, True), (2,) + (3,) * 30 + (2,)),  # (94 + 2) / 32 = 3, embedding and loss count as a layer
+    (61, 16, 1, (3, 2, False), (3,) + (4,) * 14 + (2,)),  # 3 + 14 * 4 + 2 = 61 (num_layers_in_first/last_pipeline_stage)
+    (126, 8, 2, (16, 14, False), (8,) * 7 + (7,) + (8,) * 7 + (7,)),  # each stage's layers split over its 2 chunks
 ])
-def test_chunk_layer_counts(layers, pp, vpp, counts):
-    assert chunk_layer_counts(layers, pp, vpp) == counts
+def test_chunk_layer_counts(layers, pp, vpp, split, counts):
+    assert chunk_layer_counts(layers, pp, vpp, split) == counts
     assert sum(counts) == layers
 
 
