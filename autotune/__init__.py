@@ -1,3 +1,34 @@
-"""autotune: find the fastest valid Megatron-Core parallel layout for a model on a GPU cluster."""
+"""autotune: find the fastest valid Megatron-Core parallel layout for a model on a GPU cluster.
+
+    import autotune
+    result = autotune.search("mixtral", nodes=4, trials=64, seed=0)
+
+The API (`autotune.api`) and the spec modules load on first use, so `import autotune` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["search", "estimate", "make_job", "ray_session", "Result",
+           "models", "clusters", "plots", "report", "dashboard", "api"]
+
+_API = frozenset({"search", "estimate", "make_job", "ray_session", "Result"})
+_SUBMODULES = frozenset({"models", "clusters", "plots", "report", "dashboard", "api"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        value = getattr(importlib.import_module("autotune.api"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"autotune.{name}")
+    else:
+        raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
