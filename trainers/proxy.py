@@ -93,8 +93,8 @@ def reduce_data_parallel(layout: Layout, max_workers: int) -> Layout:
 
 
 def _proxy_moe(moe: MoESpec, layout: Layout, first_dense: int) -> MoESpec:
-    experts = min(moe.num_experts, _round_up(max(4, moe.topk if moe.topk <= 2 else 2), layout.ep))
-    experts = max(experts, layout.ep)
+    """4 experts (or EP if larger, a multiple of EP either way, never more than the model has), top-k <= 2."""
+    experts = max(layout.ep, min(moe.num_experts, _round_up(4, layout.ep)))
     topk = min(moe.topk, 2, experts)
     ffn = _round_up(2 * HEAD_DIM * HEADS_PER_TP, layout.expert_tp * 8)
     shared = _round_up(ffn, layout.tp) if moe.shared_expert_ffn_hidden_size else 0
