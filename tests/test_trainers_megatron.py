@@ -27,14 +27,19 @@ def backend(tmp_path_factory: pytest.TempPathFactory):
     from trainers.worker_pool import shutdown_pool
 
     tmp = tmp_path_factory.mktemp("ray")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["TMPDIR"] = str(tmp)
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "TMPDIR")}
+    os.environ.update(RAY_AUTH_MODE="disabled", TMPDIR=str(tmp))  # no ~/.ray/auth_token; torch/Ray temp files here
     started = not ray.is_initialized()
     ensure_ray(str(tmp), num_cpus=2)
     yield MegatronBackend(precision="fp32", warmup_steps=1, timed_steps=1)
     shutdown_pool()
     if started:
         ray.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _job(model: str) -> Job:
@@ -64,6 +69,7 @@ def test_layout_trains_with_finite_losses_and_the_layouts_groups(backend, model:
     assert {k: m.extra["groups"][k] for k in groups} == groups
     assert m.step_time_s > 0 and m.tokens_per_s_per_gpu > 0
     assert set(m.memory) == {"weights", "gradients", "optimizer", "activations"}
+    assert m.extra["analytic_prediction"]["status"] in ("ok", "oom", "invalid")  # shown beside the measurement
 
 
 def test_context_parallel_attention_matches_the_unsplit_sequence(backend) -> None:

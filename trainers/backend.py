@@ -31,7 +31,7 @@ from trainers.proxy import ProxyPlan, plan_proxy
 
 __all__ = [
     "MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups", "expert_folding_violation",
-    "analytic_proxy_memory", "proxy_memory_assumptions",
+    "analytic_proxy_memory", "analytic_prediction", "proxy_memory_assumptions",
 ]
 
 WORKER_RSS_BYTES = 700 * 1024**2  # one worker with torch + megatron-core and a tiny model, with headroom
@@ -129,7 +129,9 @@ class MegatronBackend:
         except ValueError as e:
             return Measurement(layout=layout, status="failed", source=source, reason=f"cannot profile here: {e}")
         outcome = self.run_plan(plan, use_gpu=use_gpu)
-        return measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
+        m = measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
+        m.extra["analytic_prediction"] = analytic_prediction(job, layout)
+        return m
 
     def run_plan(self, plan: ProxyPlan, *, use_gpu: bool) -> Any:
         from trainers.worker_pool import run_fresh, run_pooled
@@ -165,6 +167,18 @@ def _group_mismatch(ranks: list[dict[str, Any]], layout: Layout) -> str:
         if diff:
             return f"rank {r['rank']}: megatron-core formed groups {got}, the layout needs {want} (differs: {diff})"
     return ""
+
+
+def analytic_prediction(job: Job, layout: Layout) -> dict[str, Any]:
+    """The analytic backend's figures for the real model and layout, to show beside the measured ones."""
+    try:
+        from autotune.analytic import AnalyticBackend
+
+        a = AnalyticBackend().evaluate(job, layout)
+    except Exception as e:  # noqa: BLE001 - the comparison is optional
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    return {"status": a.status, "memory_bytes": a.memory_bytes, "memory": dict(a.memory),
+            "step_time_s": a.step_time_s, "tokens_per_s_per_gpu": a.tokens_per_s_per_gpu, "mfu": a.mfu}
 
 
 def proxy_memory_assumptions() -> Any:
