@@ -180,8 +180,9 @@ def run_search(
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
     done = read_trials(folder, capacity) if resume is not None else []
     threshold = trials if exhaustive_threshold is None else exhaustive_threshold
+    exhaustive = meta["mode"] == "exhaustive" if meta else space.size <= threshold
     plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name, capacity_bytes=capacity,
-                      headroom_bytes=headroom, seed=seed, trials=trials, exhaustive=space.size <= threshold,
+                      headroom_bytes=headroom, seed=seed, trials=trials, exhaustive=exhaustive,
                       naming=naming, seeds=tuple(seeds), fixed=tuple(outside), done=tuple(done), folder=folder,
                       max_concurrent=max_concurrent, progress=_progress_callback(progress))
     meta = {"fingerprint": job_fingerprint(job), "job": job_summary(job), "trials": trials, "seed": seed,

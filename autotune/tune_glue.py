@@ -20,6 +20,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,12 @@ class LayoutSearch(OptunaSearch):
         self._rng = random.Random(plan.seed)
         self._turn = 0
         self._neighbours: dict[Layout, list[Layout]] = {}
-        sampler = optuna.samplers.TPESampler(seed=plan.seed, n_startup_trials=N_STARTUP_TRIALS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate TPE over co-occurring parameter groups: conditional spaces, and ~7x cheaper
+            # per proposal than independent multi-objective TPE (which re-splits the trials per parameter)
+            sampler = optuna.samplers.TPESampler(seed=plan.seed, n_startup_trials=N_STARTUP_TRIALS,
+                                                 multivariate=True, group=True)
         points = [params_of(plan.space, s.layout, plan.naming) for s in plan.seeds if s.layout not in self.known]
         # In-memory study while searching (SQLite costs ~0.1-0.5 s per trial here); trials.csv is the
         # durable record and the study is written to study.db at the end (`write_study`).

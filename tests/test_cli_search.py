@@ -1,0 +1,144 @@
+"""`python -m autotune [search]` end to end: the README command, --json, an impossible request,
+SIGKILL then --resume, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from search_spaces.gpus import get_gpu
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_ARGS = ["--model", "tiny-gpt", "--nodes", "1", "--gpus-per-node", "2", "--seq-length", "1024",
+              "--global-batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 _temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _cli(args: list[str], tmp_path: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs)
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Kill what is left of the process group this test started (a SIGKILLed driver leaves Ray behind)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_readme_command_end_to_end(tmp_path):
+    proc = _cli(["--model", "mixtral", "--nodes", "4", "--output", "run"], tmp_path)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 0, err[-2000:]
+    assert "Best layouts" in out and "Pareto front" in out
+    assert "model.tensor_model_parallel_size=" in out and "--tensor-model-parallel-size" in out
+    assert "(pid=" not in out + err and "INFO" not in err  # Ray's own logs stay out without --verbose
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert best["launch"]["megatron_lm"].startswith("--tensor-model-parallel-size")
+
+
+def test_json_output_is_one_object_with_best_pareto_and_trials(tmp_path, capsys, ray_session):
+    rc = main([*SMALL_ARGS, "--trials", "12", "--exhaustive-threshold", "0", "--json", "--output", str(tmp_path / "r")])
+    payload = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert payload["best"]["layout"]["tensor_model_parallel_size"] >= 1
+    assert set(payload["best"]["launch"]) == {"megatron_bridge", "megatron_lm"}
+    assert len(payload["trials"]) == 12 and payload["pareto"]
+    assert payload["stats"]["invalid_proposals"] == 0
+
+
+def test_impossible_request_exits_1_and_names_the_closest_layouts(tmp_path, capsys, ray_session):
+    # leave 1 MiB usable on each GPU: nothing fits
+    headroom_gib = get_gpu("h100").memory_gib - 1 / 1024
+    rc = main([*SMALL_ARGS, "--trials", "6", "--exhaustive-threshold", "0", "--headroom-gib", str(headroom_gib),
+               "--output", str(tmp_path / "r"), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "No layout fits" in out and "GiB over" in out and "Try:" in out
+
+
+def test_bad_trial_budget_is_exit_2(tmp_path, capsys):
+    assert main([*SMALL_ARGS, "--trials", "0", "--output", str(tmp_path / "r")]) == 2
+    assert "--trials must be at least 1" in capsys.readouterr().err
+
+
+def _wait_for_rows(csv_path: Path, rows: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if csv_path.exists() and len(csv_path.read_text().splitlines()) > rows:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the search ended before {rows} trials: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.2)
+    pytest.fail(f"no {rows} trials within {timeout_s} s")
+
+
+def test_sigkill_then_resume_finishes_without_rerunning(tmp_path):
+    args = [*SMALL_ARGS, "--trials", "40", "--exhaustive-threshold", "0", "--output", "run"]
+    proc = _cli(args, tmp_path)
+    csv_path = tmp_path / "run" / "trials.csv"
+    try:
+        _wait_for_rows(csv_path, 5, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        _reap(proc)
+    before = csv_path.read_text().splitlines()
+    assert 5 < len(before) <= 41
+    again = _cli([*SMALL_ARGS, "--resume", "run", "--json"], tmp_path)
+    try:
+        out, err = again.communicate(timeout=240)
+    finally:
+        _reap(again)
+    assert again.returncode == 0, err[-2000:]
+    after = csv_path.read_text().splitlines()
+    assert after[:len(before)] == before  # finished trials kept, not rerun
+    layouts = [json.dumps(t["layout"], sort_keys=True) for t in json.loads(out)["trials"]]
+    assert len(layouts) == 40 and len(set(layouts)) == 40
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path):
+    proc = _cli([*SMALL_ARGS, "--trials", "150", "--exhaustive-threshold", "0", "--output", "run"], tmp_path)
+    csv_path = tmp_path / "run" / "trials.csv"
+    try:
+        _wait_for_rows(csv_path, 5, proc)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 130, err[-2000:]
+    assert "--resume" in err
+    meta = json.loads((tmp_path / "run" / "search.json").read_text())
+    assert meta["completed"] is False
+    assert len(csv_path.read_text().splitlines()) - 1 == meta["finished_trials"] >= 5

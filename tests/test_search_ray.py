@@ -1,0 +1,160 @@
+"""`run_search` end to end on Ray Tune (one local Ray for the module): correctness against exhaustive
+evaluation, the output folder, faults, user layouts, resume."""
+
+import csv
+import os
+import sys
+import tempfile
+
+import optuna
+import pytest
+
+from autotune.analytic import AnalyticBackend
+from autotune.measurement import Measurement
+from autotune.results import read_meta, write_meta
+from autotune.search import run_search
+from autotune.tune_glue import is_feasible
+from search_spaces.catalog import get_model
+from search_spaces.gpus import build_cluster
+from search_spaces.job import Job
+from search_spaces.layout import TrainingSpec
+from search_spaces.space import SpaceOptions, feasible_space
+
+pytestmark = pytest.mark.slow
+GIB = 1024**3
+
+SMALL = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=2),
+            training=TrainingSpec(seq_length=1024, global_batch_size=16))  # 168 layouts
+# llama3-8b on 8 A100-40GB, 4K tokens: 320 layouts, of which memory rules out more than half.
+CONSTRAINED = Job(model=get_model("llama3-8b"), cluster=build_cluster(nodes=1, gpu="a100-40gb"),
+                  training=TrainingSpec(seq_length=4096, global_batch_size=16))
+CONSTRAINED_OPTIONS = SpaceOptions(micro_batch_sizes=(1, 2), recompute=("none", "full"), dist_opt=(True,))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 _temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    yield
+    if started:
+        ray.shutdown()
+
+
+class FlakyBackend:
+    """Analytic figures, except: TP=2 layouts raise, PP=2 layouts return nothing."""
+
+    name = "flaky"
+
+    def evaluate(self, job, layout):
+        if layout.tp == 2:
+            raise RuntimeError("simulated crash")
+        if layout.pp == 2:
+            return None
+        return AnalyticBackend().evaluate(job, layout)
+
+
+def _exhaustive_best(job, options, headroom_bytes):
+    backend, capacity = AnalyticBackend(), job.cluster.gpu.memory_bytes - headroom_bytes
+    best = 0.0
+    for layout in feasible_space(job, options).layouts():
+        m = backend.evaluate(job, layout)
+        if is_feasible(m, capacity):
+            best = max(best, m.tokens_per_s_per_gpu)
+    return best
+
+
+def test_search_best_equals_exhaustive_best(tmp_path):
+    # no seeds: the sampler and its local moves alone find the optimum of 320 layouts in 60 trials
+    headroom = 4 * GIB
+    result = run_search(CONSTRAINED, trials=60, backend="analytic", seed=0, headroom_bytes=headroom,
+                        output_dir=tmp_path, space_options=CONSTRAINED_OPTIONS, exhaustive_threshold=0, progress=False,
+                        use_seeds=False)
+    assert result.mode == "search"
+    assert result.best.tokens_per_s_per_gpu == _exhaustive_best(CONSTRAINED, CONSTRAINED_OPTIONS, headroom)
+    assert result.stats["invalid_proposals"] == 0
+    assert len({r.layout for r in result.records}) == len(result.records) == 60
+
+
+def test_output_folder_holds_trials_winner_launch_forms_and_study(tmp_path):
+    result = run_search(SMALL, trials=20, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+                        progress=False)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"trials.csv", "best.json", "best_megatron_bridge.txt", "best_megatron_lm.txt", "study.db",
+            "search.json"} <= names
+    with open(tmp_path / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 20 and {"layout", "status", "reason", "tokens_per_s_per_gpu", "memory_gib"} <= set(rows[0])
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 20
+    assert read_meta(tmp_path)["completed"] is True
+    assert result.best is not None
+
+
+def test_space_within_budget_is_evaluated_whole(tmp_path):
+    result = run_search(SMALL, trials=200, backend="analytic", seed=0, output_dir=tmp_path, progress=False)
+    assert result.mode == "exhaustive"
+    assert len(result.records) == 168
+    assert result.best.tokens_per_s_per_gpu == _exhaustive_best(SMALL, SpaceOptions(), result.headroom_bytes)
+
+
+def test_failing_trials_are_recorded_with_reasons_and_the_search_goes_on(tmp_path):
+    import ray.cloudpickle
+
+    # FlakyBackend travels by value to the Ray workers (they cannot import this test module)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    result = run_search(SMALL, trials=30, backend=FlakyBackend(), seed=0, output_dir=tmp_path,
+                        exhaustive_threshold=0, progress=False)
+    reasons = [r.measurement.reason for r in result.records if r.measurement.status == "failed"]
+    assert len(result.records) == 30
+    assert any("simulated crash" in r for r in reasons)
+    assert any("returned no metrics" in r for r in reasons)
+    assert result.best is not None and result.best.layout.tp != 2
+
+
+def test_user_layout_outside_the_space_is_evaluated_and_labelled(tmp_path):
+    options = SpaceOptions(micro_batch_sizes=(1,))
+    result = run_search(SMALL, trials=10, backend="analytic", seed=0, output_dir=tmp_path, space_options=options,
+                        compare=["tp=2,mbs=4,sp=true"], exhaustive_threshold=0, progress=False)
+    users = [r for r in result.records if r.origin == "user"]
+    assert [str(r.layout) for r in users] == ["tp=2,pp=1,cp=1,ep=1,dp=1,mbs=4,sp=true,dist_opt=false,recompute=none"]
+
+
+def test_resume_runs_only_the_missing_trials(tmp_path):
+    first = run_search(SMALL, trials=12, backend="analytic", seed=3, output_dir=tmp_path, exhaustive_threshold=0,
+                       progress=False)
+    lines = (tmp_path / "trials.csv").read_text().splitlines()
+    (tmp_path / "trials.csv").write_text("\n".join(lines[:6]) + "\n")  # header + 5 trials survived a kill
+    meta = read_meta(tmp_path)
+    write_meta(tmp_path, {**meta, "completed": False})
+    again = run_search(SMALL, trials=12, backend="analytic", seed=3, resume=tmp_path, exhaustive_threshold=0,
+                       progress=False)
+    assert len(again.records) == 12
+    assert [r.layout for r in again.records[:5]] == [r.layout for r in first.records[:5]]
+    assert len({r.layout for r in again.records}) == 12
+
+
+def test_a_completed_search_asked_again_returns_at_once(tmp_path):
+    first = run_search(SMALL, trials=8, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+                       progress=False)
+    again = run_search(SMALL, trials=8, backend="analytic", seed=0, resume=tmp_path, progress=False)
+    assert "ray_start_s" not in again.stats.get("timings", {})  # no trial ran
+    assert again.best.layout == first.best.layout
+
+
+def test_resume_of_another_job_is_refused(tmp_path):
+    run_search(SMALL, trials=4, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+               progress=False)
+    with pytest.raises(ValueError, match="give the same model"):
+        run_search(CONSTRAINED, trials=4, backend="analytic", resume=tmp_path, progress=False)
+
+
+def test_measurement_type_is_what_the_api_reads(tmp_path):
+    result = run_search(SMALL, trials=5, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+                        progress=False)
+    assert all(isinstance(m, Measurement) for m in result.measurements)
+    assert result.job is SMALL
