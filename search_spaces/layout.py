@@ -227,8 +227,9 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, obje
 
     1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's
        `account_for_embedding/loss_in_pipeline_split` (Llama-3.1-405B: 126 + 2 = 128 over PP 8 x VPP 8;
-       Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4, and over PP 32 x VPP 3 in the ModelZoo, where the first
-       chunk holds only the embedding and the last only the loss: megatron-core builds 0 layers there).
+       Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4). At least 2 slots per chunk: with 1 the first chunk holds
+       only the embedding (valid, megatron-core builds 0 layers there; the ModelZoo runs Qwen3-235B on
+       PP 32 x VPP 3 so) but autotune does not offer it.
     2. Otherwise `first_stage_layers` / `last_stage_layers`: middle stages get m layers, the smallest multiple
        of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
        also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
@@ -237,7 +238,7 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, obje
     """
     if pp < 2 or num_layers % (pp * vpp) == 0:
         return None
-    if (num_layers + 2) % pp == 0 and ((num_layers + 2) // pp) % vpp == 0:
+    if (num_layers + 2) % pp == 0 and ((num_layers + 2) // pp) % vpp == 0 and (num_layers + 2) // (pp * vpp) >= 2:
         return {"embedding_loss_split": True}
     per_stage = -(-num_layers // pp)
     m = -(-per_stage // vpp) * vpp
