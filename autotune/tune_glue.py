@@ -172,6 +172,7 @@ class LayoutSearch(OptunaSearch):
             elif layout in self.known:
                 self.counts["repeats"] += 1
                 repeats += 1
+                ot_trial.set_user_attr("repeat", True)  # answered from the record; left out of study.db
                 self._tell(ot_trial, self.known[layout], layout)
             else:
                 origin = "seed" if layout in self.seed_layouts else "search"
@@ -431,7 +432,8 @@ def write_study(study: optuna.Study, path: Path) -> None:
     _fast_sqlite(storage)
     out = optuna.create_study(storage=storage, study_name=STUDY_NAME, directions=study.directions)
     out.set_metric_names(list(_METRICS))
-    _add_trials_one_transaction(storage, out, [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()])
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get("repeat")]
+    _add_trials_one_transaction(storage, out, trials)
     storage.remove_session()
     storage.engine.dispose()
     os.replace(tmp, path)
