@@ -32,6 +32,7 @@ __all__ = ["PoolOutcome", "run_pooled", "run_fresh", "shutdown_pool", "POOL_NAME
 POOL_NAME = "autotune-megatron-pool"
 POOL_NAMESPACE = "autotune"
 GRACE_AFTER_FIRST_ERROR_S = 10.0
+MAX_KEPT_GROUPS = 2  # worker groups kept alive at once (each rank holds ~450 MB with torch + megatron-core)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,6 +180,11 @@ def _make_pool_class() -> Any:
             t0 = time.perf_counter()
             key = (world, use_gpu)
             fresh = key not in self.groups
+            if fresh:
+                while len(self.groups) >= MAX_KEPT_GROUPS:  # dicts keep insertion order: the oldest goes first
+                    self._kill_group(next(iter(self.groups)))
+            else:
+                self.groups[key] = self.groups.pop(key)  # most recently used last
             try:
                 workers = self._start_group(world, use_gpu, cpus_per_worker, timeout_s) if fresh else self.groups[key][0]
             except Exception as e:  # noqa: BLE001
