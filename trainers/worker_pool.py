@@ -68,10 +68,13 @@ def _run_on_rank(cfg: Any) -> dict[str, Any]:
         return {"status": _classify(e), "reason": f"{type(e).__name__}: {e}"[:2000], "traceback": tail[-3000:]}
 
 
+def _cpu_threads(world_size: int) -> int:
+    """Intra-op threads per CPU rank: the machine's cores shared by the ranks, at least one."""
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 def _worker_env(use_gpu: bool) -> None:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-    if not use_gpu:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _runtime_env() -> dict[str, Any]:
@@ -109,7 +112,7 @@ def _make_worker_class() -> Any:
 
             t0 = time.perf_counter()
             if not self.use_gpu:
-                torch.set_num_threads(1)
+                torch.set_num_threads(_cpu_threads(self.world_size))
             else:
                 torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
             torch.distributed.init_process_group(
@@ -281,7 +284,7 @@ def _train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, Any]] | Non
     import ray.train
 
     if not torch.cuda.is_available():
-        torch.set_num_threads(1)
+        torch.set_num_threads(_cpu_threads(torch.distributed.get_world_size()))
     result = _run_on_rank(config["job"])
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, result)
