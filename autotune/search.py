@@ -30,6 +30,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -190,7 +191,8 @@ def run_search(
             "mode": "exhaustive" if plan.exhaustive else "search", "completed": bool(meta and meta.get("completed")),
             "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}"}
     write_meta(folder, meta)
-    stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start}}
+    stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start,
+                                         "started_at_s": _since_process_start() - (time.perf_counter() - t_start)}}
     records, interrupted = list(done), False
     if _remaining(plan) > 0 and space.size + len(outside) > 0:
         log = TrialLog(folder)
@@ -208,15 +210,30 @@ def run_search(
             records = read_trials(folder, capacity)
         finally:
             log.close()
+            writer = stats.pop("_study_writer", None)
+            if writer is not None:
+                writer.join()
+                stats.update({k: v for k, v in writer.stats.items() if k.startswith("study_write")})
     result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
                           mode=meta["mode"], backend=backend_name, seed=seed, space_size=space.size, stats=stats,
                           interrupted=interrupted, output_dir=str(folder))
     result.write(folder)
+    stats["timings"]["run_search_s"] = time.perf_counter() - t_start
     meta["completed"] = not interrupted and _remaining(plan, len(records) - len(done)) <= 0
     meta["finished_trials"] = len(records)
     meta["stats"] = stats
     write_meta(folder, meta)
     return result
+
+
+def _since_process_start() -> float:
+    """Seconds since this process started (interpreter and imports before the search), or 0 if unknown."""
+    try:
+        import psutil  # a Ray dependency
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:
+        return 0.0
 
 
 def _remaining(plan: SearchPlan, new: int = 0) -> int:
@@ -252,6 +269,9 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
     for name in ("ray", "ray.tune", "ray.train", "ray.data", "optuna"):
         logging.getLogger(name).setLevel(level)
     started = False
+    # Import Tune and Optuna (1-2 s) on a thread while ray.init waits for Ray's processes to come up.
+    preload = threading.Thread(target=_preload_tune, name="autotune-preload", daemon=True)
+    preload.start()
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": level, "configure_logging": True}
         if address:
@@ -259,6 +279,7 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
         else:
             ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, dashboard_host="127.0.0.1", **kwargs)
         started = True
+    preload.join()
     stats.setdefault("timings", {})["ray_start_s"] = time.perf_counter() - t0
     try:
         with warnings.catch_warnings():
@@ -270,6 +291,11 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
             t1 = time.perf_counter()
             ray.shutdown()
             stats["timings"]["ray_shutdown_s"] = time.perf_counter() - t1
+
+
+def _preload_tune() -> None:
+    with contextlib.suppress(Exception):
+        import autotune.tune_glue  # noqa: F401
 
 
 def exhaustive_batches(layouts: Sequence[Layout], batches: int = EXHAUSTIVE_BATCHES) -> list[list[str]]:

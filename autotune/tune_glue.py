@@ -19,6 +19,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 import warnings
 from dataclasses import asdict
@@ -46,7 +47,8 @@ GIB = 1024**3
 STUDY_NAME = "autotune"
 CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint convention)
 N_STARTUP_TRIALS = 10
-MAX_REPEATS = 16
+REPEATS_BEFORE_MOVE = 3  # proposals of measured layouts in a row before a neighbour is enqueued
+MAX_REPEATS = 12
 LOCAL_SEARCH_STARTS = 8  # the fastest layouts whose neighbourhoods are refined, best first  # proposals of measured layouts in a row before an unmeasured one is enqueued
 
 
@@ -181,9 +183,10 @@ class LayoutSearch(OptunaSearch):
                 ot_trial.set_user_attr("origin", origin)
                 return {"layout": str(layout), "origin": origin}
             del self._ot_trials[trial_id]
-            if repeats >= MAX_REPEATS:
-                repeats = 0
-                self._enqueue_unmeasured()
+            if repeats % REPEATS_BEFORE_MOVE == 0:  # the sampler is stuck on measured layouts: move it on
+                if repeats >= MAX_REPEATS or not self._enqueue_neighbour():
+                    repeats = 0
+                    self._enqueue_unmeasured()
 
     def _maybe_enqueue_neighbour(self) -> None:
         """Every other proposal after the start-up trials: an unmeasured neighbour of the best layouts.
@@ -194,8 +197,10 @@ class LayoutSearch(OptunaSearch):
         define-by-run space and learns from it.
         """
         self._turn += 1
-        if len(self.known) < len(self.plan.seeds) + N_STARTUP_TRIALS or self._turn % 2:
-            return
+        if len(self.known) >= len(self.plan.seeds) + N_STARTUP_TRIALS and self._turn % 2 == 0:
+            self._enqueue_neighbour()
+
+    def _enqueue_neighbour(self) -> bool:
         measured = set(self.known) | {l for l, _ in self.trial_info.values()}
         ranked = sorted(((m.tokens_per_s_per_gpu or 0.0, str(l), l) for l, m in self.known.items()
                          if is_feasible(m, self.plan.capacity_bytes)), reverse=True)
@@ -209,7 +214,8 @@ class LayoutSearch(OptunaSearch):
             if left:
                 self.counts["local_moves"] += 1
                 self._ot_study.enqueue_trial(params_of(self.plan.space, left[0], self.plan.naming))
-                return
+                return True
+        return False
 
     def _decode(self, config: dict[str, Any]) -> Layout | None:
         try:
@@ -378,12 +384,26 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         cleanup_dir(storage_dir)
     if search_alg is not None:
         stats.update(search_alg.counts)
-        t0 = time.perf_counter()
-        write_study(search_alg._ot_study, plan.folder / STUDY_DB)
-        stats["study_write_s"] = time.perf_counter() - t0
+        # study.db is written on a thread while Ray shuts down; `run_search` joins it before returning
+        stats["_study_writer"] = _start_study_writer(search_alg._ot_study, plan.folder / STUDY_DB, stats)
     expected = total - len(plan.done)
     interrupted = len(recorder.records) < expected
     return recorder.records, interrupted, stats
+
+
+def _start_study_writer(study: optuna.Study, path: Path, stats: dict[str, Any]) -> threading.Thread:
+    def write() -> None:
+        t0 = time.perf_counter()
+        try:
+            write_study(study, path)
+        except Exception as e:  # the trials are in trials.csv; say why the study is missing
+            stats["study_write_error"] = f"{type(e).__name__}: {e}"
+        stats["study_write_s"] = time.perf_counter() - t0
+
+    thread = threading.Thread(target=write, name="autotune-study-writer", daemon=False)
+    thread.stats = stats  # type: ignore[attr-defined]
+    thread.start()
+    return thread
 
 
 def _unwrap_cfg(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
