@@ -29,9 +29,11 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -319,3 +321,19 @@ def cleanup_dir(path: str | None) -> None:
 
 def tune_storage_dir() -> str:
     return tempfile.mkdtemp(prefix="autotune-tune-")
+
+
+class _CallableModule(types.ModuleType):
+    """`autotune.search` names both this module and the notebook API's function (`autotune.api.search`).
+
+    Importing this submodule rebinds the package attribute `autotune.search` to the module, which would
+    break `autotune.search(model=..., nodes=...)` after the first call; calling the module runs the API.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from autotune.api import search
+
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -177,3 +177,12 @@ def test_searcher_covers_a_space_no_larger_than_the_budget():
     assert plan.space.size <= 60
     _, measured = _step(plan, plan.space.size)
     assert set(measured) == set(plan.space.layouts())
+
+
+def test_autotune_search_stays_callable_after_the_module_is_imported(monkeypatch):
+    import autotune
+    import autotune.api
+    import autotune.search  # rebinds the package attribute to the module
+
+    monkeypatch.setattr(autotune.api, "search", lambda *a, **k: ("api", a, k))
+    assert autotune.search("mixtral", nodes=4) == ("api", ("mixtral",), {"nodes": 4})
