@@ -63,6 +63,8 @@ def test_readme_command_end_to_end(tmp_path):
     assert proc.returncode == 0, err[-2000:]
     assert "Best layouts" in out and "Pareto front" in out
     assert "model.tensor_model_parallel_size=" in out and "--tensor-model-parallel-size" in out
+    bridge_line = next(line for line in out.splitlines() if line.startswith("model.tensor_model_parallel_size="))
+    assert "mixed_precision=" in bridge_line  # the overrides stay on one line, ready to paste
     assert "(pid=" not in out + err and "INFO" not in err  # Ray's own logs stay out without --verbose
     best = json.loads((tmp_path / "run" / "best.json").read_text())
     assert best["launch"]["megatron_lm"].startswith("--tensor-model-parallel-size")

@@ -134,10 +134,11 @@ def render(result: Any, *, top: int = 10, console: Any = None) -> None:
     launch = result.launch()
     console.print("[bold]Winner[/] " + str(result.best.layout))
     console.print("Megatron-Bridge overrides:")
-    console.print(launch["megatron_bridge"], markup=False, highlight=False)
+    console.print(launch["megatron_bridge"], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
     console.print("Megatron-LM arguments:")
-    console.print(launch["megatron_lm"], markup=False, highlight=False)
-    console.print(f"Results: {result.output_dir} (trials.csv, best.json, study.db)", markup=False, highlight=False)
+    console.print(launch["megatron_lm"], markup=False, highlight=False, soft_wrap=True)
+    console.print(f"Results: {result.output_dir} (trials.csv, best.json, study.db)", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 def _summary_line(console: Any, result: Any) -> None:
