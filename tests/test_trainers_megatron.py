@@ -58,7 +58,10 @@ def _evaluate(backend, model: str, text: str):
         ("tiny-gpt", "tp=2,sp=true", {"tp": 2, "dp": 2}),  # 4 / 2 = dp 2
         ("tiny-gpt", "pp=2,vpp=2,dist_opt=true", {"pp": 2, "vpp": 2, "dp": 2}),
         ("tiny-moe", "tp=2,ep=2,etp=1,sp=true", {"tp": 2, "ep": 2, "etp": 1, "expert_dp": 2}),  # 2*2/(2*1) = 2
+        ("tiny-moe", "tp=2,ep=2,sp=true", {"etp": 2, "expert_dp": 1}),  # ETP = TP: uneven token gathers over TP
         ("tiny-gpt", "tp=2,cp=2", {"tp": 2, "cp": 2, "dp": 1}),
+        ("tiny-gpt", "pp=2,embedding_loss_split=true", {"pp": 2, "dp": 2}),  # uneven split, megatron's own
+        ("tiny-mla", "tp=2,ep=2,sp=true", {"tp": 2, "ep": 2}),  # 2 layers after 1-layer jobs: no stale MoE state
     ],
 )
 def test_layout_trains_with_finite_losses_and_the_layouts_groups(backend, model: str, text: str, groups: dict) -> None:

@@ -71,3 +71,24 @@ def test_gpu_plan_keeps_the_model_shape() -> None:
     model = get_model("tiny-gpt")
     plan = plan_proxy(model, parse_layout("tp=2"), TRAINING, max_workers=2, scale_model=False)
     assert plan.model == model and plan.training.seq_length == TRAINING.seq_length
+
+
+@pytest.mark.parametrize(
+    ("text", "layers", "split"),
+    [
+        ("pp=2,vpp=2", 4, (2, 2)),  # even: 2 * 2 * 1
+        ("pp=3,embedding_loss_split=true", 4, (1, 2, 1)),  # (4 + 2) / 3 = 2 slots per stage; first and last lose one
+        ("pp=3,first_stage_layers=3,last_stage_layers=2", 5, (2, 2, 1)),  # middle 2, first 2, last 1
+        ("pp=4,vpp=2,last_stage_layers=2", 14, (4, 4, 4, 2)),  # middle 2 * 1 * 2 = 4, last 1 * 2
+    ],
+)
+def test_proxy_keeps_the_kind_of_pipeline_split(text: str, layers: int, split: tuple[int, ...]) -> None:
+    plan = plan_proxy(get_model("tiny-gpt"), parse_layout(text), TRAINING, max_workers=64)
+    assert plan.model.num_layers == layers
+    assert plan.layout.stage_layer_counts(layers) == split
+    assert plan.layout.embedding_loss_split == parse_layout(text).embedding_loss_split
+
+
+def test_moe_with_a_leading_dense_layer_keeps_a_moe_layer() -> None:
+    plan = plan_proxy(get_model("tiny-mla"), parse_layout("ep=2,dp=2"), TRAINING, max_workers=4)
+    assert plan.model.num_layers == 2 and plan.model.moe.first_dense_layers == 1  # 1 dense + 1 MoE

@@ -19,7 +19,8 @@ answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1 (see
   asserts against) their parameters are marked `sequence_parallel = True`, so megatron-core
   all-reduces their grads over TP as it does for TE's norms.
 - MoE alltoall on gloo: split sizes must be numpy, and `maybe_move_tensor_to_cpu` converts only
-  CUDA tensors. 0.16.1 also leaves `moe_utils.te_general_gemm` undefined without TE.
+  CUDA tensors. 0.16.1 also leaves `moe_utils.te_general_gemm` undefined without TE. With ETP > 1 the
+  dispatcher gathers uneven token counts over TP, which gloo refuses: padded / all-reduced instead.
 """
 
 from __future__ import annotations
@@ -173,6 +174,38 @@ def _patch_moe() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _patch_uneven_collectives() -> None:
+    """gloo's all_gather / reduce_scatter need equal sizes; MoE with ETP > 1 gathers uneven token counts
+    over the TP group (`mappings._gather_along_first_dim(..., output_split_sizes)`). Uneven cases pad to the
+    largest split (gather) or all-reduce and slice (reduce-scatter); equal ones keep megatron-core's path."""
+    import torch
+    from megatron.core.tensor_parallel import mappings
+
+    gather, scatter = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather_along_first_dim(input_, group, output_split_sizes=None, use_global_buffer=False):  # noqa: ANN001
+        if output_split_sizes is None or len(set(output_split_sizes)) <= 1 or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        longest = max(output_split_sizes)
+        padded = input_.new_zeros((longest, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in output_split_sizes]
+        torch.distributed.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([part[:n] for part, n in zip(parts, output_split_sizes)], dim=0)
+
+    def reduce_scatter_along_first_dim(input_, group, input_split_sizes=None, use_global_buffer=False):  # noqa: ANN001
+        if input_split_sizes is None or len(set(input_split_sizes)) <= 1 or group.size() == 1:
+            return scatter(input_, group, input_split_sizes, use_global_buffer)
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        rank = torch.distributed.get_rank(group)
+        start = sum(input_split_sizes[:rank])
+        return total[start : start + input_split_sizes[rank]].contiguous()
+
+    mappings._gather_along_first_dim = gather_along_first_dim
+    mappings._reduce_scatter_along_first_dim = reduce_scatter_along_first_dim
+
+
 def apply_cpu_patches() -> bool:
     """Patch torch.cuda and megatron-core for a CPU-only run. Returns False (and does nothing) on a GPU."""
     global _APPLIED
@@ -183,6 +216,7 @@ def apply_cpu_patches() -> bool:
         _patch_rng_tracker()
         _patch_torch_norm()
         _patch_moe()
+        _patch_uneven_collectives()
         _APPLIED = True
     return True
 

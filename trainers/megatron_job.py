@@ -28,9 +28,9 @@ SEED = 1234
 
 
 class JobRejected(Exception):
-    """megatron-core refused the layout: a ValueError / AssertionError / NotImplementedError anywhere
-    (its validity checks, some of which run only in the first forward, e.g. MoE with TP and no SP), or
-    a RuntimeError while building (config, parallel groups, model)."""
+    """megatron-core refused the layout: any exception while building (config, parallel groups, model,
+    DDP, optimizer), or a ValueError / AssertionError / NotImplementedError while training (its validity
+    checks, some of which run only in the first forward, e.g. MoE with TP and no SP)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,12 +56,21 @@ def _device() -> Any:
 
 
 # --- building ---------------------------------------------------------------------------------
+def _reset_process_globals() -> None:
+    """State megatron-core keeps per process that a previous job on a reused worker would leak into this one:
+    the MoE aux-loss tracker holds one slot per layer of the last model (a longer model indexes past it)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+
+
 def init_parallel_state(layout: Layout) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    _reset_process_globals()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
@@ -119,6 +128,10 @@ def transformer_config(cfg: JobConfig) -> Any:
         tensor_model_parallel_size=lay.tp,
         pipeline_model_parallel_size=lay.pp,
         virtual_pipeline_model_parallel_size=lay.vpp,
+        num_layers_in_first_pipeline_stage=lay.first_stage_layers,
+        num_layers_in_last_pipeline_stage=lay.last_stage_layers,
+        account_for_embedding_in_pipeline_split=lay.embedding_loss_split,
+        account_for_loss_in_pipeline_split=lay.embedding_loss_split,
         context_parallel_size=lay.cp,
         expert_model_parallel_size=lay.ep,
         expert_tensor_parallel_size=lay.expert_tp,
@@ -373,7 +386,7 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             tconfig = transformer_config(cfg)
             chunks = build_model_chunks(cfg, tconfig)
             chunks, optimizer = wrap_ddp_and_optimizer(cfg, tconfig, chunks)
-        except (AssertionError, ValueError, RuntimeError, NotImplementedError) as e:
+        except Exception as e:  # noqa: BLE001 - building is deterministic: a failure here is the layout's
             raise JobRejected(f"{type(e).__name__}: {e}") from e
         build_s = time.perf_counter() - t0
         if torch.cuda.is_available():

@@ -4,7 +4,8 @@ Pure Python (no torch). The proxy keeps every parallel size of the layout (TP, P
 SP, distributed optimizer, recompute, micro-batch) and shrinks what those sizes only need to divide:
 
 - layers: `pp * vpp` virtual stages of `layers_per_virtual_stage` layers each (megatron-core needs
-  `num_layers % (pp * vpp) == 0` for a uniform split), plus room for leading dense layers of a MoE;
+  `num_layers % (pp * vpp) == 0` for a uniform split); an uneven split (first/last stage layers, or the
+  embedding and loss counted as layers) stays uneven in the same way (`proxy_pipeline_split`);
 - heads: `tp * heads_per_tp` heads of `head_dim` channels; query groups a multiple of TP;
 - FFN and expert FFN: multiples of TP and ETP; experts: a multiple of EP, at least top-k;
 - vocabulary: a multiple of 128 * TP (megatron's padding rule, so none is added);
@@ -24,7 +25,7 @@ from math import lcm
 from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
 
-__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel"]
+__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel", "proxy_pipeline_split"]
 
 HEAD_DIM = 16
 HEADS_PER_TP = 2
@@ -103,16 +104,34 @@ def _proxy_moe(moe: MoESpec, layout: Layout, first_dense: int) -> MoESpec:
                    shared_expert_gate=moe.shared_expert_gate)
 
 
-def _proxy_model(model: ModelSpec, layout: Layout, layers_per_virtual_stage: int) -> ModelSpec:
+def proxy_pipeline_split(layout: Layout, layers_per_virtual_stage: int) -> tuple[int, Layout]:
+    """(proxy layers, layout with the proxy's split). Keeps the kind of split the layout uses:
+
+    - even: `pp * vpp * k` layers (k = layers per virtual stage);
+    - `embedding_loss_split`: (L + 2) spread over the PP * VPP chunks, so L = pp * vpp * max(2, k) - 2;
+    - `first_stage_layers` / `last_stage_layers`: middle stages 2 * k * vpp layers, a given first stage the
+      same, a given last stage k * vpp (lighter, as autotune's split makes it: it also computes the loss).
+    """
+    pp, v, k = layout.pp, layout.vpp_size, layers_per_virtual_stage
+    if layout.embedding_loss_split and pp > 1:
+        return pp * v * max(2, k) - 2, layout
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    if pp == 1 or (first is None and last is None):
+        return pp * v * k, replace(layout, first_stage_layers=None, last_stage_layers=None)
+    middle = 2 * k * v
+    first_p = middle if first is not None else None
+    last_p = k * v if last is not None else None
+    given = (first is not None) + (last is not None)
+    num_layers = (first_p or 0) + (last_p or 0) + (pp - given) * middle
+    return num_layers, replace(layout, first_stage_layers=first_p, last_stage_layers=last_p)
+
+
+def _proxy_model(model: ModelSpec, layout: Layout, num_layers: int) -> ModelSpec:
     tp = layout.tp
     heads = tp * HEADS_PER_TP
     groups = heads if model.query_groups == model.num_attention_heads else tp
     hidden = heads * HEAD_DIM
-    virtual_stages = layout.pp * layout.vpp_size
     first_dense = 0 if model.moe is None or model.moe.first_dense_layers == 0 else 1
-    num_layers = virtual_stages * layers_per_virtual_stage
-    if first_dense >= num_layers:
-        num_layers += virtual_stages
     return ModelSpec(
         name=f"{model.name}-proxy",
         num_layers=num_layers,
@@ -166,7 +185,11 @@ def plan_proxy(
     wanted = microbatches if microbatches is not None else min(own, max(4, 2 * layout.pp))
     nmb = _num_microbatches(run_layout, wanted)
     if scale_model:
-        proxy_model = _proxy_model(model, run_layout, layers_per_virtual_stage)
+        k = layers_per_virtual_stage
+        if model.moe is not None and model.moe.first_dense_layers and run_layout.pp * run_layout.vpp_size * k < 2:
+            k = 2  # one leading dense layer (as the model has) and at least one MoE layer
+        num_layers, run_layout = proxy_pipeline_split(run_layout, k)
+        proxy_model = _proxy_model(model, run_layout, num_layers)
         seq = _seq_length(run_layout, seq_length)
     else:
         proxy_model, seq = model, training.seq_length
