@@ -451,7 +451,9 @@ def write_study(study: optuna.Study, path: Path) -> None:
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp.resolve()}")
     _fast_sqlite(storage)
     out = optuna.create_study(storage=storage, study_name=STUDY_NAME, directions=study.directions)
-    out.set_metric_names(list(_METRICS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        out.set_metric_names(list(_METRICS))
     trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get("repeat")]
     _add_trials_one_transaction(storage, out, trials)
     storage.remove_session()
