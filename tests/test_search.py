@@ -28,7 +28,7 @@ def _job(model: str, nodes: int = 1, gpus_per_node: int = 8, seq: int = 4096, gb
                training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
 
 
-SMALL = _job("tiny-gpt", gpus_per_node=2, seq=1024, gbs=16)  # 168 layouts
+SMALL = _job("tiny-gpt", gpus_per_node=2, seq=1024, gbs=16)  # 168 layouts (tiny: every one fits)
 CASES = [SMALL, _job("tiny-moe", gpus_per_node=8, seq=1024, gbs=16), _job("mixtral-8x7b", nodes=4)]
 
 
