@@ -181,13 +181,16 @@ def analytic_prediction(job: Job, layout: Layout) -> dict[str, Any]:
             "step_time_s": a.step_time_s, "tokens_per_s_per_gpu": a.tokens_per_s_per_gpu, "mfu": a.mfu}
 
 
-def proxy_memory_assumptions() -> Any:
-    """The analytic model's assumptions as the CPU proxy runs: local (unfused) attention, no dropout."""
+def proxy_memory_assumptions(layout: Layout | None = None) -> Any:
+    """The analytic model's assumptions as the CPU proxy runs: local (unfused) attention and SwiGLU, no
+    dropout, norms that save what TE's save (`trainers.proxy_norm`). With CP the proxy's core attention is
+    torch SDPA (`trainers.cp_attention`), which keeps no s x s scores: flash-attention-like."""
     from dataclasses import fields
 
     from autotune.memory import DEFAULT_ASSUMPTIONS
 
-    wanted = {"flash_attention": False, "dropout": False, "attention_score_bytes": 6.0}
+    wanted = {"flash_attention": layout is not None and layout.cp > 1, "dropout": False, "attention_score_bytes": 6.0, "fused_swiglu": False,
+              "torch_rmsnorm": False}
     names = {f.name for f in fields(DEFAULT_ASSUMPTIONS)}
     return replace(DEFAULT_ASSUMPTIONS, **{k: v for k, v in wanted.items() if k in names})
 
@@ -203,7 +206,7 @@ def analytic_proxy_memory(plan: ProxyPlan, *, per_stage: bool = False) -> Any:
 
         cluster = build_cluster(nodes=1, gpus_per_node=plan.world_size)
         proxy_job = Job(model=plan.model, cluster=cluster, training=plan.training)
-        assumptions = proxy_memory_assumptions()
+        assumptions = proxy_memory_assumptions(plan.layout)
         estimates = (estimate_memory_per_stage(proxy_job, plan.layout, assumptions) if per_stage
                      else (estimate_memory(proxy_job, plan.layout, assumptions),))
     except Exception:  # noqa: BLE001
