@@ -49,7 +49,8 @@ CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint conve
 N_STARTUP_TRIALS = 10
 REPEATS_BEFORE_MOVE = 3  # proposals of measured layouts in a row before a neighbour is enqueued
 MAX_REPEATS = 12
-LOCAL_SEARCH_STARTS = 8  # the fastest layouts whose neighbourhoods are refined, best first  # proposals of measured layouts in a row before an unmeasured one is enqueued
+LOCAL_MOVE_PERIOD = 2  # every 2nd proposal after start-up refines the incumbents
+LOCAL_SEARCH_STARTS = 3  # the fastest layouts whose neighbourhoods are refined, best first  # proposals of measured layouts in a row before an unmeasured one is enqueued
 
 
 # --- measurements across the process boundary -------------------------------------------------------
@@ -197,7 +198,7 @@ class LayoutSearch(OptunaSearch):
         define-by-run space and learns from it.
         """
         self._turn += 1
-        if len(self.known) >= len(self.plan.seeds) + N_STARTUP_TRIALS and self._turn % 2 == 0:
+        if len(self.known) >= len(self.plan.seeds) + N_STARTUP_TRIALS and self._turn % LOCAL_MOVE_PERIOD == 0:
             self._enqueue_neighbour()
 
     def _enqueue_neighbour(self) -> bool:
