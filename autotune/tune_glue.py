@@ -48,9 +48,9 @@ STUDY_NAME = "autotune"
 CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint convention)
 N_STARTUP_TRIALS = 10
 REPEATS_BEFORE_MOVE = 3  # proposals of measured layouts in a row before a neighbour is enqueued
-MAX_REPEATS = 12
+MAX_REPEATS = 12  # ... and before a random unmeasured layout is
 LOCAL_MOVE_PERIOD = 2  # every 2nd proposal after start-up refines the incumbents
-LOCAL_SEARCH_STARTS = 3  # the fastest layouts whose neighbourhoods are refined, best first  # proposals of measured layouts in a row before an unmeasured one is enqueued
+LOCAL_SEARCH_STARTS = 3  # the fastest layouts whose neighbourhoods are refined, best first
 
 
 # --- measurements across the process boundary -------------------------------------------------------
