@@ -272,14 +272,19 @@ def transient_activation_bytes(model: ModelSpec, training: TrainingSpec, layout:
       place and saves that fp32 softmax, counted in `output_activation_bytes`); the backward's bf16 logit
       gradient is the same size."""
     out: dict[str, float] = {}
+    x = _shape(model, training, layout, assumptions)
+    loss = ACT_BYTES * x.tokens * vocab / x.t if has_output else 0.0
     if layout.recompute == "full":
-        working = replace(layout, recompute="none")
-        out["recompute_working_set"] = sum(
-            layer_activation_bytes(model, training, working, assumptions,
-                                   moe=has_moe and model.moe is not None).values())
+        working = sum(layer_activation_bytes(model, training, replace(layout, recompute="none"), assumptions,
+                                             moe=has_moe and model.moe is not None).values())
+        if has_output:
+            # The last stage recomputes its layers only after the cross-entropy backward has freed the
+            # micro-batch's fp32 softmax and the logit transient: the peak is the larger of the two, so the
+            # working set only adds what exceeds them (measured on CPU proxies, bench_memory_calibration.py).
+            working = max(0.0, working - loss - sum(output_activation_bytes(model, x, vocab).values()))
+        out["recompute_working_set"] = working
     if has_output:
-        x = _shape(model, training, layout, assumptions)
-        out["loss_transient"] = ACT_BYTES * x.tokens * vocab / x.t
+        out["loss_transient"] = loss
     return out
 
 
