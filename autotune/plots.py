@@ -53,6 +53,7 @@ TIME_TERMS: dict[str, str] = {  # keys of the analytic backend's breakdown (auto
     "ep_comm": "EP all-to-all",
     "cp_comm": "CP ring",
     "optimizer": "optimizer",
+    "moe_routing": "MoE routing",
     "overhead": "overhead",
 }
 PLOT_FILES: dict[str, str] = {

@@ -60,7 +60,7 @@ GRAD_BYTES = 4.0  # Megatron-LM reduces gradients in fp32 for bf16 training (acc
 PARAM_BYTES = 2.0  # bf16 parameters all-gathered by the distributed optimizer
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "ep_comm", "cp_comm", "pp_p2p", "pp_bubble", "dp_comm",
-             "optimizer", "overhead")
+             "optimizer", "moe_routing", "overhead")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -482,7 +482,7 @@ def _layer_terms(job: Job, t: int, c: int, ep: int, etp: int, mbs: int, sp: bool
         "tp_comm": _exposed_s(tp_fwd + tp_bwd, cal.fractions(gpu).tp_comm_exposed_fraction, 3 * gemm_fwd),
         "ep_comm": _exposed_s(ep_fwd + ep_bwd, cal.ep_comm_exposed_fraction, 3 * w_moe * moe_fwd),
         "cp_comm": cp_s,
-        "overhead": w_moe * 2 * cal.moe_layer_overhead_s,
+        "moe_routing": w_moe * 2 * cal.moe_layer_overhead_s,
     }
     vocab = padded_vocab_size(model)
     logits = 3 * gemm.time_s(tokens, vocab / t, h)
