@@ -107,7 +107,7 @@ def search(
     analytic) and `headroom_gib` (default 5% of the GPU's memory) mean what the CLI's flags mean; with the
     same inputs the ranking is the same. The search writes the CLI's output folder (`output_dir`, default
     `autotune_runs/<model>-<nodes>n-<time>`): trials.csv, best.json, launch files, plots, `report.html`.
-    Extra `options` go to `autotune.search.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
+    Extra `options` go to `autotune.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.dashboard`);
     the URL is in `result.dashboard_url`. A `Dashboard` from `autotune.dashboard.start_local` is reused.
@@ -135,19 +135,10 @@ def search(
 
 
 def _driver():
-    """The search driver module `autotune.search`.
-
-    Importing a submodule sets it as an attribute of its package, which would turn `autotune.search`
-    (this function, re-exported by the package) into the module; put the function back.
-    """
+    """The search driver module `autotune.driver` (imported on first use: it brings Ray and Optuna)."""
     import importlib
-    import sys
 
-    module = importlib.import_module("autotune.search")
-    package = sys.modules["autotune"]
-    if getattr(package, "search", None) is module:
-        package.search = search
-    return module
+    return importlib.import_module("autotune.driver")
 
 
 def _dashboard(dashboard: bool | Dashboard) -> Dashboard | None:

@@ -282,7 +282,7 @@ def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float 
         return backend
     import importlib
 
-    driver = importlib.import_module("autotune.search")  # the module, not the `autotune.search` API function
+    driver = importlib.import_module("autotune.driver")
     headroom = driver.default_headroom_bytes(job) if headroom_bytes is None else headroom_bytes
     inner, _ = driver._resolve_backend(backend, headroom)
     c = job.cluster

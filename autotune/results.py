@@ -272,6 +272,9 @@ class SearchResult:
         launch = self.launch()
         for key, name in (("megatron_bridge", "best_megatron_bridge.txt"), ("megatron_lm", "best_megatron_lm.txt")):
             (folder / name).write_text((launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")
+        from autotune.report import write_report
+
+        write_report(self, folder)  # report.html and the four plot PNGs
 
 
 def job_summary(job: Job) -> dict[str, Any]:

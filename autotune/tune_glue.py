@@ -1,6 +1,6 @@
 """Ray Tune glue of the search driver: the trainable, the Optuna searcher, the recording callback.
 
-Imported only once Ray runs (`autotune.search.run_tune` imports it inside a function); it imports
+Imported only once Ray runs (`autotune.driver.run_tune` imports it inside a function); it imports
 Ray Tune and Optuna at module level.
 
 - `evaluate_trial(config, job, backend)`: the Tune function trainable. It measures one layout (a
@@ -230,7 +230,7 @@ class LayoutSearch(OptunaSearch):
         return layout
 
     def _enqueue_unmeasured(self) -> None:
-        from autotune.search import unmeasured_layout
+        from autotune.driver import unmeasured_layout
 
         layout = unmeasured_layout(self.plan.space, set(self.known) | {l for l, _ in self.trial_info.values()},
                                    self._rng)
@@ -345,7 +345,7 @@ def _texts(config: dict[str, Any]) -> list[str]:
 def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[TrialRecord], bool, dict[str, Any]]:
     """Run the plan's trials on Tune; returns (new records, interrupted, stats)."""
     from autotune.progress import make_progress
-    from autotune.search import cleanup_dir, exhaustive_batches, tune_storage_dir
+    from autotune.driver import cleanup_dir, exhaustive_batches, tune_storage_dir
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)

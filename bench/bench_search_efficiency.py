@@ -84,7 +84,7 @@ def search_first_hit(job: Job, space, scores: dict, *, seed: int, budget: int, u
                      capacity_bytes: float, headroom_bytes: float, threshold: float) -> tuple[int | None, int, int]:
     """(trial at which best-so-far is good or None, invalid proposals, trials run)."""
     from autotune.analytic import AnalyticBackend
-    from autotune.search import SearchPlan
+    from autotune.driver import SearchPlan
     from autotune.seeds import rule_of_thumb_seeds
     from autotune.tune_glue import LayoutSearch, evaluate_trial
 

@@ -208,7 +208,7 @@ def test_result_notebook_view_names_the_winner(result):
 def test_autotune_search_stays_the_api_function_after_the_driver_loads():
     import autotune
 
-    api._driver()  # importing the driver module `autotune.search` sets it on the package; _driver puts it back
+    api._driver()  # imports autotune.driver
     assert autotune.search is api.search
 
 

@@ -12,7 +12,7 @@ import pytest
 from autotune.analytic import AnalyticBackend
 from autotune.measurement import Measurement
 from autotune.results import read_meta, write_meta
-from autotune.search import run_search
+from autotune.driver import run_search
 from autotune.tune_glue import is_feasible
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster

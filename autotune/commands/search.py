@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
+    from autotune import dashboard
+
+    dashboard.add_arguments(p)
 
 
 def _space_options(args: argparse.Namespace):
@@ -53,8 +56,16 @@ def _space_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune import dashboard
+
+    with dashboard.session(args):  # --dashboard: Ray + dashboard on 127.0.0.1 first, wait for Enter after
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from autotune import dashboard
     from autotune.commands import job_from_args
-    from autotune.search import run_search
+    from autotune.driver import run_search
 
     if args.trials < 1:
         raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
@@ -62,9 +73,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--top must be at least 1, but got {args.top}.")
     t0 = time.perf_counter()
     job = job_from_args(args)
+    headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
     result = run_search(
-        job, trials=args.trials, backend=args.backend, seed=args.seed,
-        headroom_bytes=None if args.headroom_gib is None else args.headroom_gib * GIB,
+        job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes,
+        # trials named in the Ray dashboard when Ray is already connected (--dashboard, --address)
+        backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
         progress=False if (args.no_progress or args.json) else None,

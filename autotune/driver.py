@@ -33,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -289,6 +288,9 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
                 warnings.simplefilter("ignore")
             yield
     finally:
+        pool = sys.modules.get("trainers.worker_pool")  # megatron backend: its kept-alive workers end with the search
+        if pool is not None:
+            pool.shutdown_pool()
         if started:
             t1 = time.perf_counter()
             ray.shutdown()
@@ -321,19 +323,3 @@ def cleanup_dir(path: str | None) -> None:
 
 def tune_storage_dir() -> str:
     return tempfile.mkdtemp(prefix="autotune-tune-")
-
-
-class _CallableModule(types.ModuleType):
-    """`autotune.search` names both this module and the notebook API's function (`autotune.api.search`).
-
-    Importing this submodule rebinds the package attribute `autotune.search` to the module, which would
-    break `autotune.search(model=..., nodes=...)` after the first call; calling the module runs the API.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from autotune.api import search
-
-        return search(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
