@@ -274,20 +274,24 @@ def progress(df: pd.DataFrame) -> Figure:
     return fig
 
 
+def figures(df: pd.DataFrame, *, capacity_gib: float | None = None, k: int = 5) -> dict[str, Figure]:
+    """The four plots, by name (the keys of PLOT_FILES)."""
+    return {
+        "pareto": pareto(df, capacity_gib=capacity_gib),
+        "time_breakdown": time_breakdown(df, k=k),
+        "memory_breakdown": memory_breakdown(df, k=k, capacity_gib=capacity_gib),
+        "progress": progress(df),
+    }
+
+
 def save_all(df: pd.DataFrame, folder, *, capacity_gib: float | None = None, k: int = 5) -> dict[str, str]:
     """Write the four plots as PNG files into `folder`; returns plot name -> file path."""
     from pathlib import Path
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {
-        "pareto": pareto(df, capacity_gib=capacity_gib),
-        "time_breakdown": time_breakdown(df, k=k),
-        "memory_breakdown": memory_breakdown(df, k=k, capacity_gib=capacity_gib),
-        "progress": progress(df),
-    }
     paths = {}
-    for name, fig in figures.items():
+    for name, fig in figures(df, capacity_gib=capacity_gib, k=k).items():
         path = folder / PLOT_FILES[name]
         fig.savefig(path)
         paths[name] = str(path)

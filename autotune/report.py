@@ -67,10 +67,14 @@ def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _figure_img(fig: Figure, alt: str) -> str:
+def _figure_png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
+
+
+def _png_img(png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
     return f'<img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
 
 
@@ -139,17 +143,25 @@ def _rejections(df: pd.DataFrame) -> str:
     return out
 
 
-def render_report(data: ReportInput) -> str:
-    """The report as one HTML string (plots embedded, no external resource)."""
+_PLOT_ALTS = {
+    "pareto": "Pareto front: tokens/s per GPU against memory per GPU",
+    "time_breakdown": "Time breakdown of the top layouts",
+    "memory_breakdown": "Memory breakdown of the top layouts",
+    "progress": "Search progress: best so far by trial",
+}
+
+
+def render_report(data: ReportInput, pngs: Mapping[str, bytes] | None = None) -> str:
+    """The report as one HTML string (plots embedded, no external resource).
+
+    `pngs`: the four plots already drawn (plot name -> PNG bytes, as `write_report` has them); else drawn here.
+    """
     df = data.trials
     top = plots.top_feasible(df, 10)
     front = df[plots.pareto_mask(df)].sort_values("memory_gib") if len(df) else df
-    figures = [
-        (plots.pareto(df, capacity_gib=data.capacity_gib), "Pareto front: tokens/s per GPU against memory per GPU"),
-        (plots.time_breakdown(df), "Time breakdown of the top layouts"),
-        (plots.memory_breakdown(df, capacity_gib=data.capacity_gib), "Memory breakdown of the top layouts"),
-        (plots.progress(df), "Search progress: best so far by trial"),
-    ]
+    if pngs is None:
+        pngs = {name: _figure_png(fig) for name, fig in plots.figures(df, capacity_gib=data.capacity_gib).items()}
+    figures = [(pngs[name], alt) for name, alt in _PLOT_ALTS.items()]
     n_ok = int(plots.feasible_mask(df).sum()) if len(df) else 0
     summary = dict(data.job)
     summary.update({"trials": len(df), "feasible trials": n_ok})
@@ -160,7 +172,7 @@ def render_report(data: ReportInput) -> str:
         f"<h1>{_esc(data.title)}</h1><p class='muted'>Written {created} by autotune.</p>",
         "<h2>Job</h2>", _kv_table(summary, table_id="job"),
         "<h2>Winner</h2>", _winner_section(data, top),
-        "<h2>Plots</h2><div class='plots'>", *(_figure_img(f, alt) for f, alt in figures), "</div>",
+        "<h2>Plots</h2><div class='plots'>", *(_png_img(png, alt) for png, alt in figures), "</div>",
         "<h2>Top layouts</h2>", _table(top, _TABLE_COLUMNS, table_id="top"),
         "<h2>Pareto front</h2>", _table(front, _TABLE_COLUMNS, table_id="pareto"),
         "<h2>Rejected layouts</h2>", _rejections(df),
@@ -205,7 +217,8 @@ def write_report(result, folder: str | Path) -> str:
     data = result if isinstance(result, ReportInput) else report_input(result)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    plots.save_all(data.trials, folder, capacity_gib=data.capacity_gib)
+    saved = plots.save_all(data.trials, folder, capacity_gib=data.capacity_gib)
+    pngs = {name: Path(p).read_bytes() for name, p in saved.items()}  # each plot drawn once, embedded as saved
     path = folder / REPORT_FILE
-    path.write_text(render_report(data), encoding="utf-8")
+    path.write_text(render_report(data, pngs), encoding="utf-8")
     return str(path)

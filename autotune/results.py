@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -129,13 +130,15 @@ class TrialLog:
         self._writer = csv.DictWriter(self._file, fieldnames=CSV_COLUMNS)
         if new:
             self._writer.writeheader()
-            self._sync()
+            self.sync()
 
-    def append(self, record: TrialRecord) -> None:
+    def append(self, record: TrialRecord, *, sync: bool = True) -> None:
+        """Add one row; `sync=False` defers the fsync to `sync()` (one per Tune trial, which may hold a batch)."""
         self._writer.writerow(record.row())
-        self._sync()
+        if sync:
+            self.sync()
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         self._file.flush()
         os.fsync(self._file.fileno())
 
@@ -177,12 +180,6 @@ def read_meta(folder: str | Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _dominates(a: TrialRecord, b: TrialRecord) -> bool:
-    ta, tb = a.measurement.tokens_per_s_per_gpu or 0.0, b.measurement.tokens_per_s_per_gpu or 0.0
-    ma, mb = a.measurement.memory_bytes or 0.0, b.measurement.memory_bytes or 0.0
-    return ta >= tb and ma <= mb and (ta > tb or ma < mb)
-
-
 def distinct_feasible(records: Iterable[TrialRecord]) -> list[TrialRecord]:
     """Feasible records, one per layout (the first seen), fastest first (ties: less memory)."""
     seen: dict[Layout, TrialRecord] = {}
@@ -195,8 +192,15 @@ def distinct_feasible(records: Iterable[TrialRecord]) -> list[TrialRecord]:
 
 def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
     """Feasible layouts no other feasible one beats on both tokens/s per GPU and memory; by memory."""
-    candidates = distinct_feasible(records)
-    front = [r for r in candidates if not any(_dominates(o, r) for o in candidates if o is not r)]
+    # One sweep, fastest first (ties: less memory first): a record is on the front when it needs less memory
+    # than every faster one; equal metrics are kept together (neither dominates). O(n log n), not O(n^2).
+    front: list[TrialRecord] = []
+    best_mem, best_t = math.inf, math.inf
+    for r in distinct_feasible(records):
+        t, m = r.measurement.tokens_per_s_per_gpu or 0.0, r.measurement.memory_bytes or 0.0
+        if m < best_mem or (m == best_mem and t == best_t):
+            front.append(r)
+            best_mem, best_t = m, t
     return sorted(front, key=lambda r: (r.measurement.memory_bytes or 0.0, str(r.layout)))
 
 

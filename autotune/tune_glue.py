@@ -308,11 +308,17 @@ class Recorder(Callback):
                              feasible=is_feasible(m, self.plan.capacity_bytes), capacity_bytes=self.plan.capacity_bytes)
         self._next += 1
         self.records.append(record)
-        self.log.append(record)
+        self.log.append(record, sync=False)  # fsynced once per finished Tune trial (a batch in exhaustive mode)
         if self.progress is not None:
             self.progress(record, len(self.plan.done) + len(self.records), self.total)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        try:
+            self._record_result(trial)
+        finally:
+            self.log.sync()
+
+    def _record_result(self, trial: Any) -> None:
         result = trial.last_result or {}
         config = _config(trial)
         origin = config.get("origin", "search")
@@ -331,6 +337,7 @@ class Recorder(Callback):
         config = _config(trial)
         for text in _texts(config):
             self._add(_failed(parse_layout(text), reason[:500]), config.get("origin", "search"), 0.0)
+        self.log.sync()
 
 
 def _config(trial: Any) -> dict[str, Any]:

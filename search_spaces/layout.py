@@ -6,7 +6,7 @@ megatron-core's `TransformerConfig` / `ModelParallelConfig` names.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 __all__ = ["Layout", "Recompute", "Precision", "TrainingSpec", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
@@ -136,7 +136,8 @@ class Layout:
         return out
 
     def short_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """Field name -> value (flat: every field is a scalar, so no deep copy as `dataclasses.asdict` makes)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     def __str__(self) -> str:
         parts = [f"tp={self.tp}", f"pp={self.pp}"]
@@ -173,10 +174,11 @@ class TrainingSpec:
             raise ValueError(f"precision must be one of {PRECISION_CHOICES}, but got {self.precision!r}.")
 
 
+_FIELD_NAMES = tuple(f.name for f in fields(Layout))
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
 _OPTIONAL_FIELDS = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
-_KNOWN = tuple(f.name for f in fields(Layout))
+_KNOWN = _FIELD_NAMES
 
 
 def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
