@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb, help_text in VERBS.items():
         p = sub.add_parser(verb, help=help_text, description=help_text)
-        _add_job_options(p, model_required=verb not in ("smoke", "space"))
+        # search: --resume FOLDER alone reads the job from the folder
+        _add_job_options(p, model_required=verb not in ("smoke", "space", "search"))
         module = _command_module(verb, optional=True)
         if module is not None and hasattr(module, "add_arguments"):
             module.add_arguments(p)

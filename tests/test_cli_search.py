@@ -80,6 +80,20 @@ def test_json_output_is_one_object_with_best_pareto_and_trials(tmp_path, capsys,
     assert payload["stats"]["invalid_proposals"] == 0
 
 
+def test_resume_alone_reads_the_job_from_the_folder(tmp_path, capsys, ray_session):
+    folder = str(tmp_path / "r")
+    assert main([*SMALL_ARGS, "--trials", "6", "--exhaustive-threshold", "0", "--json", "--output", folder]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(["--resume", folder, "--json"]) == 0  # no --model: the job comes from search.json
+    again = json.loads(capsys.readouterr().out)
+    assert again["best"]["layout"] == first["best"]["layout"] and len(again["trials"]) == 6
+
+
+def test_search_without_model_or_resume_is_exit_2(capsys):
+    assert main(["--nodes", "4"]) == 2
+    assert "--model is required" in capsys.readouterr().err
+
+
 def test_impossible_request_exits_1_and_names_the_closest_layouts(tmp_path, capsys, ray_session):
     # leave 1 MiB usable on each GPU: nothing fits
     headroom_gib = get_gpu("h100").memory_gib - 1 / 1024

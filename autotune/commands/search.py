@@ -72,6 +72,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ValueError(f"--top must be at least 1, but got {args.top}.")
     t0 = time.perf_counter()
+    if args.model is None:
+        if not args.resume:
+            raise ValueError("--model is required (a catalog name or a config.json path), or --resume FOLDER.")
+        _job_flags_from_folder(args)
     job = job_from_args(args)
     headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
     result = run_search(
@@ -100,6 +104,22 @@ def _run(args: argparse.Namespace) -> int:
               f"(continue with --resume {result.output_dir})", file=sys.stderr)
         return 130
     return 0 if result.best is not None else 1
+
+
+def _job_flags_from_folder(args: argparse.Namespace) -> None:
+    """`--resume FOLDER` without `--model`: the job flags come from the folder's search.json."""
+    from autotune.results import read_meta
+
+    try:
+        meta = read_meta(args.resume)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the search in {args.resume!r}: {e}") from None
+    if not meta or "job" not in meta:
+        raise ValueError(f"{args.resume!r} holds no autotune search (no search.json); give --model and the job flags.")
+    job = meta["job"]
+    for flag in ("model", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "seq_length",
+                 "global_batch_size", "precision"):
+        setattr(args, flag, job[flag])
 
 
 def _timing_line(t: dict[str, float]) -> str:
