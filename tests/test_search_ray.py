@@ -2,9 +2,7 @@
 evaluation, the output folder, faults, user layouts, resume."""
 
 import csv
-import os
 import sys
-import tempfile
 
 import optuna
 import pytest
@@ -20,7 +18,7 @@ from search_spaces.job import Job
 from search_spaces.layout import TrainingSpec
 from search_spaces.space import SpaceOptions, feasible_space
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 GIB = 1024**3
 
 SMALL = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=2),
@@ -29,20 +27,6 @@ SMALL = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per
 CONSTRAINED = Job(model=get_model("llama3-8b"), cluster=build_cluster(nodes=1, gpu="a100-40gb"),
                   training=TrainingSpec(seq_length=4096, global_batch_size=16))
 CONSTRAINED_OPTIONS = SpaceOptions(micro_batch_sizes=(1, 2), recompute=("none", "full"), dist_opt=(True,))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
-    yield
-    if started:
-        ray.shutdown()
 
 
 class FlakyBackend:
