@@ -39,7 +39,9 @@ TRIALS_CSV, META_JSON, STUDY_DB = "trials.csv", "search.json", "study.db"
 LAYOUT_COLUMNS = tuple(f.name for f in fields(Layout))  # tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, ...
 CSV_COLUMNS = ("number", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason", "tokens_per_s_per_gpu",
                "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s", "dominant_time", "source",
-               "wall_s", "time_breakdown_s", "memory_breakdown_gib")
+               "wall_s", "time_breakdown_s", "memory_breakdown_gib",
+               # megatron backend: the analytic model's figures for the real model, beside the measured ones
+               "predicted_tokens_per_s_per_gpu", "predicted_memory_gib")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,6 +77,10 @@ class TrialRecord:
             "time_breakdown_s": json.dumps(m.time, sort_keys=True),
             "memory_breakdown_gib": json.dumps({k: v / GIB for k, v in m.memory.items()}, sort_keys=True),
         })
+        predicted = _predicted(m)
+        row["predicted_tokens_per_s_per_gpu"] = _num(predicted.get("tokens_per_s_per_gpu"))
+        row["predicted_memory_gib"] = _num(None if predicted.get("memory_bytes") is None
+                                           else predicted["memory_bytes"] / GIB)
         return row
 
     def summary(self) -> dict[str, object]:
@@ -84,7 +90,14 @@ class TrialRecord:
                 "status": m.status, "feasible": self.feasible, "reason": m.reason,
                 "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu, "mfu": m.mfu, "tflops_per_gpu": m.tflops_per_gpu,
                 "memory_gib": m.memory_gib, "headroom_gib": self.headroom_gib, "step_time_s": m.step_time_s,
-                "dominant_time": m.extra.get("dominant_time"), "source": m.source, "number": self.number}
+                "dominant_time": m.extra.get("dominant_time"), "source": m.source, "number": self.number,
+                **({"predicted": _predicted(m)} if _predicted(m) else {})}
+
+
+def _predicted(m: Measurement) -> dict[str, Any]:
+    """The analytic prediction a profiling backend puts beside its measurement (empty for the analytic backend)."""
+    p = m.extra.get("analytic_prediction")
+    return p if isinstance(p, dict) else {}
 
 
 def _cell(value: object) -> object:
@@ -108,6 +121,11 @@ def record_from_row(row: dict[str, str], capacity_bytes: float) -> TrialRecord:
     layout = parse_layout(row["layout"])
     memory_gib = _opt_float(row["memory_gib"])
     extra: dict[str, object] = {"dominant_time": row["dominant_time"]} if row.get("dominant_time") else {}
+    predicted_tps, predicted_gib = _opt_float(row.get("predicted_tokens_per_s_per_gpu", "")), \
+        _opt_float(row.get("predicted_memory_gib", ""))
+    if predicted_tps is not None or predicted_gib is not None:
+        extra["analytic_prediction"] = {"tokens_per_s_per_gpu": predicted_tps,
+                                        "memory_bytes": None if predicted_gib is None else predicted_gib * GIB}
     m = Measurement(
         layout=layout, status=row["status"], source=row["source"] or "analytic", reason=row["reason"],  # type: ignore[arg-type]
         memory_bytes=None if memory_gib is None else memory_gib * GIB,

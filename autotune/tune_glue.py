@@ -58,8 +58,16 @@ def measurement_to_dict(m: Measurement) -> dict[str, Any]:
     d = asdict(m)
     d["layout"] = str(m.layout)
     d["violations"] = list(m.violations)
-    d["extra"] = {k: v for k, v in m.extra.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    d["extra"] = {k: v for k, v in m.extra.items() if _json_safe(v)}  # e.g. the megatron backend's analytic_prediction
     return d
+
+
+def _json_safe(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def measurement_from_dict(d: dict[str, Any]) -> Measurement:

@@ -120,6 +120,8 @@ def _job_flags_from_folder(args: argparse.Namespace) -> None:
     for flag in ("model", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "seq_length",
                  "global_batch_size", "precision"):
         setattr(args, flag, job[flag])
+    if args.backend == "auto" and meta.get("backend"):
+        args.backend = meta["backend"]
 
 
 def _timing_line(t: dict[str, float]) -> str:
@@ -130,6 +132,16 @@ def _timing_line(t: dict[str, float]) -> str:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _fmt_bytes(value: float | None) -> str:
+    """GiB, or MiB / KiB for the small figures of CPU-proxy jobs (which would all read 0.0 GiB)."""
+    if value is None:
+        return "-"
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2)):
+        if value >= 0.1 * size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value / 1024:.1f} KiB"
 
 
 def render(result: Any, *, top: int = 10, console: Any = None) -> None:
@@ -148,16 +160,31 @@ def render(result: Any, *, top: int = 10, console: Any = None) -> None:
         console.print(explain_impossible(result, as_text=True))
         return
     table = Table(title=f"Best layouts (of {len(result.records)} trials)", title_justify="left")
-    for name, justify in (("#", "right"), ("layout", "left"), ("tok/s/GPU", "right"), ("MFU", "right"),
-                          ("mem GiB", "right"), ("free GiB", "right"), ("step time dominated by", "left"),
-                          ("from", "left")):
+    ranked = result.ranked[:top]
+    # megatron backend: the analytic model's figures for the real model, beside what the job measured
+    predicted = any("analytic_prediction" in r.measurement.extra for r in ranked)
+    columns = [("#", "right"), ("layout", "left"), ("tok/s/GPU", "right"), ("MFU", "right"), ("mem", "right"),
+               ("free GiB", "right")]
+    if predicted:
+        columns += [("predicted tok/s/GPU", "right"), ("predicted GiB", "right")]
+    columns += [("step time dominated by", "left"), ("from", "left")]
+    for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for i, r in enumerate(result.ranked[:top], 1):
+    for i, r in enumerate(ranked, 1):
         m = r.measurement
-        table.add_row(str(i), str(r.layout), _fmt(m.tokens_per_s_per_gpu, ",.0f"), _fmt(m.mfu, ".1%"),
-                      _fmt(m.memory_gib, ".1f"), _fmt(r.headroom_gib, ".1f"), str(m.extra.get("dominant_time", "-")),
-                      r.origin)
+        row = [str(i), str(r.layout), _fmt(m.tokens_per_s_per_gpu, ",.0f"), _fmt(m.mfu, ".1%"),
+               _fmt_bytes(m.memory_bytes), _fmt(r.headroom_gib, ".1f")]
+        if predicted:
+            p = m.extra.get("analytic_prediction") or {}
+            mem = p.get("memory_bytes")
+            row += [_fmt(p.get("tokens_per_s_per_gpu"), ",.0f"), _fmt(None if mem is None else mem / GIB, ".1f")]
+        table.add_row(*row, str(m.extra.get("dominant_time", "-")), r.origin)
     console.print(table)
+    if any(r.measurement.source == "megatron-cpu-proxy" for r in ranked):
+        console.print("measured columns are CPU-proxy figures (a scaled-down model with the same parallel structure, "
+                      "on gloo): they prove the layout builds and trains and rank layouts on this machine; they are "
+                      "not GPU predictions. 'predicted' is the analytic model for the real model on this cluster.",
+                      markup=False, highlight=False)
     pareto = Table(title="Pareto front (tokens/s per GPU vs memory per GPU)", title_justify="left")
     for name in ("layout", "tok/s/GPU", "mem GiB"):
         pareto.add_column(name, justify="left" if name == "layout" else "right")
