@@ -144,3 +144,21 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path):
     meta = json.loads((tmp_path / "run" / "search.json").read_text())
     assert meta["completed"] is False
     assert len(csv_path.read_text().splitlines()) - 1 == meta["finished_trials"] >= 5
+
+
+def test_megatron_backend_ranks_real_cpu_proxy_trials_beside_the_prediction(tmp_path):
+    # the command, with a smaller budget: real megatron-core jobs on gloo workers
+    args = ["--model", "tiny-gpt", "--nodes", "1", "--gpus-per-node", "4", "--backend", "megatron", "--trials", "2",
+            "--exhaustive-threshold", "0", "--json", "--output", "run"]
+    proc = _cli(args, tmp_path)
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 0, err[-2000:]
+    trials = json.loads(out)["trials"]
+    assert len(trials) == 2
+    for t in trials:
+        assert t["source"] == "megatron-cpu-proxy" and t["status"] == "ok", t
+        assert t["tokens_per_s_per_gpu"] > 0 and t["memory_gib"] > 0  # measured on the proxy
+        assert t["predicted"]["tokens_per_s_per_gpu"] > 0  # the analytic model's figure for the real model
