@@ -15,24 +15,12 @@ Rows (/work/shared/data/calibration-runs.csv) fall in three groups:
 - unusable: no layout, or neither tokens/s nor causal TFLOP/s (the GPT-3 strong-scaling endpoints). Listed
   with the reason.
 
-Defaults assumed where a source is silent (documented in docs/throughput-model.md):
-- micro-batch size 1; no VPP unless the row gives one;
-- ETP 1 for the ModelZoo rows that leave it empty (the long-sequence Qwen3 rows): the same recipe's other
-  rows publish ETP=1 (megatron-core's own default, ETP = TP, would put EP*ETP = 32 across nodes);
-- sequence parallelism on when TP > 1 for the 2024+ sources (mlm-readme-2024, moe-modelzoo), off for the
-  2021 sources (Narayanan 2021 and the GPT-3 example predate SP);
-- distributed optimizer on for the 2024+ sources, off for 2021-2022 (it did not exist yet);
-- recompute: empty in a row whose TFLOP/s convention "includes recompute" (the 2021 GPT-3 example) -> full;
-  the ModelZoo's module recompute "layernorm, moe" -> full (recomputing the MoE block is most of a layer's
-  forward and frees most of its activations; the Layout has no per-module recompute); "full..." -> full, "selective..." -> selective (Megatron's attention-core recompute; the
-  ModelZoo's "norm, act" module recompute is mapped to selective as the nearest cheap recompute), empty -> none;
-- uneven pipeline split where num_layers % (PP * VPP) != 0 (the Qwen3-235B rows: 94 layers on PP 8 x VPP 4 and
-  PP 32 x VPP 3): the ModelZoo scripts pass --account-for-embedding-in-pipeline-split
-  --account-for-loss-in-pipeline-split, so embedding_loss_split (96 = 8 x 4 x 3 = 32 x 3 x 1); any other row
-  would get the split autotune offers (`layout.pipeline_split_for`);
-- cluster: 8 GPUs per node; A100 rows on NVLink3 + InfiniBand HDR (Selene), H100 rows on NVLink4 + NDR (EOS);
-- GPT-style rows (gelu) are LayerNorm, biased linears, learned positions, tied embeddings (Megatron GPT defaults);
-  SwiGLU rows are RMSNorm, no bias, RoPE, untied, with qk_layernorm where the attention column says so.
+Defaults assumed where a source is silent: see bench/published_runs.py (shared with the memory check).
+This benchmark's own reading of recompute: empty in a row whose TFLOP/s convention "includes recompute" (the
+2021 GPT-3 example) -> full; the ModelZoo's module recompute "layernorm, moe" -> full (recomputing the MoE block
+is most of a layer's forward and frees most of its activations; the Layout has no per-module recompute);
+"full..." -> full, "selective..." -> selective (Megatron's attention-core recompute; the ModelZoo's "norm, act"
+module recompute is mapped to selective as the nearest cheap recompute), empty -> none.
 """
 
 from __future__ import annotations
@@ -47,14 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.efficiency import DEFAULT_CALIBRATION, Calibration  # noqa: E402
 from autotune.throughput import estimate_time, forward_flops_per_token  # noqa: E402
-from search_spaces.cluster import ClusterSpec  # noqa: E402
-from search_spaces.gpus import get_gpu, get_link  # noqa: E402
+from bench.published_runs import CSV_PATH, float_or, job_of, layout_of  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import Layout, TrainingSpec, pipeline_split_for  # noqa: E402
-from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
-
-CSV_PATH = Path("/work/shared/data/calibration-runs.csv")
-MODERN_SOURCES = ("mlm-readme-2024", "moe-modelzoo")
+from search_spaces.layout import Layout  # noqa: E402
 TARGET_MAPE, TARGET_MAX = 0.15, 0.35
 
 
@@ -69,34 +52,6 @@ class Row:
     job: Job | None
     layout: Layout | None
     published_tokens_per_s_per_gpu: float | None
-
-
-def _int(text: str, default: int | None = None) -> int | None:
-    text = (text or "").strip()
-    return int(float(text)) if text else default
-
-
-def _float(text: str) -> float | None:
-    text = (text or "").strip()
-    return float(text) if text else None
-
-
-def _model(r: dict[str, str]) -> ModelSpec:
-    gated = r["mlp_activation"].strip().lower() == "swiglu"
-    seq = int(r["seq_len"])
-    moe = None
-    if r["num_experts"].strip():
-        moe = MoESpec(num_experts=int(r["num_experts"]), topk=int(r["moe_topk"]),
-                      expert_ffn_hidden_size=int(r["moe_ffn_hidden_size"]),
-                      shared_expert_ffn_hidden_size=_int(r["shared_expert_ffn"], 0) or 0)
-    return ModelSpec(
-        name=r["model"], num_layers=int(r["num_layers"]), hidden_size=int(r["hidden_size"]),
-        ffn_hidden_size=int(r["ffn_hidden_size"]), num_attention_heads=int(r["num_attention_heads"]),
-        num_query_groups=_int(r["num_query_groups"]), kv_channels=_int(r["kv_channels"]),
-        vocab_size=int(r["vocab_size"]), gated_linear_unit=gated, tied_embeddings=not gated,
-        add_bias_linear=not gated, normalization="RMSNorm" if gated else "LayerNorm",
-        max_position_embeddings=0 if gated else seq, qk_layernorm="qk_layernorm" in r["attention"], moe=moe,
-    )
 
 
 def _recompute(text: str) -> str:
@@ -117,57 +72,16 @@ def _recompute_of(r: dict[str, str]) -> str:
     return _recompute(r["recompute"])
 
 
-def _flag(text: str, default: bool) -> bool:
-    text = text.strip().lower()
-    if text.startswith("yes"):
-        return True
-    if text.startswith("no"):
-        return False
-    return default
-
-
-def _pipeline_split(r: dict[str, str], pp: int, vpp: int | None) -> dict[str, object]:
-    """The published recipe's split when the layers do not divide PP * VPP (see the module docstring)."""
-    layers = int(r["num_layers"])
-    if layers % (pp * (vpp or 1)) == 0:
-        return {}
-    if r["source_id"] == "moe-modelzoo":
-        return {"embedding_loss_split": True}
-    return pipeline_split_for(layers, pp, vpp or 1) or {}
-
-
-def _job_and_layout(r: dict[str, str]) -> tuple[Job, Layout]:
-    modern = r["source_id"] in MODERN_SOURCES
-    tp, pp = int(r["tp"]), int(r["pp"])
-    layout = Layout(**_pipeline_split(r, pp, _int(r["vpp"])),  # type: ignore[arg-type]
-        tp=tp, pp=pp, vpp=_int(r["vpp"]), cp=_int(r["cp"], 1), ep=_int(r["ep"], 1),
-        etp=_int(r["etp"], 1 if r["source_id"] == "moe-modelzoo" else None),
-        dp=int(r["dp"]), mbs=_int(r["micro_batch_size"], 1),
-        sp=_flag(r["sequence_parallel"], modern and tp > 1) and tp > 1,
-        dist_opt=_flag(r["distributed_optimizer"], modern), recompute=_recompute_of(r),  # type: ignore[arg-type]
-    )
-    gpu_name = r["gpu_type"].strip().lower()
-    a100 = gpu_name.startswith("a100")
-    gpu = get_gpu(gpu_name)
-    gpus = int(r["num_gpus"])
-    cluster = ClusterSpec(nodes=max(gpus // 8, 1), gpus_per_node=min(8, gpus), gpu=gpu,
-                          intra_node=get_link("nvlink3" if a100 else "nvlink4"),
-                          inter_node=get_link("ib-hdr" if a100 else "ib-ndr"))
-    training = TrainingSpec(seq_length=int(r["seq_len"]), global_batch_size=int(r["global_batch_size"]),
-                            precision="fp8" if r["precision"].strip().upper() == "FP8" else "bf16")
-    return Job(model=_model(r), cluster=cluster, training=training), layout
-
-
 def load_rows(path: Path = CSV_PATH) -> list[Row]:
     rows = []
     with path.open(newline="") as f:
         for i, r in enumerate(csv.DictReader(f)):
-            tokens = _float(r["tokens_per_sec_per_gpu"])
+            tokens = float_or(r["tokens_per_sec_per_gpu"])
             has_layout = bool(r["tp"].strip() and r["pp"].strip() and r["dp"].strip())
             job = layout = None
             if has_layout:
-                job, layout = _job_and_layout(r)
-            tflops = _float(r["model_tflops_per_gpu"])
+                job, layout = job_of(r), layout_of(r, _recompute_of(r))  # type: ignore[arg-type]
+            tflops = float_or(r["model_tflops_per_gpu"])
             if has_layout and tokens is None and tflops is not None and "causal" in r["flops_convention"]:
                 # same FLOPs convention as ours: tokens/s = TFLOP/s / (3 * forward FLOPs per token)
                 tokens = tflops * 1e12 / (3 * forward_flops_per_token(job.model, job.training.seq_length))
