@@ -10,17 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from autotune.commands import add_layout_argument
+
 __all__ = ["add_arguments", "run", "check_object", "notes"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--layout", required=True,
-        help='layout as name=value pairs, e.g. "tp=2,pp=4,vpp=2,cp=1,ep=8,etp=1,mbs=1,sp=true,dist_opt=true,'
-             'recompute=selective" (uneven pipeline split: first_stage_layers=3,last_stage_layers=2 or '
-             'embedding_loss_split=true); omitted fields take megatron-core\'s defaults (1, no VPP, ETP = TP, SP off, '
-             "no distributed optimizer, no recompute); dp defaults to world / (tp * pp * cp)",
-    )
+    add_layout_argument(parser)
 
 
 def stage_layers_text(layout, num_layers: int) -> str:

@@ -11,21 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from autotune.commands import add_layout_argument
+
 __all__ = ["add_arguments", "run", "estimate_object"]
 
 GIB = 1024**3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--layout", required=True,
-        help='layout as name=value pairs, e.g. "tp=4,pp=4,vpp=5,sp=true,dist_opt=true,recompute=selective"; '
-             "fields: tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, recompute, and megatron-core's uneven "
-             "pipeline split first_stage_layers, last_stage_layers (num_layers_in_first/last_pipeline_stage) or "
-             "embedding_loss_split=true (account_for_embedding/loss_in_pipeline_split). Omitted fields take "
-             "megatron-core's defaults (1, no VPP, ETP = TP, SP off, no distributed optimizer, no recompute); "
-             "dp defaults to world / (tp * pp * cp)",
-    )
+    add_layout_argument(parser)
     parser.add_argument("--headroom-gib", type=float, default=0.0,
                         help="GiB to keep free on each GPU when judging out-of-memory (default 0)")
 
@@ -52,7 +46,6 @@ def estimate_object(measurement) -> dict[str, object]:
 
 def _print_rich(job, m) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
@@ -65,23 +58,26 @@ def _print_rich(job, m) -> None:
     for v in m.violations:
         console.print(f"  [red]x[/red] {v}")
     if m.memory:
-        table = Table(title=f"memory per GPU (peak {m.memory_gib:.1f} GiB of {job.cluster.gpu.memory_gib:.0f} GiB)")
-        table.add_column("term")
-        table.add_column("GiB", justify="right")
-        table.add_column("share", justify="right")
-        for name, value in m.memory.items():
-            table.add_row(name, f"{value / GIB:.2f}", f"{value / m.memory_bytes:.0%}")
-        console.print(table)
+        console.print(_breakdown(f"memory per GPU (peak {m.memory_gib:.1f} GiB of {job.cluster.gpu.memory_gib:.0f} GiB)",
+                                 "GiB", {k: v / GIB for k, v in m.memory.items()}, m.memory_bytes / GIB, ".2f", ".0%"))
     if m.time:
-        table = Table(title=f"step time {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-                            f"{m.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {m.mfu:.1%}")
-        table.add_column("term")
-        table.add_column("seconds", justify="right")
-        table.add_column("share", justify="right")
-        for name, value in m.time.items():
-            table.add_row(name, f"{value:.4f}", f"{value / m.step_time_s:.1%}")
-        console.print(table)
+        console.print(_breakdown(f"step time {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                                 f"{m.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {m.mfu:.1%}",
+                                 "seconds", m.time, m.step_time_s, ".4f", ".1%"))
         console.print(f"largest term beyond compute: {m.extra.get('dominant_time')}")
+
+
+def _breakdown(title: str, unit: str, terms: dict[str, float], total: float, value_spec: str, share_spec: str):
+    """A rich table of named terms with their share of the total."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("term")
+    table.add_column(unit, justify="right")
+    table.add_column("share", justify="right")
+    for name, value in terms.items():
+        table.add_row(name, format(value, value_spec), format(value / total, share_spec))
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
