@@ -296,9 +296,11 @@ PUBLISHED = [  # calibration-runs.csv rows: (row, model, gpu, seq, gbs, layout, 
     (28, GPT_1T, "a100-80gb", 2048, 512, Layout(tp=8, pp=64, mbs=1, sp=True, recompute="selective"), PRE_FLASH),
     (8, GPT_462B, "h100", 4096, 3072, Layout(tp=8, pp=16, dp=48, sp=True, dist_opt=True), DEFAULT_ASSUMPTIONS),
     (30, "qwen3-235b-a22b", "h100", 4096, 2048,
-     Layout(tp=2, pp=8, vpp=4, ep=32, etp=1, dp=16, sp=True, dist_opt=True, recompute="selective"), MODELZOO),
+     Layout(tp=2, pp=8, vpp=4, ep=32, etp=1, dp=16, sp=True, dist_opt=True, recompute="selective",
+            embedding_loss_split=True), MODELZOO),  # the recipe's split: (94 + 2) / (8 * 4) = 3 per chunk
     (33, "qwen3-235b-a22b", "h100", 4096, 2048,
-     Layout(tp=2, pp=32, vpp=3, ep=8, etp=1, dp=4, sp=True, dist_opt=True, recompute="selective"), MODELZOO),
+     Layout(tp=2, pp=32, vpp=3, ep=8, etp=1, dp=4, sp=True, dist_opt=True, recompute="selective",
+            embedding_loss_split=True), MODELZOO),  # (94 + 2) / (32 * 3) = 1 per chunk
 ]
 
 
