@@ -1,5 +1,5 @@
 import sys
 
-from autotune.cli import main
+from autotune.ui.cli import main
 
 sys.exit(main())

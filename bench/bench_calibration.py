@@ -33,8 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.efficiency import DEFAULT_CALIBRATION, Calibration  # noqa: E402
-from autotune.throughput import estimate_time, forward_flops_per_token  # noqa: E402
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration  # noqa: E402
+from autotune.cost.throughput import estimate_time, forward_flops_per_token  # noqa: E402
 from bench.published_runs import CSV_PATH, float_or, job_of, layout_of  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
@@ -115,7 +115,7 @@ def mape(rows: list[Row], cal: Calibration) -> tuple[float, float]:
 def _oom_check(row: Row) -> str:
     """'ok', 'OOM (x GiB > y GiB)' or 'n/a' when the memory model is not there yet."""
     try:
-        from autotune.memory import estimate_memory
+        from autotune.cost.memory import estimate_memory
     except ImportError:
         return "n/a"
     try:
@@ -162,7 +162,7 @@ def _get(cal: Calibration, name: str) -> float:
     return getattr(cal, name)
 
 
-# name -> candidate grid (the fitted constants of autotune/efficiency.py)
+# name -> candidate grid (the fitted constants of autotune/cost/efficiency.py)
 FIT_GRID: dict[str, list[float]] = {
     "a100.gemm_peak_fraction": [x / 100 for x in range(50, 96, 2)],
     "a100.attention_peak_fraction": [x / 100 for x in range(5, 81, 5)],

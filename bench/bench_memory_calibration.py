@@ -3,7 +3,7 @@
 Runs real megatron-core proxy jobs (bf16, as the analytic model assumes: 2 B weights, 4 B fp32 main grads,
 12 B Adam state per parameter) on 4 gloo workers over a set of layouts (dense TP+PP, SP, VPP, distributed
 optimizer, MoE with EP and ETP, full and selective recompute, CP), measures every rank's memory exactly
-(`trainers.memory_probe`), and compares each pipeline stage with `autotune.memory.estimate_memory_per_stage`
+(`trainers.memory_probe`), and compares each pipeline stage with `autotune.cost.memory.estimate_memory_per_stage`
 evaluated on the proxy's own shape with the proxy's assumptions (local unfused attention, no dropout).
 
 Targets: weights, gradients and optimizer within 2%; activations within 15%.
@@ -59,7 +59,8 @@ def main() -> int:
     from search_spaces.gpus import build_cluster
     from search_spaces.job import Job
     from search_spaces.layout import TrainingSpec, parse_layout
-    from trainers.backend import MegatronBackend, analytic_proxy_memory, ensure_ray
+    from autotune.tuning.measured import analytic_proxy_memory
+    from trainers.backend import MegatronBackend, ensure_ray
     from trainers.worker_pool import shutdown_pool
 
     ensure_ray(tempfile.mkdtemp(prefix="autotune-bench-ray-"))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.analytic import AnalyticBackend  # noqa: E402
-from autotune.throughput import estimate_time  # noqa: E402
+from autotune.cost.analytic import AnalyticBackend  # noqa: E402
+from autotune.cost.throughput import estimate_time  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402

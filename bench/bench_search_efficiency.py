@@ -4,7 +4,7 @@ For each case (dense and MoE, 1 to 128 nodes) the analytic backend evaluates the
 once; the optimum is the highest tokens/s per GPU among layouts that fit (GPU memory minus the
 default 5% headroom), and a layout is "good" when it is within 1% of it. Then:
 
-- search: the search's own proposal loop (`autotune.tune_glue.LayoutSearch`, the OptunaSearch
+- search: the search's own proposal loop (`autotune.tuning.tune_glue.LayoutSearch`, the OptunaSearch
   subclass Ray Tune drives, stepped here without Tune's runtime: same proposals, same order as
   `run_search` with one trial at a time), with and without the rules-of-thumb seeds, over several
   sampler seeds; the number is the trial at which the best feasible layout so far is good
@@ -47,7 +47,7 @@ def make_job(case: str) -> Job:
 
 
 def exhaustive(job: Job, capacity_bytes: float):
-    from autotune.analytic import AnalyticBackend
+    from autotune.cost.analytic import AnalyticBackend
 
     backend = AnalyticBackend()
     space = feasible_space(job, SpaceOptions())
@@ -83,10 +83,10 @@ def grid_first_hit(space, good: set) -> int:
 def search_first_hit(job: Job, space, scores: dict, *, seed: int, budget: int, use_seeds: bool,
                      capacity_bytes: float, headroom_bytes: float, threshold: float) -> tuple[int | None, int, int]:
     """(trial at which best-so-far is good or None, invalid proposals, trials run)."""
-    from autotune.analytic import AnalyticBackend
-    from autotune.driver import SearchPlan
-    from autotune.seeds import rule_of_thumb_seeds
-    from autotune.tune_glue import LayoutSearch, evaluate_trial
+    from autotune.cost.analytic import AnalyticBackend
+    from autotune.tuning.driver import SearchPlan
+    from autotune.tuning.seeds import rule_of_thumb_seeds
+    from autotune.tuning.tune_glue import LayoutSearch, evaluate_trial
 
     backend = AnalyticBackend(headroom_bytes=headroom_bytes)
     seeds = tuple(rule_of_thumb_seeds(job, space)) if use_seeds else ()

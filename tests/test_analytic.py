@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.analytic import AnalyticBackend
+from autotune.cost.analytic import AnalyticBackend
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

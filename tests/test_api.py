@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-import autotune.api as api
-from autotune import clusters, models
-from autotune.cli import build_parser
-from autotune.commands import job_from_args
-from autotune.measurement import Measurement
-from autotune.results import SearchResult, TrialRecord
+import autotune.ui.api as api
+from autotune.ui import clusters, models
+from autotune.ui.cli import build_parser
+from autotune.ui.commands import job_from_args
+from search_spaces.measurement import Measurement
+from autotune.tuning.results import SearchResult, TrialRecord
 from search_spaces.layout import Layout
 
 GIB = 1024**3
@@ -157,7 +157,7 @@ def test_result_report_shows_the_winner(result, tmp_path):
 # --- the same engine as the CLI ---------------------------------------------------------------------
 @pytest.mark.slow
 def test_api_and_cli_rank_the_same_layouts(tmp_path, capsys):
-    from autotune.cli import main
+    from autotune.ui.cli import main
 
     argv = ["--model", "mixtral", "--nodes", "4", "--trials", "12", "--seed", "3", "--json", "--top", "12"]
     with api.ray_session():  # one local Ray for both runs (each would otherwise start its own)
@@ -208,20 +208,20 @@ def test_result_notebook_view_names_the_winner(result):
 def test_autotune_search_stays_the_api_function_after_the_driver_loads():
     import autotune
 
-    api._driver()  # imports autotune.driver
+    api._driver()  # imports autotune.tuning.driver
     assert autotune.search is api.search
 
 
 def test_dashboard_session_without_the_flag_starts_nothing():
     import argparse
 
-    from autotune import dashboard
+    from autotune.ui import dashboard
 
     with dashboard.session(argparse.Namespace(dashboard=False)) as dash:
         assert dash is None
 
 
-@pytest.mark.parametrize("module", ["autotune.models", "autotune.clusters", "autotune.api"])
+@pytest.mark.parametrize("module", ["autotune.ui.models", "autotune.ui.clusters", "autotune.ui.api"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from autotune.cli import main
+from autotune.ui.cli import main
 
 JSON_KEYS = {"feasible", "violations", "memory_gib", "memory", "step_time_s", "tokens_per_s_per_gpu",
              "tflops_per_gpu", "mfu", "time", "layout"}

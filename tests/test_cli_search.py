@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
+from autotune.ui.cli import main
 from search_spaces.gpus import get_gpu
 
 pytestmark = pytest.mark.slow

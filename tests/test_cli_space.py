@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from autotune.cli import main
+from autotune.ui.cli import main
 from search_spaces.catalog import get_model
 from search_spaces.space import feasible_layouts
 from test_rules import make_job

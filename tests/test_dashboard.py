@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from autotune import dashboard
+from autotune.ui import dashboard
 
 
 def _free_port() -> int:
@@ -55,7 +55,7 @@ def test_wait_for_enter_returns_on_enter_and_prints_the_url():
 def test_dashboard_lists_the_search_while_it_runs(monkeypatch, tmp_path):
     import ray
 
-    import autotune.api as api
+    import autotune.ui.api as api
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     # Ray's unix sockets must fit in 107 characters, so its temp dir is short, under /tmp, removed at the end.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune.launch import bridge_overrides, launch_forms, megatron_lm_args
+from autotune.outputs.launch import bridge_overrides, launch_forms, megatron_lm_args
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

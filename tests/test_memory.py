@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.memory import (
+from autotune.cost.memory import (
     DEFAULT_ASSUMPTIONS,
     LOCAL_SPEC_ASSUMPTIONS,
     MemoryAssumptions,
@@ -19,7 +19,7 @@ from autotune.memory import (
     padded_vocab_size,
     stage_params,
 )
-from autotune.memory_activations import (
+from autotune.cost.activations import (
     ActivationAssumptions,
     inflight_microbatches_per_chunk,
     layer_activation_bytes,

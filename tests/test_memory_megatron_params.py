@@ -1,4 +1,4 @@
-"""`autotune.memory` against real megatron-core GPTModels: parameters per GPU, and one micro-batch's activations.
+"""`autotune.cost.memory` against real megatron-core GPTModels: parameters per GPU, and one micro-batch's activations.
 
 Parameters: a subprocess builds, for each layout, the model chunks that the first and the last rank would hold:
 torch's fake process group (`FakeStore`, backend "fake") stands in for a world of TP * PP * CP * DP ranks, so
@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.memory import (  # noqa: E402
+from autotune.cost.memory import (  # noqa: E402
     LOCAL_SPEC_ASSUMPTIONS,
     estimate_memory_per_stage,
     microbatch_activation_terms,

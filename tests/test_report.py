@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import plots
-from autotune.measurement import Measurement
-from autotune.report import REPORT_FILE, ReportInput, render_report, write_report
+from autotune.outputs import plots
+from search_spaces.measurement import Measurement
+from autotune.outputs.report import REPORT_FILE, ReportInput, render_report, write_report
 from search_spaces.layout import Layout
 
 GIB = 1024**3

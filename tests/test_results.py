@@ -2,8 +2,9 @@
 
 import json
 
-from autotune.measurement import Measurement
-from autotune.results import SearchResult, TrialLog, TrialRecord, pareto_front, read_trials
+from search_spaces.measurement import Measurement
+from autotune.outputs.files import result_json, write_outputs
+from autotune.tuning.results import SearchResult, TrialLog, TrialRecord, pareto_front, read_trials
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
@@ -76,7 +77,7 @@ def test_a_torn_last_line_is_skipped(tmp_path):
 def test_write_puts_winner_and_both_launch_forms(tmp_path):
     result = SearchResult(job=_job(), records=tuple(RECORDS), capacity_bytes=CAP, headroom_bytes=0, mode="search",
                           backend="analytic", seed=0, space_size=5)
-    result.write(tmp_path)
+    write_outputs(result, tmp_path)
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["layout"]["tensor_model_parallel_size"] == 2
     assert (tmp_path / "best_megatron_bridge.txt").read_text().startswith("model.tensor_model_parallel_size=2 ")
@@ -86,7 +87,7 @@ def test_write_puts_winner_and_both_launch_forms(tmp_path):
 def test_to_json_has_best_pareto_and_trials():
     result = SearchResult(job=_job(), records=tuple(RECORDS), capacity_bytes=CAP, headroom_bytes=0, mode="search",
                           backend="analytic", seed=0, space_size=5)
-    payload = json.loads(json.dumps(result.to_json(), default=str))
+    payload = json.loads(json.dumps(result_json(result), default=str))
     assert payload["best"]["layout"]["pipeline_model_parallel_size"] == 1
     assert set(payload["best"]["launch"]) == {"megatron_bridge", "megatron_lm"}
     assert len(payload["pareto"]) == 2 and len(payload["trials"]) == 5

@@ -7,11 +7,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.analytic import AnalyticBackend
-from autotune.driver import SearchPlan
-from autotune.seeds import band_for, neighbours, parse_user_layouts, rule_of_thumb_seeds
-from autotune.space_sampler import define_by_run, layout_of, params_of
-from autotune.tune_glue import LayoutSearch, evaluate_trial, is_feasible
+from autotune.cost.analytic import AnalyticBackend
+from autotune.tuning.driver import SearchPlan
+from autotune.tuning.seeds import band_for, neighbours, parse_user_layouts, rule_of_thumb_seeds
+from autotune.tuning.space_sampler import define_by_run, layout_of, params_of
+from autotune.tuning.tune_glue import LayoutSearch, evaluate_trial, is_feasible
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
@@ -181,7 +181,7 @@ def test_searcher_covers_a_space_no_larger_than_the_budget():
 
 def test_autotune_search_is_the_api_function_after_the_driver_loads():
     import autotune
-    import autotune.api
-    import autotune.driver  # the driver module has its own name: nothing shadows the API function
+    import autotune.ui.api
+    import autotune.tuning.driver  # the driver module has its own name: nothing shadows the API function
 
-    assert autotune.search is autotune.api.search
+    assert autotune.search is autotune.ui.api.search

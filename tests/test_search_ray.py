@@ -7,11 +7,12 @@ import sys
 import optuna
 import pytest
 
-from autotune.analytic import AnalyticBackend
-from autotune.measurement import Measurement
-from autotune.results import read_meta, write_meta
-from autotune.driver import run_search
-from autotune.tune_glue import is_feasible
+from autotune.cost.analytic import AnalyticBackend
+from search_spaces.measurement import Measurement
+from autotune.tuning.results import read_meta, write_meta
+from autotune.outputs.files import write_outputs
+from autotune.tuning.driver import run_search
+from autotune.tuning.tune_glue import is_feasible
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
@@ -67,6 +68,7 @@ def test_search_best_equals_exhaustive_best(tmp_path):
 def test_output_folder_holds_trials_winner_launch_forms_and_study(tmp_path):
     result = run_search(SMALL, trials=20, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
                         progress=False)
+    write_outputs(result, tmp_path)  # what the CLI and the API do after the search
     names = {p.name for p in tmp_path.iterdir()}
     assert {"trials.csv", "best.json", "best_megatron_bridge.txt", "best_megatron_lm.txt", "study.db",
             "search.json"} <= names

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.efficiency import DEFAULT_CALIBRATION, gemm_efficiency
-from autotune.throughput import (
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, gemm_efficiency
+from autotune.cost.throughput import (
     TIME_KEYS,
     estimate_time,
     group_collective_s,
@@ -204,7 +204,7 @@ def test_vpp_shrinks_the_bubble() -> None:
 
 
 def test_analytic_path_imports_nothing_heavy() -> None:
-    code = ("import sys, autotune.analytic, autotune.throughput, autotune.commands.estimate; "
+    code = ("import sys, autotune.cost.analytic, autotune.cost.throughput, autotune.ui.commands.estimate; "
             "heavy = [m for m in ('torch', 'ray', 'megatron', 'optuna', 'pandas') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)

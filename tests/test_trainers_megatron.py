@@ -31,7 +31,9 @@ def backend(tmp_path_factory: pytest.TempPathFactory):
     os.environ.update(RAY_AUTH_MODE="disabled", TMPDIR=str(tmp))  # no ~/.ray/auth_token; torch/Ray temp files here
     started = not ray.is_initialized()
     ensure_ray(str(tmp), num_cpus=2)
-    yield MegatronBackend(precision="fp32", warmup_steps=1, timed_steps=1)
+    from autotune.tuning.measured import Predicted
+
+    yield Predicted(MegatronBackend(precision="fp32", warmup_steps=1, timed_steps=1))
     shutdown_pool()
     if started:
         ray.shutdown()
@@ -100,7 +102,7 @@ def test_megatron_rejection_is_an_outcome_and_the_workers_survive(backend) -> No
 
 
 def test_smoke_verb_prints_the_groups_and_passes(backend, capsys: pytest.CaptureFixture[str]) -> None:
-    from autotune.cli import main
+    from autotune.ui.cli import main
 
     code = main(["smoke", "--layout", "tp=2,pp=2,sp=true", "--iterations", "3"])
     out = capsys.readouterr().out

@@ -24,14 +24,13 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from autotune.measurement import Measurement
+from search_spaces.measurement import Measurement
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from trainers.proxy import ProxyPlan, plan_proxy
 
 __all__ = [
     "MegatronBackend", "ensure_ray", "default_max_workers", "expected_groups", "expert_folding_violation",
-    "analytic_proxy_memory", "analytic_prediction", "proxy_memory_assumptions",
 ]
 
 WORKER_RSS_BYTES = 700 * 1024**2  # one worker with torch + megatron-core and a tiny model, with headroom
@@ -129,9 +128,7 @@ class MegatronBackend:
         except ValueError as e:
             return Measurement(layout=layout, status="failed", source=source, reason=f"cannot profile here: {e}")
         outcome = self.run_plan(plan, use_gpu=use_gpu)
-        m = measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
-        m.extra["analytic_prediction"] = analytic_prediction(job, layout)
-        return m
+        return measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
 
     def run_plan(self, plan: ProxyPlan, *, use_gpu: bool) -> Any:
         from trainers.worker_pool import run_fresh, run_pooled
@@ -169,53 +166,6 @@ def _group_mismatch(ranks: list[dict[str, Any]], layout: Layout) -> str:
     return ""
 
 
-def analytic_prediction(job: Job, layout: Layout) -> dict[str, Any]:
-    """The analytic backend's figures for the real model and layout, to show beside the measured ones."""
-    try:
-        from autotune.analytic import AnalyticBackend
-
-        a = AnalyticBackend().evaluate(job, layout)
-    except Exception as e:  # noqa: BLE001 - the comparison is optional
-        return {"error": f"{type(e).__name__}: {e}"[:300]}
-    return {"status": a.status, "memory_bytes": a.memory_bytes, "memory": dict(a.memory),
-            "step_time_s": a.step_time_s, "tokens_per_s_per_gpu": a.tokens_per_s_per_gpu, "mfu": a.mfu}
-
-
-def proxy_memory_assumptions(layout: Layout | None = None) -> Any:
-    """The analytic model's assumptions as the CPU proxy runs: local (unfused) attention and SwiGLU, no
-    dropout, norms that save what TE's save (`trainers.proxy_norm`). With CP the proxy's core attention is
-    torch SDPA (`trainers.cp_attention`), which keeps no s x s scores: flash-attention-like."""
-    from dataclasses import fields
-
-    from autotune.memory import DEFAULT_ASSUMPTIONS
-
-    wanted = {"flash_attention": layout is not None and layout.cp > 1, "dropout": False, "attention_score_bytes": 6.0, "fused_swiglu": False,
-              "torch_rmsnorm": False}
-    names = {f.name for f in fields(DEFAULT_ASSUMPTIONS)}
-    return replace(DEFAULT_ASSUMPTIONS, **{k: v for k, v in wanted.items() if k in names})
-
-
-def analytic_proxy_memory(plan: ProxyPlan, *, per_stage: bool = False) -> Any:
-    """The analytic memory model on the proxy's own shape and layout (term-by-term comparison).
-
-    Returns {term: bytes} for the heaviest stage, or a list of them by stage with `per_stage`;
-    empty when the memory model is not importable or fails (the comparison is optional)."""
-    try:
-        from autotune.memory import estimate_memory, estimate_memory_per_stage
-        from search_spaces.gpus import build_cluster
-
-        cluster = build_cluster(nodes=1, gpus_per_node=plan.world_size)
-        proxy_job = Job(model=plan.model, cluster=cluster, training=plan.training)
-        assumptions = proxy_memory_assumptions(plan.layout)
-        estimates = (estimate_memory_per_stage(proxy_job, plan.layout, assumptions) if per_stage
-                     else (estimate_memory(proxy_job, plan.layout, assumptions),))
-    except Exception:  # noqa: BLE001
-        return [] if per_stage else {}
-    terms = [{"stage": e.stage, "weights": e.weights_bytes, "gradients": e.gradients_bytes,
-              "optimizer": e.optimizer_bytes, "activations": e.activations_bytes} for e in estimates]
-    return terms if per_stage else terms[0]
-
-
 def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, source: str,
                              precision: str) -> Measurement:
     extra: dict[str, Any] = {
@@ -223,6 +173,7 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
         "precision": precision, "fresh_workers": outcome.fresh_workers, "startup_s": outcome.startup_s,
         "trial_wall_s": outcome.wall_s,
         "timing_note": "CPU proxy (gloo) figures; not a GPU prediction" if source == "megatron-cpu-proxy" else "",
+        "proxy_plan": plan,  # what ran (model, layout, batch): the caller compares the analytic model with it
     }
     if outcome.status != "ok":
         return Measurement(layout=layout, status=outcome.status, source=source, reason=outcome.reason, extra=extra)
@@ -232,8 +183,7 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
     heaviest = max(ranks, key=lambda r: r["memory"].get("allocator_peak", r["memory"]["total"]))
     extra.update(groups=ranks[0]["groups"], losses=losses, step_times_s=steps,
                  memory_per_rank=[{"rank": r["rank"], "pp_rank": r["pp_rank"], **r["memory"]} for r in ranks],
-                 build_s=max(r["build_s"] for r in ranks), job_s=max(r.get("job_s", 0.0) for r in ranks),
-                 analytic_proxy_memory=analytic_proxy_memory(plan))
+                 build_s=max(r["build_s"] for r in ranks), job_s=max(r.get("job_s", 0.0) for r in ranks))
     status, reason = "ok", _group_mismatch(ranks, plan.layout)
     if reason:
         status = "failed"

@@ -74,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _command_module(verb: str, *, optional: bool = False):
     """A verb's module. Modules keep heavy imports inside functions, so importing them is cheap."""
     try:
-        return importlib.import_module(f"autotune.commands.{verb}")
+        return importlib.import_module(f"autotune.ui.commands.{verb}")
     except ModuleNotFoundError as e:
-        if optional and e.name == f"autotune.commands.{verb}":
+        if optional and e.name == f"autotune.ui.commands.{verb}":
             return None
         raise
 

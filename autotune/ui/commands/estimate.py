@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.commands import add_layout_argument
+from autotune.ui.commands import add_layout_argument
 
 __all__ = ["add_arguments", "run", "estimate_object"]
 
@@ -83,8 +83,8 @@ def _breakdown(title: str, unit: str, terms: dict[str, float], total: float, val
 def run(args: argparse.Namespace) -> int:
     from search_spaces.layout import parse_layout
 
-    from autotune.analytic import AnalyticBackend
-    from autotune.commands import job_from_args
+    from autotune.cost.analytic import AnalyticBackend
+    from autotune.ui.commands import job_from_args
 
     if args.headroom_gib < 0:
         raise ValueError(f"`--headroom-gib >= 0` must hold, but got ({args.headroom_gib}).")

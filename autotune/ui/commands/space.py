@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("space needs --model (a catalog name or a config.json path); see --list-models.")
     if args.sample < 0 or (args.limit is not None and args.limit < 0):
         raise ValueError(f"--sample and --limit must be >= 0, but got ({args.sample}, {args.limit}).")
-    from autotune.commands import job_from_args
+    from autotune.ui.commands import job_from_args
     from search_spaces.space import feasible_space, rejections
 
     job = job_from_args(args)
@@ -122,7 +122,7 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
     if not chosen:
         return
     table = Table(title=f"sample of {len(chosen)} layouts")
-    from autotune.commands.check import stage_layers_text
+    from autotune.ui.commands.check import stage_layers_text
 
     for name in ("tp", "cp", "pp", "vpp", "layers/stage", "ep", "etp", "dp", "edp", "mbs", "sp", "dist_opt",
                  "recompute"):

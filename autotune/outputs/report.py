@@ -5,11 +5,11 @@ so the file can be mailed or attached to a ticket as is. What it holds: the job,
 (in an element with id `winner`) and its launch forms, the four plots, the top layouts, the Pareto
 front, why layouts were rejected, and every trial.
 
-    >>> from autotune.report import write_report
+    >>> from autotune.outputs.report import write_report
     >>> write_report(result, "runs/mixtral")          # doctest: +SKIP
     'runs/mixtral/report.html'
 
-`write_report` also writes the plots as PNG files next to the report (see `autotune.plots.PLOT_FILES`).
+`write_report` also writes the plots as PNG files next to the report (see `autotune.outputs.plots.PLOT_FILES`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import plots
+from autotune.outputs import plots
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,8 +195,8 @@ _LAUNCH_TITLES = {"megatron_bridge": "Megatron-Bridge overrides", "megatron_lm":
 
 
 def report_input(result) -> ReportInput:
-    """Adapt a search result (`autotune.results.SearchResult` or `autotune.api.Result`) to `ReportInput`."""
-    from autotune.api import Result
+    """Adapt a search result (`autotune.tuning.results.SearchResult` or `autotune.outputs.view.Result`) to `ReportInput`."""
+    from autotune.outputs.view import Result
 
     res = result if isinstance(result, Result) else Result(result)
     return ReportInput(

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
-from autotune.memory_activations import (
+from autotune.cost.activations import (
     ActivationAssumptions,
     UnitActivations,
     inflight_microbatches_per_chunk,

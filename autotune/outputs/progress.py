@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autotune.results import TrialRecord
+from autotune.tuning.results import TrialRecord
 
-__all__ = ["make_progress", "RichProgress", "CallbackProgress"]
+__all__ = ["make_progress", "progress_factory", "RichProgress", "CallbackProgress"]
 
 
 class CallbackProgress:
@@ -72,3 +72,16 @@ def make_progress(spec: Any, *, total: int, done: int, capacity_bytes: float,
     if spec == "auto" and not sys.stderr.isatty():
         return None
     return RichProgress(total=total, done=done, records=records)
+
+
+def progress_factory(spec: Any) -> Callable[..., RichProgress | CallbackProgress | None] | None:
+    """What `run_search(progress=...)` takes, from what a person asks for: None (a bar when stderr is a terminal),
+    True (a bar), False (nothing), or a callable(record, done, total) of their own."""
+    if spec is False:
+        return None
+    resolved = "auto" if spec is None else "on" if spec is True else spec
+
+    def factory(*, total: int, done: int, capacity_bytes: float, records: Sequence[TrialRecord]):
+        return make_progress(resolved, total=total, done=done, capacity_bytes=capacity_bytes, records=records)
+
+    return factory

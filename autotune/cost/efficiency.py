@@ -1,6 +1,6 @@
 """Achieved fractions of peak: every fitted constant of the throughput model, in one place.
 
-The throughput model (`autotune/throughput.py`) derives FLOPs, bytes and message sizes from the
+The throughput model (`autotune/cost/throughput.py`) derives FLOPs, bytes and message sizes from the
 model and the layout; what it cannot derive is how close real kernels get to the datasheet peaks.
 Those fractions live here, in `Calibration`, each named and documented, and nowhere else.
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from autotune.measurement import Backend, Measurement
+    from search_spaces.measurement import Backend, Measurement
     from search_spaces.job import Job
     from search_spaces.layout import Layout
 
@@ -282,7 +282,7 @@ def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float 
         return backend
     import importlib
 
-    driver = importlib.import_module("autotune.driver")
+    driver = importlib.import_module("autotune.tuning.driver")
     headroom = driver.default_headroom_bytes(job) if headroom_bytes is None else headroom_bytes
     inner, _ = driver._resolve_backend(backend, headroom)
     c = job.cluster

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
-from autotune.efficiency import DEFAULT_CALIBRATION, Calibration
-from autotune.measurement import Measurement
-from autotune.throughput import estimate_time
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from search_spaces.measurement import Measurement
+from autotune.cost.throughput import estimate_time
 
 __all__ = ["AnalyticBackend", "check_rules"]
 
@@ -32,7 +32,7 @@ def check_rules(job: Job, layout: Layout) -> tuple[str, ...]:
 
 
 def _memory(job: Job, layout: Layout):
-    from autotune.memory import estimate_memory
+    from autotune.cost.memory import estimate_memory
 
     return estimate_memory(job, layout)
 

@@ -29,7 +29,7 @@ from typing import Any
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 
-from autotune.measurement import Measurement
+from search_spaces.measurement import Measurement
 
 __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CSV_COLUMNS"]
@@ -264,39 +264,6 @@ class SearchResult:
         """Infeasible trials with a memory figure, least memory first: what came nearest to fitting."""
         misses = {r.layout: r for r in self.records if not r.feasible and r.measurement.memory_bytes is not None}
         return sorted(misses.values(), key=lambda r: r.measurement.memory_bytes or 0.0)[:k]
-
-    def launch(self) -> dict[str, str]:
-        from autotune.launch import launch_forms
-
-        best = self.best
-        return {} if best is None else launch_forms(self.job, best.layout)
-
-    def to_json(self, *, top: int = 10) -> dict[str, Any]:
-        best = self.best_record
-        return {
-            "job": job_summary(self.job),
-            "capacity_gib": self.capacity_bytes / GIB, "headroom_gib": self.headroom_bytes / GIB,
-            "mode": self.mode, "backend": self.backend, "seed": self.seed, "space_size": self.space_size,
-            "interrupted": self.interrupted, "output_dir": self.output_dir, "stats": self.stats,
-            "best": None if best is None else {**best.summary(), "launch": self.launch()},
-            "ranked": [r.summary() for r in self.ranked[:top]],
-            "pareto": [r.summary() for r in self.pareto],
-            "trials": [r.summary() for r in self.records],
-        }
-
-    def write(self, folder: str | Path) -> None:
-        """best.json and the two launch files (trials.csv and study.db are written while the search runs)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        best = self.best_record
-        payload = None if best is None else {**best.summary(), "launch": self.launch(), "job": job_summary(self.job)}
-        (folder / "best.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        launch = self.launch()
-        for key, name in (("megatron_bridge", "best_megatron_bridge.txt"), ("megatron_lm", "best_megatron_lm.txt")):
-            (folder / name).write_text((launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")
-        from autotune.report import write_report
-
-        write_report(self, folder)  # report.html and the four plot PNGs
 
 
 def job_summary(job: Job) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.commands import add_layout_argument
+from autotune.ui.commands import add_layout_argument
 
 __all__ = ["add_arguments", "run", "check_object", "notes"]
 
@@ -53,7 +53,7 @@ def check_object(job, layout, violations) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.commands import job_from_args
+    from autotune.ui.commands import job_from_args
     from search_spaces.layout import parse_layout
     from search_spaces.rules import check
 

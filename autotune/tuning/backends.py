@@ -1,6 +1,6 @@
 """The backends a search can drive, behind one small interface (`evaluate(job, layout) -> Measurement`).
 
-- `analytic`: autotune's memory and cost models (`autotune.analytic.AnalyticBackend`), pure
+- `analytic`: autotune's memory and cost models (`autotune.cost.analytic.AnalyticBackend`), pure
   arithmetic, microseconds per layout; the default when no GPU is visible.
 - `megatron`: real megatron-core profiling trainers (`trainers.backend.MegatronBackend`), on GPUs
   where present, otherwise a CPU proxy.
@@ -14,13 +14,14 @@ import importlib
 import os
 from typing import Literal
 
-from autotune.measurement import Backend
+from search_spaces.measurement import Backend
 
-__all__ = ["BACKENDS", "BackendName", "get_backend", "default_backend", "resolve_backend_name", "gpus_visible"]
+__all__ = ["BACKENDS", "BackendName", "get_backend", "default_backend", "resolve_backend_name", "gpus_visible",
+           "with_prediction", "trainer_entry"]
 
 BackendName = Literal["analytic", "megatron"]
 BACKENDS: dict[str, tuple[str, str]] = {
-    "analytic": ("autotune.analytic", "AnalyticBackend"),
+    "analytic": ("autotune.cost.analytic", "AnalyticBackend"),
     "megatron": ("trainers.backend", "MegatronBackend"),
 }
 
@@ -33,8 +34,9 @@ def gpus_visible() -> bool:
 
 
 def default_backend() -> BackendName:
-    """`megatron` where GPUs are visible (measured beats modelled), `analytic` otherwise."""
-    return "megatron" if gpus_visible() else "analytic"
+    """`analytic`: the cost models are the default backend everywhere. Real megatron-core jobs (`megatron`)
+    start only when asked for by name, also on a machine with GPUs."""
+    return "analytic"
 
 
 def resolve_backend_name(name: str | None) -> BackendName:
@@ -47,7 +49,24 @@ def resolve_backend_name(name: str | None) -> BackendName:
 
 
 def get_backend(name: str | None = "auto") -> Backend:
-    """A fresh backend instance by name (`auto`, `analytic`, `megatron`); its module is imported now."""
+    """A fresh backend instance by name (`auto`, `analytic`, `megatron`); its module is imported now.
+    A measuring backend comes wrapped in `Predicted` (the analytic model's figures beside each measurement)."""
     module_name, class_name = BACKENDS[resolve_backend_name(name)]
     module = importlib.import_module(module_name)
-    return getattr(module, class_name)()
+    return with_prediction(getattr(module, class_name)())
+
+
+def with_prediction(backend: Backend) -> Backend:
+    """The `megatron` backend wrapped in `Predicted`; any other backend (analytic, a test's own) as it is."""
+    from autotune.tuning.measured import Predicted
+
+    if isinstance(backend, Predicted) or getattr(backend, "name", "") != "megatron":
+        return backend
+    return Predicted(backend)
+
+
+def trainer_entry(module: str, attribute: str):
+    """A function of the `trainers` package, loaded by name (the UI's `smoke` verb runs one job through it)."""
+    if not module.startswith("trainers."):
+        raise ValueError(f"trainer entries live in the trainers package, not {module!r}.")
+    return getattr(importlib.import_module(module), attribute)

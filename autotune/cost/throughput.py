@@ -6,7 +6,7 @@ f FFN size, V vocabulary, L layers, t TP, p PP, v VPP, c CP, e EP, E experts, k 
 
 Every term is a named function below. Model FLOPs follow Megatron-LM's
 `num_floating_point_operations` (megatron/training/training.py); hardware time is derived from the
-GEMM shapes each GPU runs, with the achieved-peak fractions of `autotune/efficiency.py` (the only
+GEMM shapes each GPU runs, with the achieved-peak fractions of `autotune/cost/efficiency.py` (the only
 fitted constants). The step time is
 
     step = m * stage_max + (p - 1) / v * stage_avg + dp_exposed + optimizer + overhead
@@ -25,7 +25,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, TrainingSpec
 from search_spaces.model import ModelSpec
 
-from autotune.efficiency import (
+from autotune.cost.efficiency import (
     DEFAULT_CALIBRATION,
     Calibration,
     GemmCost,

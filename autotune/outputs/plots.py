@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from autotune.measurement import Measurement
-    from autotune.results import TrialRecord
+    from search_spaces.measurement import Measurement
+    from autotune.tuning.results import TrialRecord
 
 __all__ = [
     "trials_frame",
@@ -43,7 +43,7 @@ __all__ = [
 GIB = 1024**3
 
 # Display order and labels of the time terms; terms a backend adds beyond these are stacked after them.
-TIME_TERMS: dict[str, str] = {  # keys of the analytic backend's breakdown (autotune/throughput.py TIME_KEYS)
+TIME_TERMS: dict[str, str] = {  # keys of the analytic backend's breakdown (autotune/cost/throughput.py TIME_KEYS)
     "compute": "compute",
     "recompute": "recompute",
     "tp_comm": "TP comm",
@@ -126,7 +126,7 @@ def pareto_mask(df: pd.DataFrame) -> pd.Series:
 def top_feasible(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
     """The k feasible trials with the highest tokens/s per GPU, one row per distinct layout."""
     feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu"])
-    # The search's ranking (autotune/results.py distinct_feasible): fastest, then least memory, then by name.
+    # The search's ranking (autotune/tuning/results.py distinct_feasible): fastest, then least memory, then by name.
     feasible = feasible.sort_values(["tokens_per_s_per_gpu", "memory_gib", "layout"], ascending=[False, True, True],
                                     kind="stable")
     return feasible.drop_duplicates(subset="layout").head(k)

@@ -3,11 +3,11 @@
     run_search(job, trials=64, backend="analytic", seed=0) -> SearchResult
 
 - The space is `search_spaces.space.feasible_space(job, options)`; Optuna walks it with the
-  define-by-run function of `autotune.space_sampler`, so every proposal is a valid layout (each
+  define-by-run function of `autotune.tuning.space_sampler`, so every proposal is a valid layout (each
   proposal is checked again against `rules.check` and counted; the count must stay 0).
 - Two objectives: tokens/s per GPU (max) and peak memory per GPU (min), with Optuna's constraint
   support (`TPESampler(constraints_func=...)`): memory above the GPU's capacity minus the headroom
-  is infeasible. The rules-of-thumb seeds (`autotune.seeds`) and in-space user layouts are
+  is infeasible. The rules-of-thumb seeds (`autotune.tuning.seeds`) and in-space user layouts are
   enqueued first (points_to_evaluate); user layouts outside the space run as fixed trials.
 - A layout already measured is never run twice: its values are told to Optuna again and Optuna
   asked for another; when the sampler only repeats itself an unmeasured layout is enqueued.
@@ -17,7 +17,7 @@
   continues a folder without rerunning finished trials, and a completed search returns at once.
 
 Ray and Optuna are imported inside functions, so importing this module is cheap. The Tune glue
-(searcher subclass, callback, trainable) is in `autotune/tune_glue.py`.
+(searcher subclass, callback, trainable) is in `autotune/tuning/tune_glue.py`.
 """
 
 from __future__ import annotations
@@ -37,20 +37,20 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
 
-from autotune.measurement import Backend
-from autotune.results import (META_JSON, STUDY_DB, SearchResult, TrialLog, TrialRecord, job_fingerprint, job_summary,
+from search_spaces.measurement import Backend
+from autotune.tuning.results import (META_JSON, STUDY_DB, SearchResult, TrialLog, TrialRecord, job_fingerprint, job_summary,
                               read_meta, read_trials, write_meta)
-from autotune.seeds import Seed, parse_user_layouts, rule_of_thumb_seeds
-from autotune.space_sampler import Naming
+from autotune.tuning.seeds import Seed, parse_user_layouts, rule_of_thumb_seeds
+from autotune.tuning.space_sampler import Naming
 
 __all__ = ["run_search", "SearchPlan", "default_output_dir", "default_headroom_bytes", "DEFAULT_TRIALS",
-           "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES"]
+           "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES", "ProgressFactory", "ProgressSink"]
 
 GIB = 1024**3
 DEFAULT_TRIALS = 64
@@ -67,6 +67,23 @@ def default_headroom_bytes(job: Job) -> float:
 def default_output_dir(job: Job, root: str | Path = "autotune_runs") -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path(root) / f"{job.model.name}-{job.cluster.nodes}n-{stamp}"
+
+
+class ProgressSink(Protocol):
+    """What the Tune glue reports finished trials to (a context manager around the run)."""
+
+    def update(self, record: TrialRecord, done: int, total: int) -> None: ...
+
+    def __enter__(self) -> ProgressSink: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class ProgressFactory(Protocol):
+    """Builds the sink once the totals are known; returns None for no progress."""
+
+    def __call__(self, *, total: int, done: int, capacity_bytes: float,
+                 records: Sequence[TrialRecord]) -> ProgressSink | None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +105,7 @@ class SearchPlan:
     done: tuple[TrialRecord, ...]  # finished before (resume)
     folder: Path
     max_concurrent: int = 1
-    progress: Callable[[TrialRecord, int, int], None] | None = None
+    progress: ProgressFactory | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -97,20 +114,20 @@ class SearchPlan:
 
 
 def _resolve_backend(backend: str | Backend | None, headroom_bytes: float) -> tuple[Backend, str]:
-    from autotune.backends import get_backend, resolve_backend_name
+    from autotune.tuning.backends import get_backend, resolve_backend_name, with_prediction
 
     if backend is not None and not isinstance(backend, str):
-        return backend, getattr(backend, "name", type(backend).__name__)
+        return with_prediction(backend), getattr(backend, "name", type(backend).__name__)
     name = resolve_backend_name(backend)
     if name == "analytic":
-        from autotune.analytic import AnalyticBackend
+        from autotune.cost.analytic import AnalyticBackend
 
         return AnalyticBackend(headroom_bytes=headroom_bytes), name
     return get_backend(name), name
 
 
 def _split_user(space: FeasibleSpace, user: Sequence[Seed]) -> tuple[list[Seed], list[Seed]]:
-    from autotune.space_sampler import params_of
+    from autotune.tuning.space_sampler import params_of
 
     inside, outside = [], []
     for seed in user:
@@ -144,7 +161,7 @@ def run_search(
     exhaustive_threshold: int | None = None,
     address: str | None = None,
     verbose: bool = False,
-    progress: bool | Callable[[TrialRecord, int, int], None] | None = None,
+    progress: ProgressFactory | bool | None = None,
     naming: Naming = "options",
     use_seeds: bool = True,
     max_concurrent: int = 1,
@@ -155,8 +172,8 @@ def run_search(
     of its memory). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `exhaustive_threshold`:
     evaluate the whole feasible space when it has at most this many layouts (default: the budget).
     `address`: an existing Ray cluster (`"auto"` or `ray://...`); without it a local Ray is started and
-    shut down. `progress`: True for a progress bar on stderr, a callable(record, done, total), or None
-    for a bar when stderr is a terminal. Raises ValueError for bad input.
+    shut down. `progress`: a `ProgressFactory` (called once with the trial totals; the UI passes a rich bar,
+    `autotune.outputs.progress.progress_factory`), or None for no progress. Raises ValueError for bad input.
     """
     t_start = time.perf_counter()
     if trials < 1:
@@ -186,7 +203,7 @@ def run_search(
     plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name, capacity_bytes=capacity,
                       headroom_bytes=headroom, seed=seed, trials=trials, exhaustive=exhaustive,
                       naming=naming, seeds=tuple(seeds), fixed=tuple(outside), done=tuple(done), folder=folder,
-                      max_concurrent=max_concurrent, progress=_progress_callback(progress))
+                      max_concurrent=max_concurrent, progress=progress if callable(progress) else None)
     meta = {"fingerprint": job_fingerprint(job), "job": job_summary(job), "trials": trials, "seed": seed,
             "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
             "mode": "exhaustive" if plan.exhaustive else "search", "completed": bool(meta and meta.get("completed")),
@@ -200,7 +217,7 @@ def run_search(
         try:
             with _ray_session(address=address, verbose=verbose, stats=stats):
                 t0 = time.perf_counter()
-                from autotune.tune_glue import run_tune
+                from autotune.tuning.tune_glue import run_tune
 
                 new, interrupted, tune_stats = run_tune(plan, log, verbose=verbose)
                 records += new
@@ -218,7 +235,6 @@ def run_search(
     result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
                           mode=meta["mode"], backend=backend_name, seed=seed, space_size=space.size, stats=stats,
                           interrupted=interrupted, output_dir=str(folder))
-    result.write(folder)
     stats["timings"]["run_search_s"] = time.perf_counter() - t_start
     meta["completed"] = not interrupted and _remaining(plan, len(records) - len(done)) <= 0
     meta["finished_trials"] = len(records)
@@ -243,12 +259,6 @@ def _remaining(plan: SearchPlan, new: int = 0) -> int:
     if plan.exhaustive:
         return plan.space.size + len(plan.fixed) - finished
     return plan.trials + len(plan.fixed) - finished
-
-
-def _progress_callback(progress: bool | Callable | None) -> Callable | None:
-    if callable(progress):
-        return progress
-    return None if progress is False else ("auto" if progress is None else "on")  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
@@ -299,7 +309,7 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
 
 def _preload_tune() -> None:
     with contextlib.suppress(Exception):
-        import autotune.tune_glue  # noqa: F401
+        import autotune.tuning.tune_glue  # noqa: F401
 
 
 def exhaustive_batches(layouts: Sequence[Layout], batches: int = EXHAUSTIVE_BATCHES) -> list[list[str]]:

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
-    from autotune import dashboard
+    from autotune.ui import dashboard
 
     dashboard.add_arguments(p)
 
@@ -56,16 +56,18 @@ def _space_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import dashboard
+    from autotune.ui import dashboard
 
     with dashboard.session(args):  # --dashboard: Ray + dashboard on 127.0.0.1 first, wait for Enter after
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autotune import dashboard
-    from autotune.commands import job_from_args
-    from autotune.driver import run_search
+    from autotune.ui import dashboard
+    from autotune.ui.commands import job_from_args
+    from autotune.outputs.files import write_outputs
+    from autotune.outputs.progress import progress_factory
+    from autotune.tuning.driver import run_search
 
     if args.trials < 1:
         raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
@@ -84,11 +86,15 @@ def _run(args: argparse.Namespace) -> int:
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
-        progress=False if (args.no_progress or args.json) else None,
+        progress=progress_factory(False if (args.no_progress or args.json) else None),
     )
     t_out = time.perf_counter()
+    if result.output_dir is not None:
+        write_outputs(result, result.output_dir)
     if args.json:
-        payload = result.to_json(top=args.top)
+        from autotune.outputs.files import result_json
+
+        payload = result_json(result, top=args.top)
         if result.best is None:
             payload["impossible"] = explain_impossible(result, as_text=False)
         print(json.dumps(payload, default=str))
@@ -108,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _job_flags_from_folder(args: argparse.Namespace) -> None:
     """`--resume FOLDER` without `--model`: the job flags come from the folder's search.json."""
-    from autotune.results import read_meta
+    from autotune.tuning.results import read_meta
 
     try:
         meta = read_meta(args.resume)
@@ -191,7 +197,9 @@ def render(result: Any, *, top: int = 10, console: Any = None) -> None:
     for r in result.pareto:
         pareto.add_row(str(r.layout), _fmt(r.measurement.tokens_per_s_per_gpu, ",.0f"), _fmt(r.measurement.memory_gib, ".1f"))
     console.print(pareto)
-    launch = result.launch()
+    from autotune.outputs.files import launch_of
+
+    launch = launch_of(result)
     console.print("[bold]Winner[/] " + str(result.best.layout))
     console.print("Megatron-Bridge overrides:")
     console.print(launch["megatron_bridge"], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able

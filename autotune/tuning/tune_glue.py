@@ -1,6 +1,6 @@
 """Ray Tune glue of the search driver: the trainable, the Optuna searcher, the recording callback.
 
-Imported only once Ray runs (`autotune.driver.run_tune` imports it inside a function); it imports
+Imported only once Ray runs (`autotune.tuning.driver.run_tune` imports it inside a function); it imports
 Ray Tune and Optuna at module level.
 
 - `evaluate_trial(config, job, backend)`: the Tune function trainable. It measures one layout (a
@@ -36,10 +36,10 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.rules import check
 
-from autotune.measurement import Backend, Measurement
-from autotune.results import STUDY_DB, TrialLog, TrialRecord
-from autotune.seeds import neighbours
-from autotune.space_sampler import define_by_run, distributions_of, layout_of, params_of
+from search_spaces.measurement import Backend, Measurement
+from autotune.tuning.results import STUDY_DB, TrialLog, TrialRecord
+from autotune.tuning.seeds import neighbours
+from autotune.tuning.space_sampler import define_by_run, distributions_of, layout_of, params_of
 
 __all__ = ["evaluate_trial", "LayoutSearch", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict"]
 
@@ -238,7 +238,7 @@ class LayoutSearch(OptunaSearch):
         return layout
 
     def _enqueue_unmeasured(self) -> None:
-        from autotune.driver import unmeasured_layout
+        from autotune.tuning.driver import unmeasured_layout
 
         layout = unmeasured_layout(self.plan.space, set(self.known) | {l for l, _ in self.trial_info.values()},
                                    self._rng)
@@ -359,8 +359,7 @@ def _texts(config: dict[str, Any]) -> list[str]:
 # --- running ------------------------------------------------------------------------------------------------
 def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[TrialRecord], bool, dict[str, Any]]:
     """Run the plan's trials on Tune; returns (new records, interrupted, stats)."""
-    from autotune.progress import make_progress
-    from autotune.driver import cleanup_dir, exhaustive_batches, tune_storage_dir
+    from autotune.tuning.driver import cleanup_dir, exhaustive_batches, tune_storage_dir
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
@@ -381,8 +380,8 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         search_alg = LayoutSearch(plan=plan)
         left = plan.trials + len(plan.fixed) - len(plan.done)
         num_samples, param_space, total = max(0, left), {}, plan.trials + len(plan.fixed)
-    progress = make_progress(plan.progress, total=total, done=len(plan.done), capacity_bytes=plan.capacity_bytes,
-                             records=list(plan.done))
+    progress = None if plan.progress is None else plan.progress(
+        total=total, done=len(plan.done), capacity_bytes=plan.capacity_bytes, records=list(plan.done))
     recorder = Recorder(plan, log, total, progress.update if progress else None)
     tuner = tune.Tuner(
         trainable,

@@ -1,0 +1,1 @@
+"""What people read and paste: launch lines, tables, the HTML report, plots, progress."""

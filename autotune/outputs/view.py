@@ -1,0 +1,158 @@
+"""`Result`: a search's outcome for people (tables, launch forms, plots, the report), over `SearchResult`.
+
+The notebook and API face of a search (`autotune.search(...)` returns one); everything is derived from the
+search driver's `SearchResult` (`raw`), so the CLI, the report and a notebook show the same ranking.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from search_spaces.job import Job
+from search_spaces.layout import Layout
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from search_spaces.measurement import Measurement
+
+__all__ = ["Result"]
+
+
+class Result:
+    """A search's outcome for people: the best layout, the Pareto front, every trial, launch forms, plots.
+
+    Wraps the search driver's result (`raw`); everything here is derived from it.
+    """
+
+    def __init__(self, raw: Any, *, dashboard_url: str | None = None) -> None:
+        self.raw = raw
+        self.dashboard_url = dashboard_url
+        self._trials: pd.DataFrame | None = None
+
+    # --- facts -----------------------------------------------------------------------------
+    @property
+    def job(self) -> Job:
+        return self.raw.job
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        """Every trial's measurement, in trial order."""
+        return list(self.raw.measurements)
+
+    @property
+    def best_measurement(self) -> Measurement | None:
+        """The fastest feasible trial (highest tokens/s per GPU, then least memory), or None when nothing fits."""
+        return self.raw.best
+
+    @property
+    def best(self) -> Layout | None:
+        """The fastest feasible layout, or None when nothing fits."""
+        best = self.best_measurement
+        return None if best is None else best.layout
+
+    @property
+    def capacity_gib(self) -> float:
+        """The GPU's memory (the line on the plots); feasibility also keeps the search's headroom free."""
+        return self.job.cluster.gpu.memory_gib
+
+    @property
+    def output_dir(self) -> str | None:
+        return getattr(self.raw, "output_dir", None)
+
+    @property
+    def title(self) -> str:
+        c = self.job.cluster
+        return f"autotune: {self.job.model.name} on {c.nodes} x {c.gpus_per_node} {c.gpu.name}"
+
+    # --- tables ----------------------------------------------------------------------------
+    @property
+    def trials(self) -> pd.DataFrame:
+        """One row per trial: number, layout fields, status, feasible, tokens/s per GPU, memory, and the
+        `time.*` (s) and `memory.*` (bytes) breakdowns."""
+        if self._trials is None:
+            from autotune.outputs.plots import trials_frame
+
+            self._trials = trials_frame(self.raw.records)
+        return self._trials
+
+    @property
+    def pareto(self) -> pd.DataFrame:
+        """Feasible layouts no other beats on both tokens/s per GPU (higher) and memory per GPU (lower), by memory."""
+        from autotune.outputs.plots import trials_frame
+
+        return trials_frame(self.raw.pareto)
+
+    def top(self, k: int = 10) -> pd.DataFrame:
+        """The k fastest distinct feasible layouts, in the search's (and the CLI's) ranking order."""
+        from autotune.outputs.plots import trials_frame
+
+        return trials_frame(self.raw.ranked[:k])
+
+    @property
+    def ranking(self) -> list[Layout]:
+        """Every distinct feasible layout, best first: the order the CLI prints."""
+        return [r.layout for r in self.raw.ranked]
+
+    # --- launch forms ----------------------------------------------------------------------
+    @property
+    def launch(self) -> dict[str, str]:
+        """The winner as launch text: `megatron_bridge` (Megatron-Bridge overrides), `megatron_lm` (Megatron-LM arguments)."""
+        return self.launch_forms()
+
+    def launch_forms(self) -> dict[str, str]:
+        from autotune.outputs.launch import launch_forms
+
+        best = self.best
+        return {} if best is None else launch_forms(self.job, best)
+
+    def job_summary(self) -> dict[str, object]:
+        j, c = self.job, self.job.cluster
+        return {
+            "model": j.model.name,
+            "parameters (B)": round(j.model.total_params / 1e9, 2),
+            "cluster": f"{c.nodes} nodes x {c.gpus_per_node} {c.gpu.name} ({c.gpu.memory_gib:.0f} GiB)",
+            "links": f"{c.intra_node.name} inside a node, {c.inter_node.name} between nodes",
+            "sequence length": j.training.seq_length,
+            "global batch size": j.training.global_batch_size,
+            "precision": j.training.precision,
+        }
+
+    # --- plots and report ------------------------------------------------------------------
+    def plot_pareto(self) -> Figure:
+        from autotune.outputs import plots
+
+        return plots.pareto(self.trials, capacity_gib=self.capacity_gib)
+
+    def plot_time_breakdown(self, k: int = 5) -> Figure:
+        from autotune.outputs import plots
+
+        return plots.time_breakdown(self.trials, k=k)
+
+    def plot_memory_breakdown(self, k: int = 5) -> Figure:
+        from autotune.outputs import plots
+
+        return plots.memory_breakdown(self.trials, k=k, capacity_gib=self.capacity_gib)
+
+    def plot_progress(self) -> Figure:
+        from autotune.outputs import plots
+
+        return plots.progress(self.trials)
+
+    def write_report(self, folder: str | Path) -> str:
+        """Write `report.html` and the plot PNGs into `folder`; returns the report's path."""
+        from autotune.outputs.report import write_report
+
+        return write_report(self, folder)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the job, the winner with its launch forms, the top layouts (the report's sections)."""
+        from autotune.outputs.report import summary_html
+
+        return summary_html(self)
+
+    def __repr__(self) -> str:
+        feasible = int(self.trials["feasible"].sum()) if len(self.trials) else 0
+        return f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, best {self.best}>"

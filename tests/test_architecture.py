@@ -1,0 +1,79 @@
+"""The import graph: layers import one way, and the analytic path stays light.
+
+    search_spaces  <-  autotune.cost  <-  autotune.tuning  <-  autotune.outputs  <-  autotune.ui
+    trainers       <-  search_spaces only (the backend registry loads trainers by name)
+
+Every `import` and `from ... import` in every module is read from its source (function-level imports
+included), so a lazy import inside a function counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = {"search_spaces": 0, "autotune.cost": 1, "autotune.tuning": 2, "autotune.outputs": 3, "autotune.ui": 4}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] in ("autotune", "search_spaces", "trainers")}
+
+
+def _layer(module: str) -> int | None:
+    for prefix, rank in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return rank
+    return None
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_layers_import_one_way() -> None:
+    upward = []
+    for path in _sources("autotune") + _sources("search_spaces"):
+        me = _module_name(path)
+        mine = _layer(me)
+        if mine is None:  # autotune/__init__.py, __main__.py: the package's front door
+            continue
+        for target in _imports(path):
+            theirs = _layer(target)
+            if target.startswith("trainers"):
+                upward.append(f"{me} imports {target} (trainers load by name through the backend registry)")
+            elif theirs is not None and theirs > mine:
+                upward.append(f"{me} imports {target}")
+    assert not upward, "\n".join(upward)
+
+
+def test_trainers_import_only_search_spaces() -> None:
+    wrong = [f"{_module_name(p)} imports {t}" for p in _sources("trainers") for t in _imports(p)
+             if t.startswith("autotune")]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("module", ["autotune.cost.analytic", "autotune.cost.memory", "autotune.cost.throughput",
+                                    "autotune.ui.cli", "search_spaces.space"])
+def test_the_analytic_path_imports_nothing_heavy(module: str) -> None:
+    code = (f"import sys, {module}; heavy = [m for m in ('torch', 'ray', 'optuna', 'megatron') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == ""
