@@ -58,7 +58,8 @@ def main() -> int:
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
     from search_spaces.job import Job
-    from search_spaces.layout import TrainingSpec, parse_layout
+    from search_spaces.layout import parse_layout
+    from search_spaces.training import TrainingSpec
     from autotune.tuning.measured import analytic_proxy_memory
     from trainers.backend import MegatronBackend, ensure_ray
     from trainers.worker_pool import shutdown_pool

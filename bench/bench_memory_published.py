@@ -30,7 +30,8 @@ from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, estimat
 from bench.published_runs import CSV_PATH, is_modern, job_of, layout_of  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import Layout, TrainingSpec  # noqa: E402
+from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 MODULES = {"norm, act": ("layernorm", "moe_act"), "layernorm, moe": ("layernorm", "moe")}
 

@@ -22,7 +22,7 @@ from autotune.cost.throughput import estimate_time  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import TrainingSpec  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 JOBS = (
     ("deepseek-v3", 256, 4096, 8192),

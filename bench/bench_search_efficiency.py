@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import TrainingSpec  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 from search_spaces.space import SpaceOptions, feasible_space  # noqa: E402
 
 CASES = ("llama3-8b:1", "llama3-70b:4", "llama3.1-405b:128", "mixtral-8x7b:4", "qwen3-30b-a3b:2", "deepseek-v3:128",

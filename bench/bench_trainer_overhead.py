@@ -75,7 +75,7 @@ def main() -> int:
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
     from search_spaces.job import Job
-    from search_spaces.layout import TrainingSpec
+    from search_spaces.training import TrainingSpec
     from trainers.backend import MegatronBackend, ensure_ray
     from trainers.worker_pool import shutdown_pool
 

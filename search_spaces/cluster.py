@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["GPUSpec", "LinkSpec", "ClusterSpec"]
+__all__ = ["GPUSpec", "LinkSpec", "ClusterSpec", "Arch", "ARCHES"]
+
+Arch = Literal["ampere", "hopper", "blackwell"]
+ARCHES: tuple[str, ...] = ("ampere", "hopper", "blackwell")
 
 GIB = 1024**3
 
@@ -19,6 +23,7 @@ class GPUSpec:
     fp8_flops: float | None  # None: no FP8 tensor cores (A100)
     hbm_bytes_per_s: float
     source: str
+    arch: Arch = "hopper"  # the tensor-core generation: which FP8 recipes run, what Transformer Engine caches
     aliases: tuple[str, ...] = ()
 
     @property

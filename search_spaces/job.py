@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search_spaces.cluster import ClusterSpec
-from search_spaces.layout import TrainingSpec
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 __all__ = ["Job"]
@@ -17,6 +17,32 @@ class Job:
     cluster: ClusterSpec
     training: TrainingSpec
 
+    def __post_init__(self) -> None:
+        """The precision recipe must run on the GPU (Megatron-Bridge `training/mixed_precision.py`:
+        MXFP8 is Blackwell only, blockwise (sub-channel) FP8 Hopper only; A100 has no FP8 at all)."""
+        gpu, t = self.cluster.gpu, self.training
+        if not t.fp8:
+            return
+        if gpu.fp8_flops is None:
+            raise ValueError(f"GPU {gpu.name} has no FP8 tensor cores; use --precision bf16.")
+        recipe = self.fp8_recipe
+        if recipe == "mxfp8" and gpu.arch != "blackwell":
+            raise ValueError(f"fp8_recipe mxfp8 needs a Blackwell GPU (B200, GB200), but the cluster has "
+                             f"{gpu.name} ({gpu.arch}); use tensorwise or delayed.")
+        if recipe == "blockwise" and gpu.arch != "hopper":
+            raise ValueError(f"fp8_recipe blockwise runs on Hopper GPUs only, but the cluster has {gpu.name} "
+                             f"({gpu.arch}); use mxfp8 or tensorwise.")
+
     @property
     def world_size(self) -> int:
         return self.cluster.world_size
+
+    @property
+    def fp8_recipe(self) -> str | None:
+        """The FP8 scaling recipe in effect: the training spec's, else the GPU's own (tensorwise current scaling
+        on Hopper, MXFP8 on Blackwell: what Megatron-Bridge's published FP8 runs use); None for bf16."""
+        if not self.training.fp8:
+            return None
+        if self.training.fp8_recipe is not None:
+            return self.training.fp8_recipe
+        return "mxfp8" if self.cluster.gpu.arch == "blackwell" else "tensorwise"

@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
-__all__ = ["Layout", "Recompute", "Precision", "TrainingSpec", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
+__all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
 
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp8"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
-PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8")
 
 # short name -> megatron-core field name (dp / expert_dp are derived, never set there)
 MEGATRON_NAMES: dict[str, str] = {
@@ -155,23 +153,6 @@ class Layout:
         parts += [f"dp={self.dp}", f"mbs={self.mbs}", f"sp={str(self.sp).lower()}",
                   f"dist_opt={str(self.dist_opt).lower()}", f"recompute={self.recompute}"]
         return ",".join(parts)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainingSpec:
-    """What is trained, independent of the layout."""
-
-    seq_length: int = 4096
-    global_batch_size: int = 256
-    precision: Precision = "bf16"
-
-    def __post_init__(self) -> None:
-        if self.seq_length <= 0:
-            raise ValueError(f"`seq_length > 0` must hold, but got (seq_length={self.seq_length}).")
-        if self.global_batch_size <= 0:
-            raise ValueError(f"`global_batch_size > 0` must hold, but got (global_batch_size={self.global_batch_size}).")
-        if self.precision not in PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {PRECISION_CHOICES}, but got {self.precision!r}.")
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Layout))

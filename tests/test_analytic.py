@@ -8,7 +8,8 @@ from autotune.cost.analytic import AnalyticBackend
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 
 GIB = 1024**3
 

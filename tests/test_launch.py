@@ -6,7 +6,8 @@ from autotune.outputs.launch import bridge_overrides, launch_forms, megatron_lm_
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import TrainingSpec, parse_layout
+from search_spaces.layout import parse_layout
+from search_spaces.training import TrainingSpec
 
 
 def _job(model: str = "mixtral-8x7b", nodes: int = 4, precision: str = "bf16") -> Job:

@@ -27,7 +27,8 @@ from autotune.cost.activations import (
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 # Korthikanti's GPT: MHA, ffn = 4h, GeLU, LayerNorm, learned positions, dropout masks kept, no flash attention.

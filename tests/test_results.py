@@ -8,7 +8,8 @@ from autotune.tuning.results import SearchResult, TrialLog, TrialRecord, pareto_
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import TrainingSpec, parse_layout
+from search_spaces.layout import parse_layout
+from search_spaces.training import TrainingSpec
 
 GIB = 1024**3
 CAP = 70 * GIB

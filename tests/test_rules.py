@@ -8,7 +8,8 @@ from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec
 from search_spaces.gpus import get_gpu, get_link
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec, parse_layout
+from search_spaces.layout import Layout, parse_layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.rules import RULE_NAMES, RULES, check, lcm
 

@@ -15,7 +15,8 @@ from autotune.tuning.tune_glue import LayoutSearch, evaluate_trial, is_feasible
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import TrainingSpec, parse_layout
+from search_spaces.layout import parse_layout
+from search_spaces.training import TrainingSpec
 from search_spaces.rules import check
 from search_spaces.space import SpaceOptions, feasible_space
 

@@ -16,7 +16,7 @@ from autotune.tuning.tune_glue import is_feasible
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import TrainingSpec
+from search_spaces.training import TrainingSpec
 from search_spaces.space import SpaceOptions, feasible_space
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]

@@ -22,7 +22,8 @@ from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec, LinkSpec
 from search_spaces.gpus import build_cluster, get_gpu
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
 
 

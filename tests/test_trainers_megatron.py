@@ -12,7 +12,8 @@ import pytest
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.layout import TrainingSpec, parse_layout
+from search_spaces.layout import parse_layout
+from search_spaces.training import TrainingSpec
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from search_spaces.catalog import get_model
-from search_spaces.layout import TrainingSpec, parse_layout
+from search_spaces.layout import parse_layout
+from search_spaces.training import TrainingSpec
 from trainers.proxy import plan_proxy, reduce_data_parallel
 
 TRAINING = TrainingSpec(seq_length=4096, global_batch_size=256)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 __all__ = ["run_smoke", "format_groups", "CPU_FULL_MODEL_MAX_PARAMS"]

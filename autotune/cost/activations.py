@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 __all__ = [

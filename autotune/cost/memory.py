@@ -25,7 +25,8 @@ from autotune.cost.activations import (
     unit_activation_bytes,
 )
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 __all__ = [

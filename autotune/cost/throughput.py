@@ -22,7 +22,8 @@ from functools import lru_cache
 
 from search_spaces.cluster import ClusterSpec, LinkSpec
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 from autotune.cost.efficiency import (

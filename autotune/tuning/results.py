@@ -267,9 +267,12 @@ class SearchResult:
 
 
 def job_summary(job: Job) -> dict[str, Any]:
+    """The job as plain data (search.json, best.json): model, cluster, and every training field."""
     c, t = job.cluster, job.training
+    training = {name: (list(v) if isinstance(v, tuple) else v) for name, v in
+                ((f.name, getattr(t, f.name)) for f in fields(t))}
     return {"model": job.model.name, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node, "gpu": c.gpu.name,
             "gpu_memory_gib": c.gpu.memory_gib, "intra_node": c.intra_node.name, "inter_node": c.inter_node.name,
             "world_size": job.world_size, "seq_length": t.seq_length, "global_batch_size": t.global_batch_size,
-            "precision": t.precision, "fingerprint": job_fingerprint(job)}
-
+            "precision": t.precision, "fp8_recipe": job.fp8_recipe, "training": training,
+            "fingerprint": job_fingerprint(job)}

@@ -23,7 +23,8 @@ from autotune.outputs.view import Result
 from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH  # the CLI's defaults, not copies
 from search_spaces.cluster import ClusterSpec
 from search_spaces.job import Job
-from search_spaces.layout import Layout, TrainingSpec
+from search_spaces.layout import Layout
+from search_spaces.training import training_spec
 from search_spaces.model import ModelSpec
 
 if TYPE_CHECKING:
@@ -52,12 +53,15 @@ def make_job(
     seq_length: int = DEFAULT_SEQ_LENGTH,
     global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE,
     precision: str = "bf16",
+    training: Mapping[str, Any] | None = None,
 ) -> Job:
     """The `Job` the CLI would build from the same flags.
 
     `model`: a catalog name (`"mixtral"`), a HF `config.json` path, or a `ModelSpec`.
     `cluster`: a `ClusterSpec` (see `autotune.ui.clusters.build`), a cluster YAML path, or None to build one
     from `nodes`, `gpus_per_node`, `gpu`, `intra_node`, `inter_node` (CLI defaults: 1 x 8 H100, IB NDR).
+    `training`: further `TrainingSpec` fields by name (`{"fp8_recipe": "mxfp8", "grad_reduce_in_fp32": True}`);
+    the defaults are Megatron-Bridge's performance configs (`search_spaces/training.py`).
 
         >>> make_job("mixtral", nodes=4).world_size
         32
@@ -67,9 +71,9 @@ def make_job(
     spec = models.resolve(model)
     cluster_spec = clusters.resolve(cluster, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu,
                                     intra_node=intra_node, inter_node=inter_node)
-    training = TrainingSpec(seq_length=seq_length, global_batch_size=global_batch_size, precision=precision)  # type: ignore[arg-type]
-    cluster_spec.gpu.peak_flops(training.precision)  # FP8 on a GPU without FP8 units: a clear error now
-    return Job(model=spec, cluster=cluster_spec, training=training)
+    spec_training = training_spec(seq_length=seq_length, global_batch_size=global_batch_size, precision=precision,
+                                  **dict(training or {}))
+    return Job(model=spec, cluster=cluster_spec, training=spec_training)
 
 
 def _job_or_build(model: str | Path | ModelSpec | Job, job_kwargs: Mapping[str, Any]) -> Job:
@@ -93,6 +97,7 @@ def search(
     seq_length: int | None = None,
     global_batch_size: int | None = None,
     precision: str | None = None,
+    training: Mapping[str, Any] | None = None,
     trials: int = DEFAULT_TRIALS,
     backend: str | Any = "auto",
     seed: int = DEFAULT_SEED,
@@ -119,7 +124,8 @@ def search(
     driver = _driver()
     job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
                                     inter_node=inter_node, cluster=cluster, seq_length=seq_length,
-                                    global_batch_size=global_batch_size, precision=precision))
+                                    global_batch_size=global_batch_size, precision=precision,
+                                    training=training))
     headroom_bytes = driver.default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
     dash = _dashboard(dashboard)
     from autotune.ui.dashboard import track_search
@@ -167,6 +173,7 @@ def estimate(
     seq_length: int | None = None,
     global_batch_size: int | None = None,
     precision: str | None = None,
+    training: Mapping[str, Any] | None = None,
     headroom_gib: float = 0.0,
 ) -> Measurement:
     """The analytic estimate of one layout: memory and time breakdowns, tokens/s per GPU, MFU, status.
@@ -183,7 +190,8 @@ def estimate(
 
     job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
                                     inter_node=inter_node, cluster=cluster, seq_length=seq_length,
-                                    global_batch_size=global_batch_size, precision=precision))
+                                    global_batch_size=global_batch_size, precision=precision,
+                                    training=training))
     parsed = layout if isinstance(layout, Layout) else parse_layout(layout, world_size=job.world_size)
     from autotune.cost.analytic import AnalyticBackend
 

@@ -43,7 +43,39 @@ def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True)
     g.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH_SIZE,
                    help=f"global batch size in sequences (default {DEFAULT_GLOBAL_BATCH_SIZE})")
     g.add_argument("--precision", choices=("bf16", "fp8"), default="bf16", help="training precision (default bf16)")
+    _add_training_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_training_options(p: argparse.ArgumentParser) -> None:
+    """The training recipe: precision details, overlap and kernel switches (defaults: Megatron-Bridge's
+    performance configs; see search_spaces/training.py). Unset flags keep those defaults."""
+    from_bridge = "default as Megatron-Bridge's performance configs"
+    g = p.add_argument_group("training recipe")
+    on_off = argparse.BooleanOptionalAction
+    g.add_argument("--fp8-recipe", choices=("delayed", "tensorwise", "mxfp8", "blockwise"), default=None,
+                   help="FP8 scaling (with --precision fp8); default tensorwise on Hopper, mxfp8 on Blackwell")
+    g.add_argument("--fp8-param-gather", action=on_off, default=None,
+                   help="keep FP8 primary weights (with --precision fp8; default on)")
+    g.add_argument("--grad-reduce-in-fp32", action=on_off, default=None,
+                   help=f"fp32 gradient buffer and reduction (default off, {from_bridge})")
+    g.add_argument("--optimizer-moments", choices=("fp32", "bf16"), default=None,
+                   help="dtype of Adam's moments (precision-aware optimizer; default fp32)")
+    for name, what in (("overlap-grad-reduce", "overlap the DP gradient reduce with backward"),
+                       ("overlap-param-gather", "overlap the distributed optimizer's parameter all-gather"),
+                       ("tp-comm-overlap", "overlap TP communication with GEMMs (userbuffers)"),
+                       ("moe-grouped-gemm", "one grouped GEMM for a rank's experts")):
+        g.add_argument(f"--{name}", action=on_off, default=None, help=f"{what} (default on)")
+    g.add_argument("--overlap-moe-expert-parallel-comm", action=on_off, default=None,
+                   help="overlap the expert all-to-all with compute (default off)")
+    g.add_argument("--moe-dispatcher", dest="moe_token_dispatcher", choices=("alltoall", "allgather", "flex"),
+                   default=None, help="MoE token dispatcher (default alltoall)")
+    g.add_argument("--cuda-graphs", choices=("none", "local", "transformer_engine"), default=None,
+                   help="CUDA graphs (default none)")
+    g.add_argument("--recompute-modules", default=None, metavar="LIST",
+                   help="what selective recompute recomputes, comma-separated (default core_attn)")
+    g.add_argument("--recompute-num-layers", type=int, default=None, metavar="N",
+                   help="full recompute of N layers per chunk (block); default every layer (uniform)")
 
 
 def _add_space_options(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from search_spaces.job import Job
-from search_spaces.layout import TrainingSpec
+from search_spaces.training import TRAINING_FIELDS, training_spec
 
 __all__ = ["job_from_args", "add_layout_argument"]
 
@@ -43,8 +43,5 @@ def job_from_args(args: argparse.Namespace) -> Job:
         inter_node=args.inter_node,
         yaml_path=args.cluster,
     )
-    training = TrainingSpec(
-        seq_length=args.seq_length, global_batch_size=args.global_batch_size, precision=args.precision
-    )
-    cluster.gpu.peak_flops(training.precision)  # FP8 on a GPU without FP8 units: a clear error now
+    training = training_spec(**{name: getattr(args, name, None) for name in TRAINING_FIELDS})
     return Job(model=model, cluster=cluster, training=training)

@@ -126,6 +126,8 @@ def _job_flags_from_folder(args: argparse.Namespace) -> None:
     for flag in ("model", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "seq_length",
                  "global_batch_size", "precision"):
         setattr(args, flag, job[flag])
+    for flag, value in (job.get("training") or {}).items():  # the recipe's switches, as the search ran them
+        setattr(args, flag, value)
     if args.backend == "auto" and meta.get("backend"):
         args.backend = meta["backend"]
 

@@ -34,7 +34,8 @@ def _model(name: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from search_spaces.layout import TrainingSpec, parse_layout
+    from search_spaces.layout import parse_layout
+    from search_spaces.training import TrainingSpec
 
     layout = parse_layout(args.layout)
     workers = args.workers or layout.world_size

@@ -1,0 +1,115 @@
+"""What is trained, independent of the layout: sequence, batch, the precision recipe and the overlap switches.
+
+Every field is a switch a real run sets, named as megatron-core / Megatron-Bridge name it, so the launch lines
+can carry it (`autotune.outputs.launch`) and the cost models condition on it (`autotune.cost`). The defaults are
+what Megatron-Bridge v0.3.1 (the release that pins megatron-core 0.16.1) runs for NVIDIA's published
+performance tables, `scripts/performance/`:
+
+- precision: `utils/precision.py` maps `fp8_cs` to `bf16_with_fp8_current_scaling_mixed` (`fp8_recipe="tensorwise"`,
+  `fp8_param_gather=True`) and `fp8_mx` to `bf16_with_mxfp8_mixed` (`fp8_recipe="mxfp8"`, `fp8_param_gather=True`);
+  `training/mixed_precision.py` defines both. `fp8_recipe=None` takes the GPU's own: tensorwise on Hopper,
+  MXFP8 on Blackwell (the published H100 "FP8" rows are FP8-CS, the B200/GB200 "MXFP8" rows fp8_mx).
+- `grad_reduce_in_fp32=False`: every perf config sets `mixed_precision.grad_reduce_in_fp32=False` and
+  `ddp.grad_reduce_in_fp32=False` (`configs/llama/llama3_llm_pretrain.py`, `qwen3_llm_pretrain.py`,
+  `deepseek_llm_pretrain.py`); the library recipes (`recipes/common.py`) keep True, Megatron-LM turns it on for bf16.
+- `optimizer_moments="fp32"`: `use_precision_aware_optimizer=True` is set for bf16 runs (`utils/overrides.py`
+  `set_post_overrides`) but with fp32 `exp_avg_dtype`/`exp_avg_sq_dtype`, which costs the same memory; only the
+  DeepSeek-V3 recipe keeps bf16 moments and bf16 main grads (`recipes/deepseek/deepseek_v3.py`).
+- overlap: `ddp.overlap_grad_reduce=True`, `ddp.overlap_param_gather=True` (`recipes/common.py`), `tp_comm_overlap`
+  through `CommOverlapConfig(tp_comm_overlap=True)` (auto-disabled at TP 1 or without SP, `training/comm_overlap.py`),
+  `overlap_moe_expert_parallel_comm` only where a preset sets `moe_a2a_overlap`.
+- MoE: `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"` (the model
+  bridges; the perf presets switch to `flex` with a DeepEP / HybridEP backend on the GPUs that run it).
+- recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
+  full recompute is `uniform` over every layer unless `recompute_num_layers` gives a `block` of N layers per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+__all__ = ["TrainingSpec", "training_spec", "TRAINING_FIELDS", "Precision", "FP8Recipe", "Dispatcher", "CudaGraphs", "MomentDtype",
+           "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "RECOMPUTE_MODULES"]
+
+Precision = Literal["bf16", "fp8"]
+FP8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
+Dispatcher = Literal["alltoall", "allgather", "flex"]
+CudaGraphs = Literal["none", "local", "transformer_engine"]
+MomentDtype = Literal["fp32", "bf16"]
+PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8")
+FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
+DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
+CUDA_GRAPHS: tuple[str, ...] = ("none", "local", "transformer_engine")
+# megatron-core 0.16.1 `TransformerConfig.recompute_modules` (transformer_config.py)
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                                      "shared_experts")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSpec:
+    """The training job's own settings (see the module docstring for each default's source)."""
+
+    seq_length: int = 4096
+    global_batch_size: int = 256
+    precision: Precision = "bf16"
+    fp8_recipe: FP8Recipe | None = None  # None: tensorwise (current scaling) on Hopper, MXFP8 on Blackwell
+    fp8_param_gather: bool = True  # FP8 primary weights (fp8 only): Bridge's fp8 recipes turn it on
+    grad_reduce_in_fp32: bool = False  # fp32 main grads in the DDP buffer (4 B/param instead of 2)
+    optimizer_moments: MomentDtype = "fp32"  # Adam exp_avg / exp_avg_sq dtype (precision-aware optimizer)
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True  # needs the distributed optimizer (a layout without it has none to overlap)
+    tp_comm_overlap: bool = True  # Transformer Engine userbuffers; only where TP > 1 and SP is on
+    overlap_moe_expert_parallel_comm: bool = False
+    moe_token_dispatcher: Dispatcher = "alltoall"
+    moe_grouped_gemm: bool = True
+    cuda_graphs: CudaGraphs = "none"
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # what recompute="selective" recomputes
+    recompute_num_layers: int | None = None  # recompute="full": None uniform over every layer; N a block per chunk
+
+    def __post_init__(self) -> None:
+        if type(self.seq_length) is not int or self.seq_length <= 0:
+            raise ValueError(f"`seq_length > 0` must hold (an integer), but got (seq_length={self.seq_length!r}).")
+        if type(self.global_batch_size) is not int or self.global_batch_size <= 0:
+            raise ValueError(f"`global_batch_size > 0` must hold (an integer), but got "
+                             f"(global_batch_size={self.global_batch_size!r}).")
+        _one_of("precision", self.precision, PRECISION_CHOICES)
+        if self.fp8_recipe is not None:
+            _one_of("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        _one_of("optimizer_moments", self.optimizer_moments, ("fp32", "bf16"))
+        _one_of("moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
+        _one_of("cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown or not self.recompute_modules:
+            raise ValueError(f"recompute_modules must be a non-empty subset of {RECOMPUTE_MODULES}, but got "
+                             f"{self.recompute_modules!r}.")
+        if self.recompute_num_layers is not None and (type(self.recompute_num_layers) is not int
+                                                      or self.recompute_num_layers <= 0):
+            raise ValueError(f"`recompute_num_layers > 0` (or unset) must hold, but got "
+                             f"({self.recompute_num_layers!r}).")
+
+    @property
+    def fp8(self) -> bool:
+        return self.precision == "fp8"
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, but got {value!r}.")
+
+
+TRAINING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrainingSpec))
+
+
+def training_spec(**values: Any) -> TrainingSpec:
+    """A TrainingSpec from keyword values; None means "the default". Unknown names raise ValueError."""
+    unknown = sorted(set(values) - set(TRAINING_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown training option(s) {unknown}; options are {list(TRAINING_FIELDS)}.")
+    modules = values.get("recompute_modules")
+    if isinstance(modules, str):  # the CLI's comma-separated list
+        values["recompute_modules"] = tuple(m.strip() for m in modules.split(",") if m.strip())
+    elif modules is not None:
+        values["recompute_modules"] = tuple(modules)
+    given = values
+    return TrainingSpec(**{k: v for k, v in given.items() if v is not None})
