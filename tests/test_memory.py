@@ -12,13 +12,11 @@ from autotune.cost.memory import (
     DEFAULT_ASSUMPTIONS,
     LOCAL_SPEC_ASSUMPTIONS,
     MemoryAssumptions,
-    chunk_layer_counts,
     estimate_memory,
     estimate_memory_per_stage,
     microbatch_activation_terms,
-    padded_vocab_size,
-    stage_params,
 )
+from autotune.cost.placement import chunk_layer_counts, padded_vocab_size, stage_params
 from autotune.cost.activations import (
     ActivationAssumptions,
     inflight_microbatches_per_chunk,
@@ -369,7 +367,7 @@ def test_mla_down_projections_duplicated_by_default_split_in_the_local_spec():
     # tiny-mla: h = 128, q_lora = 64, kv_lora + rope = 32 + 8; TP = 2 keeps half of them on each rank when split
     model, layout = get_model("tiny-mla"), Layout(tp=2, pp=2, ep=2, etp=1, sp=True)
     te = stage_params(model, layout)[1]
-    local = stage_params(model, layout, MemoryAssumptions(mla_down_proj_split=True))[1]
+    local = stage_params(model, layout, mla_down_proj_split=True)[1]
     layers = te.layers
     assert te.dense_params_per_gpu - local.dense_params_per_gpu == layers * 128 * (64 + 32 + 8) // 2
 

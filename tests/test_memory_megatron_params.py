@@ -32,9 +32,8 @@ from autotune.cost.memory import (  # noqa: E402
     LOCAL_SPEC_ASSUMPTIONS,
     estimate_memory_per_stage,
     microbatch_activation_terms,
-    padded_vocab_size,
-    stage_params,
 )
+from autotune.cost.placement import padded_vocab_size, stage_params  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
@@ -297,7 +296,7 @@ def megatron() -> dict[str, list]:
 @pytest.mark.parametrize("end", ["first", "last"])
 def test_params_per_gpu_match_megatron_core(megatron, index, end):
     name, layout = CASES[index]
-    stages = stage_params(MODELS[name], layout, LOCAL_SPEC_ASSUMPTIONS)
+    stages = stage_params(MODELS[name], layout, mla_down_proj_split=True)
     ours = stages[0] if end == "first" else stages[-1]
     real = megatron["params"][index][end]
     assert (ours.dense_params_per_gpu, ours.expert_params_per_gpu) == (real["dense"], real["expert"])

@@ -26,6 +26,8 @@ from search_spaces.layout import Layout
 from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
+from autotune.cost.placement import heaviest_stage
+from autotune.cost.placement import stage_params as placement_stage_params
 from autotune.cost.efficiency import (
     DEFAULT_CALIBRATION,
     Calibration,
@@ -183,30 +185,11 @@ def all_to_all_s(nbytes_per_rank: float, n: int, link: LinkSpec, cal: Calibratio
 
 # --- parameters per GPU (for DP communication and the optimizer) ------------------------------
 def stage_params(model: ModelSpec, layout: Layout) -> tuple[float, float]:
-    """(dense, expert) parameters held by one GPU of the heaviest stage.
-
-    Stage s holds L_s layers (`Layout.stage_layer_counts`: L/p each, or megatron-core's uneven split).
-    Dense: max over stages of L_s layers' non-expert parameters (+ the embedding on the first stage,
-    the output layer on the last) / t. Expert: max L_s layers' routed experts / (e * etp) (MoE parallel
-    folding, arXiv 2504.14960).
-    """
-    return _stage_params(model, layout.tp, layout.stage_layer_counts(model.num_layers), layout.ep, layout.expert_tp)
-
-
-@lru_cache(maxsize=4096)
-def _stage_params(model: ModelSpec, tp: int, stages: tuple[int, ...], ep: int, etp: int) -> tuple[float, float]:
-    ends = model.embedding_params + model.output_params
-    if model.tied_embeddings:
-        ends -= model.vocab_size * model.hidden_size
-    per_layer_dense = (model.dense_params - ends) / model.num_layers
-    if len(stages) == 1:
-        dense = stages[0] * per_layer_dense + ends
-    else:
-        first = stages[0] * per_layer_dense + model.embedding_params
-        last = stages[-1] * per_layer_dense + model.output_params
-        dense = max(first, last, *(n * per_layer_dense for n in stages[1:-1]))
-    expert = max(stages) * model.routed_expert_params / model.num_layers / (ep * etp)
-    return dense / tp, expert
+    """(dense, expert) parameters held by one GPU of the heaviest stage: the one placement of
+    `autotune.cost.placement` (the memory model's), whose heaviest stage paces the DP reduction and the
+    optimizer step (MoE parallel folding for the experts, arXiv 2504.14960)."""
+    heavy = heaviest_stage(placement_stage_params(model, layout))
+    return float(heavy.dense_params_per_gpu), float(heavy.expert_params_per_gpu)
 
 
 def dp_comm_s(job: Job, layout: Layout, cal: Calibration, params: tuple[float, float] | None = None) -> float:
