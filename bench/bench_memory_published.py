@@ -26,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataclasses import replace  # noqa: E402
+
 from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, estimate_memory  # noqa: E402
 from bench.published_runs import CSV_PATH, is_modern, job_of, layout_of  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
@@ -66,8 +68,7 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
         for i, r in enumerate(csv.DictReader(f)):
             modern = is_modern(r)
             recompute, modules = _recompute(r)
-            assumptions = MemoryAssumptions(flash_attention=modern, dropout=None if modern else True,
-                                            recompute_modules=modules or ("core_attn",))
+            assumptions = MemoryAssumptions(flash_attention=modern, dropout=None if modern else True)
             mem = float(r["mem_gb"]) if r["mem_gb"].strip() else None
             common = dict(index=i, name=r["model"], source=r["source_id"], assumptions=assumptions,
                           published_mem_gb=mem)
@@ -78,7 +79,12 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
                 runs.append(PublishedRun(job=None, layout=None, skip_reason="Megatron-FSDP (params and grads "
                                          "sharded) is not a Layout field", **common))
                 continue
-            runs.append(PublishedRun(job=job_of(r), layout=layout_of(r, recompute), **common))  # type: ignore[arg-type]
+            job = job_of(r)
+            # Megatron-LM runs of their time: fp32 main grads (its bf16 default) and the unfused loss
+            training = replace(job.training, recompute_modules=modules or ("core_attn",), grad_reduce_in_fp32=True,
+                               cross_entropy_fusion="none", fp8_param_gather=False)
+            runs.append(PublishedRun(job=replace(job, training=training), layout=layout_of(r, recompute),
+                                     **common))  # type: ignore[arg-type]
     return runs
 
 

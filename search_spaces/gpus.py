@@ -19,15 +19,17 @@ from search_spaces.cluster import ARCHES, GIB, ClusterSpec, GPUSpec, LinkSpec
 __all__ = ["get_gpu", "get_link", "list_gpus", "list_links", "default_intra_node", "build_cluster"]
 
 TERA = 1e12
+MIB = 1024**2
 GB_PER_S = 1e9  # datasheet "GB/s" is decimal
 GBIT_PER_S = 1e9 / 8
 
 # --- GPUs ----------------------------------------------------------------------------------
 H100_SXM = GPUSpec(
     arch="hopper", name="h100-sxm", aliases=("h100", "h100-80gb", "h100-sxm-80gb", "h100-sxm5"),
-    memory_bytes=80 * GIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=3.35e12,
+    memory_bytes=81559 * MIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=3.35e12,
     source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-           "sparsity (dense half: 989.4 / 1978.9), 80 GB HBM3, 3.35 TB/s",
+           "sparsity (dense half: 989.4 / 1978.9), 80 GB HBM3, 3.35 TB/s; an '80 GB' H100 shows 81,559 MiB "
+           "(79.6 GiB) to software (nvidia-smi, torch.cuda.mem_get_info)",
 )
 H200 = GPUSpec(
     arch="hopper", name="h200", aliases=("h200-sxm", "h200-141gb", "h200-sxm-141gb"),

@@ -26,7 +26,8 @@ class Measurement:
     source: Source
     reason: str = ""  # why a layout is not "ok": violations, OOM message, crash summary
     violations: tuple[str, ...] = ()
-    memory_bytes: float | None = None  # peak per GPU, most loaded GPU
+    memory_bytes: float | None = None  # device memory at the peak of the most loaded GPU: what must fit
+    allocated_bytes: float | None = None  # of which PyTorch's allocator hands out (`max_memory_allocated`)
     memory: dict[str, float] = field(default_factory=dict)  # breakdown in bytes
     step_time_s: float | None = None
     time: dict[str, float] = field(default_factory=dict)  # breakdown in seconds
@@ -42,6 +43,13 @@ class Measurement:
     @property
     def memory_gib(self) -> float | None:
         return None if self.memory_bytes is None else self.memory_bytes / 1024**3
+
+    @property
+    def allocated_gib(self) -> float | None:
+        """Peak allocated GiB (the figure Megatron logs as "max allocated"); the device figure when a backend
+        reports only one."""
+        value = self.allocated_bytes if self.allocated_bytes is not None else self.memory_bytes
+        return None if value is None else value / 1024**3
 
 
 class Backend(Protocol):

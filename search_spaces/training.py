@@ -12,12 +12,15 @@ performance tables, `scripts/performance/`:
 - `grad_reduce_in_fp32=False`: every perf config sets `mixed_precision.grad_reduce_in_fp32=False` and
   `ddp.grad_reduce_in_fp32=False` (`configs/llama/llama3_llm_pretrain.py`, `qwen3_llm_pretrain.py`,
   `deepseek_llm_pretrain.py`); the library recipes (`recipes/common.py`) keep True, Megatron-LM turns it on for bf16.
-- `optimizer_moments="fp32"`: `use_precision_aware_optimizer=True` is set for bf16 runs (`utils/overrides.py`
-  `set_post_overrides`) but with fp32 `exp_avg_dtype`/`exp_avg_sq_dtype`, which costs the same memory; only the
-  DeepSeek-V3 recipe keeps bf16 moments and bf16 main grads (`recipes/deepseek/deepseek_v3.py`).
+- `precision_aware_optimizer=True`, `optimizer_moments="fp32"`: `use_precision_aware_optimizer=True` is set for
+  bf16 runs (`utils/overrides.py` `set_post_overrides`) with fp32 `exp_avg_dtype`/`exp_avg_sq_dtype`; only the
+  DeepSeek-V3 recipe keeps bf16 moments and bf16 main grads (`recipes/deepseek/deepseek_v3.py`). megatron-core's
+  and Megatron-LM's own default is off (the optimizer then gives the master weights fp32 gradient copies).
 - overlap: `ddp.overlap_grad_reduce=True`, `ddp.overlap_param_gather=True` (`recipes/common.py`), `tp_comm_overlap`
   through `CommOverlapConfig(tp_comm_overlap=True)` (auto-disabled at TP 1 or without SP, `training/comm_overlap.py`),
   `overlap_moe_expert_parallel_comm` only where a preset sets `moe_a2a_overlap`.
+- loss: `cross_entropy_loss_fusion=True` with `cross_entropy_fusion_impl="te"` (every pretrain recipe, and the
+  perf overrides `_set_common_perf_overrides`); megatron-core's own default is the unfused loss.
 - MoE: `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"` (the model
   bridges; the perf presets switch to `flex` with a DeepEP / HybridEP backend on the GPUs that run it).
 - recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
@@ -30,18 +33,21 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = ["TrainingSpec", "training_spec", "TRAINING_FIELDS", "Precision", "FP8Recipe", "Dispatcher", "CudaGraphs", "MomentDtype",
-           "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "RECOMPUTE_MODULES"]
+           "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "RECOMPUTE_MODULES"]
 
 Precision = Literal["bf16", "fp8"]
 FP8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 CudaGraphs = Literal["none", "local", "transformer_engine"]
+CrossEntropyFusion = Literal["te", "native", "none"]
 MomentDtype = Literal["fp32", "bf16"]
 PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
 CUDA_GRAPHS: tuple[str, ...] = ("none", "local", "transformer_engine")
 # megatron-core 0.16.1 `TransformerConfig.recompute_modules` (transformer_config.py)
+# megatron-core 0.16.1 `CudaGraphScope` (transformer/enums.py)
+CUDA_GRAPH_SCOPES: tuple[str, ...] = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                                       "shared_experts")
 
@@ -57,13 +63,17 @@ class TrainingSpec:
     fp8_param_gather: bool = True  # FP8 primary weights (fp8 only): Bridge's fp8 recipes turn it on
     grad_reduce_in_fp32: bool = False  # fp32 main grads in the DDP buffer (4 B/param instead of 2)
     optimizer_moments: MomentDtype = "fp32"  # Adam exp_avg / exp_avg_sq dtype (precision-aware optimizer)
+    precision_aware_optimizer: bool = True  # `use_precision_aware_optimizer`: bf16 grads feed the fp32 master directly
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # needs the distributed optimizer (a layout without it has none to overlap)
     tp_comm_overlap: bool = True  # Transformer Engine userbuffers; only where TP > 1 and SP is on
     overlap_moe_expert_parallel_comm: bool = False
     moe_token_dispatcher: Dispatcher = "alltoall"
     moe_grouped_gemm: bool = True
+    moe_permute_fusion: bool = True  # TE's fused permutation keeps an int32 row map, not the token indices
+    cross_entropy_fusion: CrossEntropyFusion = "te"  # Bridge: cross_entropy_loss_fusion=True, impl "te"
     cuda_graphs: CudaGraphs = "none"
+    cuda_graph_scope: tuple[str, ...] = ()  # TE graphs: () is the whole layer (megatron-core's default)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # what recompute="selective" recomputes
     recompute_num_layers: int | None = None  # recompute="full": None uniform over every layer; N a block per chunk
 
@@ -79,6 +89,10 @@ class TrainingSpec:
         _one_of("optimizer_moments", self.optimizer_moments, ("fp32", "bf16"))
         _one_of("moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
         _one_of("cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        _one_of("cross_entropy_fusion", self.cross_entropy_fusion, ("te", "native", "none"))
+        bad_scope = [s for s in self.cuda_graph_scope if s not in CUDA_GRAPH_SCOPES]
+        if bad_scope:
+            raise ValueError(f"cuda_graph_scope must be a subset of {CUDA_GRAPH_SCOPES}, but got {self.cuda_graph_scope!r}.")
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown or not self.recompute_modules:
             raise ValueError(f"recompute_modules must be a non-empty subset of {RECOMPUTE_MODULES}, but got "
@@ -106,10 +120,11 @@ def training_spec(**values: Any) -> TrainingSpec:
     unknown = sorted(set(values) - set(TRAINING_FIELDS))
     if unknown:
         raise ValueError(f"unknown training option(s) {unknown}; options are {list(TRAINING_FIELDS)}.")
-    modules = values.get("recompute_modules")
-    if isinstance(modules, str):  # the CLI's comma-separated list
-        values["recompute_modules"] = tuple(m.strip() for m in modules.split(",") if m.strip())
-    elif modules is not None:
-        values["recompute_modules"] = tuple(modules)
+    for name in ("recompute_modules", "cuda_graph_scope"):
+        items = values.get(name)
+        if isinstance(items, str):  # the CLI's comma-separated list
+            values[name] = tuple(m.strip() for m in items.split(",") if m.strip())
+        elif items is not None:
+            values[name] = tuple(items)
     given = values
     return TrainingSpec(**{k: v for k, v in given.items() if v is not None})

@@ -24,7 +24,7 @@ def test_gpu_aliases(alias: str, name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "bf16_tflops", "fp8_tflops", "memory_gib", "hbm_tb_per_s"),
     [
-        ("h100", 989.4, 1978.9, 80, 3.35),
+        ("h100", 989.4, 1978.9, 81559 / 1024, 3.35),
         ("h200", 989.4, 1978.9, 141, 4.8),
         ("a100-80gb", 312, None, 80, 2.039),
         ("a100-40gb", 312, None, 40, 1.555),

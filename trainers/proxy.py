@@ -194,8 +194,10 @@ def plan_proxy(
         seq = _seq_length(run_layout, seq_length)
     else:
         proxy_model, seq = model, training.seq_length
+    # what trainers/megatron_job.py runs: fp32 main grads, megatron's unfused loss, no TE overlap
     proxy_training = TrainingSpec(
-        seq_length=seq, global_batch_size=nmb * run_layout.mbs * run_layout.dp, precision="bf16"
+        seq_length=seq, global_batch_size=nmb * run_layout.mbs * run_layout.dp, precision="bf16",
+        grad_reduce_in_fp32=True, cross_entropy_fusion="none", tp_comm_overlap=False,
     )
     return ProxyPlan(model=proxy_model, layout=run_layout, training=proxy_training, num_microbatches=nmb,
                      original_layout=layout, scaled_model=scale_model, dp_reduction=reduction)

@@ -1,27 +1,38 @@
-"""Activation memory per GPU: Korthikanti et al. 2022 (arXiv 2205.05198, Section 4, Table 2), generalised.
+"""Activation memory per GPU, tensor by tensor, as a real GPU run keeps it (and as the CPU proxy keeps it).
 
-Korthikanti counts, per transformer layer and micro-batch, the tensors autograd keeps for the backward pass,
-in bytes (2-byte activations, 1-byte dropout masks): attention 11sbh + 5as^2b, MLP 19sbh, two LayerNorm inputs
-4sbh; 34sbh + 5as^2b in all. Tensor parallelism splits everything except the LayerNorm/dropout tensors and the
-GEMM inputs after a norm (10sbh stay replicated: `sbh(10 + 24/t + 5as/(ht))`); sequence parallelism splits those
-too (`sbh/t (34 + 5as/h)`); selective recompute drops the 5as^2b attention-core term; full recompute keeps only
-each layer's input (2sbh, /t with SP). Here each tensor is one named term so that the generalisations show:
-gated MLPs (SwiGLU keeps fc1's 2*ffn output and the ffn-wide activation), GQA (K and V are g/a of Q), MLA
-latents, MoE routing (top-k copies of each token reach the experts), context parallelism (s -> s/CP) and flash
-attention (no s^2 scores, only the fp32 log-sum-exp). The pipeline schedule decides how many micro-batches each
-stage keeps (`inflight_microbatches_per_chunk`); the loss adds fp32 logits on the last stage.
+The frame is Korthikanti et al. 2022 (arXiv 2205.05198, Sec. 4, Table 2): per transformer layer and
+micro-batch, the tensors autograd keeps for the backward pass; tensor parallelism splits what follows a
+column-parallel GEMM, sequence parallelism (SP) also the norm and residual tensors, selective recompute drops
+the attention core, full recompute keeps each layer's input. Each tensor is one named term here, and what
+each term holds follows what the modules of a real run save:
+
+- GPU runs (`ActivationAssumptions.transformer_engine=True`, megatron-core 0.16.1 with Transformer Engine 2.x,
+  read in TE v2.11 `module/layernorm_linear.py`, `module/linear.py`, `module/grouped_linear.py`,
+  `attention/dot_product_attention/`; the research notes are summarised in docs/memory-model.md):
+  norm inputs in bf16 plus fp32 statistics; GEMM inputs saved as the FP8 copy TE quantizes them to under FP8
+  (1 B per element, MXFP8 and blockwise add one scale per 32 elements) and bf16 otherwise; fused attention
+  keeps Q, K (new tensors after RoPE), a contiguous copy of V, the output O and fp32 softmax statistics;
+  megatron's fused SwiGLU keeps its bf16 input; MoE permutation keeps index maps only; TE's fused
+  cross-entropy keeps the bf16 logits (the gradient is written into them in place).
+- The CPU proxy (`transformer_engine=False`, megatron-core's local layer spec, `LOCAL_SPEC_ASSUMPTIONS`):
+  unfused attention with s x s scores, unfused SwiGLU, torch GEMMs that keep bf16/fp32 inputs. Measured on CPU
+  with a saved-tensors probe (`tests/test_memory_megatron_params.py`).
+
+The pipeline schedule decides how many micro-batches each stage keeps (`inflight_microbatches_per_chunk`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from search_spaces.job import Job
 from search_spaces.layout import Layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
 
 __all__ = [
     "ActivationAssumptions",
+    "Shape",
+    "shape_of",
     "attention_activation_bytes",
     "mlp_activation_bytes",
     "moe_activation_bytes",
@@ -32,40 +43,40 @@ __all__ = [
     "UnitActivations",
     "unit_activation_bytes",
     "inflight_microbatches_per_chunk",
+    "saved_gemm_input_bytes",
+    "cuda_graph_static_bytes",
 ]
 
-ACT_BYTES = 2  # bf16 activations (FP8 runs too: see `ActivationAssumptions`)
+BF16 = 2  # activations and their gradients
 MASK_BYTES = 1  # dropout masks (Korthikanti: 1 byte per element)
-FP32_BYTES = 4
+FP32 = 4
+INDEX32 = 4
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ActivationAssumptions:
-    """What the activation formulas assume beyond the `Layout`.
+    """What the activation formulas assume beyond the job and the layout.
 
-    - `flash_attention`: Transformer Engine's fused/flash attention (megatron-core's default with TE) stores no
-      s^2 scores, only Q, K, V, the output and an fp32 log-sum-exp. Set False for pre-2022 runs (Korthikanti).
-    - `recompute_modules`: what `recompute="selective"` recomputes; megatron-core's default is `("core_attn",)`.
-      Others: "layernorm", "mlp", "moe", "moe_act", "shared_experts", "mla_up_proj" (`TransformerConfig`).
-    - `dropout`: whether dropout masks are kept; None means "LayerNorm (GPT-style) models yes, RMSNorm models
-      no" (megatron's default is 0.1, Llama/Qwen/DeepSeek recipes set hidden and attention dropout to 0).
-    - `moe_token_imbalance`: tokens on the busiest expert rank over the balanced share (1.0: forced balance).
-    - `attention_score_bytes`: bytes kept per attention score without flash attention. Korthikanti's 5 (fused
-      fp16 softmax 2, dropout mask 1, dropout output 2); megatron-core's unfused local path (the CPU proxy, no
-      dropout) keeps 6 (fp32 softmax 4 and its bf16 copy 2).
-    - `fused_swiglu`: megatron-core's fused SwiGLU (`bias_swiglu_impl`, `weighted_bias_swiglu_impl`; GPU runs)
-      keeps only its input. False (the local spec with `bias_activation_fusion=False`, as the CPU proxy runs it):
-      the unfused SwiGLU also keeps silu(x) and a contiguous copy of x's first half (and, in the experts, the
-      product before the routing-probability multiply).
-    - `torch_rmsnorm`: megatron-core's local spec builds torch's RMSNorm, whose composite kernel keeps fp32 copies
-      of its input and normalised output (8 B per element where TE keeps the 2 B input). The CPU proxy
-      (`trainers.cpu_patches`) swaps in norms that save what TE's save, so False there too.
-    - FP8: activations are counted as BF16. TE saves FP8 copies of GEMM inputs, but norms, attention and
-      activation-function tensors stay in BF16; the BF16 count is an upper bound.
+    - `transformer_engine`: GPU runs with TE modules (see the module docstring); False is megatron-core's local
+      spec as the CPU proxy runs it.
+    - `flash_attention`: a fused attention kernel that stores no s x s scores (TE's cuDNN / flash backends,
+      and torch SDPA in the proxy's CP attention). False for pre-2022 runs and the local spec's unfused path.
+    - `dropout`: whether dropout masks are kept; None means "LayerNorm (GPT-style) models yes, RMSNorm models no"
+      (megatron's default is 0.1; the Llama, Qwen and DeepSeek recipes set hidden and attention dropout to 0).
+    - `moe_token_imbalance`: tokens on the busiest expert rank over the balanced share (1.0: the forced balance
+      of NVIDIA's published MoE benchmarks, Megatron-Bridge `moe_router_force_load_balancing=True`).
+    - `attention_score_bytes`: bytes kept per attention score without flash attention: Korthikanti's 5 (fused
+      fp16 softmax 2, dropout mask 1, dropout output 2); megatron-core's unfused local path keeps 6 (fp32
+      softmax 4 and its bf16 copy 2).
+    - `fused_swiglu`: megatron-core's fused SwiGLU (`bias_swiglu_impl`, `weighted_bias_swiglu_impl`) keeps only
+      its input; the unfused one (local spec with `bias_activation_fusion=False`) also keeps silu(x) and a
+      contiguous copy of x's first half.
+    - `torch_rmsnorm`: torch's composite RMSNorm keeps fp32 copies of its input and output (8 B per element);
+      the CPU proxy swaps in norms that save what TE's save (`trainers.proxy_norm`), so False there too.
     """
 
+    transformer_engine: bool = True
     flash_attention: bool = True
-    recompute_modules: tuple[str, ...] = ("core_attn",)
     dropout: bool | None = None
     moe_token_imbalance: float = 1.0
     attention_score_bytes: float = 5.0
@@ -73,9 +84,21 @@ class ActivationAssumptions:
     torch_rmsnorm: bool = False
 
 
+def saved_gemm_input_bytes(fp8_recipe: str | None, transformer_engine: bool) -> float:
+    """Bytes per element of a GEMM input that a TE linear saves for its weight gradient.
+
+    bf16: the input itself (2 B, often a view of a tensor saved anyway). FP8 (TE v2.11 `module/linear.py`,
+    `module/layernorm_linear.py`: `update_usage(rowwise_usage=False)` before `prepare_for_saving`): one FP8
+    copy of 1 B per element (the transpose on Hopper, the rowwise data on Blackwell); MXFP8 adds an E8M0 scale
+    per 32 elements (`MXFP8Quantizer`), blockwise (1 x 128 tiles) an fp32 scale per 128 elements."""
+    if fp8_recipe is None or not transformer_engine:
+        return float(BF16)
+    return {"mxfp8": 1.0 + 1.0 / 32, "blockwise": 1.0 + FP32 / 128}.get(fp8_recipe, 1.0)
+
+
 @dataclass(frozen=True, slots=True)
-class _Shape:
-    """Symbols of Korthikanti's Table 2 for one GPU: s (local sequence), b, h, a, t, and the SP divisor."""
+class Shape:
+    """Korthikanti's symbols for one GPU and what this run's kernels keep: s (sequence per CP rank), b, t."""
 
     s: int  # sequence per CP rank
     s_full: int
@@ -83,122 +106,171 @@ class _Shape:
     t: int  # TP
     sp_div: int  # t with SP, 1 without
     recompute: str
-    modules: frozenset[str]
+    modules: frozenset[str]  # what selective recompute recomputes
     dropout: bool
     flash: bool
+    te: bool
     score_bytes: float
-    norm_bytes: float  # bytes per element a norm keeps of its input: 2 (TE, torch LayerNorm), 8 (torch RMSNorm)
+    norm_bytes: float  # bytes per element a norm keeps of its input: 2 (TE, proxy norms), 8 (torch RMSNorm)
+    stat_bytes: float  # fp32 statistics a norm keeps per token: 4 (RMSNorm rsigma), 8 (LayerNorm mu + rsigma)
+    gemm_in: float  # bytes per element of a GEMM input saved as FP8 (or bf16): `saved_gemm_input_bytes`
     fused_swiglu: bool
+    ce_fused: bool  # TE's fused cross-entropy: the bf16 logits are the only copy
 
     @property
     def tokens(self) -> int:
         return self.s * self.b
 
+    @property
+    def fp8(self) -> bool:
+        return self.gemm_in < BF16
 
-def _shape(model: ModelSpec, training: TrainingSpec, layout: Layout, assumptions: ActivationAssumptions) -> _Shape:
+
+def shape_of(job: Job, layout: Layout, assumptions: ActivationAssumptions) -> Shape:
+    model, training = job.model, job.training
     dropout = assumptions.dropout if assumptions.dropout is not None else model.normalization == "LayerNorm"
-    modules = frozenset(assumptions.recompute_modules) if layout.recompute == "selective" else frozenset()
-    return _Shape(
+    modules = frozenset(training.recompute_modules) if layout.recompute == "selective" else frozenset()
+    te = assumptions.transformer_engine
+    return Shape(
         s=training.seq_length // layout.cp, s_full=training.seq_length, b=layout.mbs, t=layout.tp,
         sp_div=layout.tp if layout.sp else 1, recompute=layout.recompute, modules=modules, dropout=dropout,
-        flash=assumptions.flash_attention, score_bytes=assumptions.attention_score_bytes,
-        norm_bytes=8.0 if assumptions.torch_rmsnorm and model.normalization == "RMSNorm" else ACT_BYTES,
+        flash=assumptions.flash_attention, te=te, score_bytes=assumptions.attention_score_bytes,
+        norm_bytes=8.0 if assumptions.torch_rmsnorm and model.normalization == "RMSNorm" else BF16,
+        stat_bytes=2 * FP32 if model.normalization == "LayerNorm" else FP32,
+        gemm_in=saved_gemm_input_bytes(job.fp8_recipe, te),
         fused_swiglu=assumptions.fused_swiglu,
+        ce_fused=te and training.cross_entropy_fusion == "te",
     )
 
 
-def attention_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
+def _norm_terms(prefix: str, x: Shape, h: int) -> dict[str, float]:
+    """A norm's saved input (bf16, /t with SP) and its fp32 per-token statistics."""
+    T, sd = x.tokens, x.sp_div
+    return {f"{prefix}_input": x.norm_bytes * T * h / sd, f"{prefix}_stats": x.stat_bytes * T / sd}
+
+
+def attention_activation_bytes(model: ModelSpec, x: Shape) -> dict[str, float]:
     """One layer's attention block incl. its input norm (Korthikanti Sec. 4.1 'Attention block' + LayerNorm).
 
-    norm_input 2sbh, qkv_input (norm output) 2sbh — both /t only with SP; Q, K, V 2sb(a + 2g)d/t (Korthikanti's
-    4sbh + 2sbh for MHA; without flash attention megatron-core's `DotProductAttention` expands K and V to all a
-    heads, 2sb 3ad/t); core attention: 5as^2b/t without flash attention (softmax 2, its dropout mask 1,
-    dropout output 2), an fp32 log-sum-exp 4sba/t with it, none when selective recompute covers 'core_attn';
-    proj_input (attention output) 2sbh/t; dropout mask sbh. qk-layernorm keeps its inputs (2sb(a + g)d/t).
-    MLA keeps the two latents before and after their norms (2 x 2sb(q_lora + kv_lora), /t with SP).
+    - `qkv_input`: the norm output = the QKV GEMM input (TE `LayerNormLinear` saves `ln_out`: bf16, or its FP8
+      copy), /t with SP. MLA's down projections save their bf16 input (`save_original_input`).
+    - `qkv`: TE's fused attention keeps Q and K as RoPE wrote them and a contiguous copy of V (V is a strided
+      view of the QKV output, TE v2.11 `dot_product_attention/utils.py::get_qkv_layout` copies it), so
+      2 T (a + 2g) d / t; the local spec's views keep the whole mixed QKV tensor alive (`_local_qkv_width`).
+    - `core_attention`: fp32 softmax statistics [b, a/t, s, 1] with a fused kernel; Korthikanti's 5 as^2 b / t
+      (score bytes) without; nothing when selective recompute covers 'core_attn'.
+    - `proj_input`: the attention output O (2 T a d / t), kept by the attention backward and shared with
+      `linear_proj`'s saved input in bf16; under FP8 `linear_proj` keeps its own FP8 copy on top (1 B).
+    - MLA latents (`mla_latents`): the q / kv down-projection outputs (their norms' inputs) and the norm outputs
+      the up projections save; 'mla_up_proj' recompute keeps only the former and drops Q, K, V.
     """
     T, t, sd = x.tokens, x.t, x.sp_div
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
-    terms = {"attn_norm_input": x.norm_bytes * T * h / sd}
-    # 'layernorm' recompute discards a norm's output only where the norm is its own module: MLA's input norm,
-    # not the norm Transformer Engine fuses into `linear_qkv` (`transformer_layer.py`: IdentityOp is skipped)
-    separate_norm = model.mla is not None
-    terms["qkv_input"] = 0.0 if "layernorm" in x.modules and separate_norm else ACT_BYTES * T * h / sd
-    if model.mla is not None:
-        m = model.mla
-        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-        latent = 2 * ((m.q_lora_rank or 0) + m.kv_lora_rank)
-        terms["mla_latents"] = ACT_BYTES * T * latent / sd
-        qkv_width, o_width = a * (2 * qk + m.v_head_dim), a * m.v_head_dim
+    terms = _norm_terms("attn_norm", x, h)
+    mla = model.mla
+    if mla is not None:
+        terms["qkv_input"] = (0.0 if "layernorm" in x.modules else BF16 * T * h / sd)  # its own norm module
+        latent = (mla.q_lora_rank or 0) + mla.kv_lora_rank
+        up_recomputed = "mla_up_proj" in x.modules
+        ln_out = 0.0 if up_recomputed else x.gemm_in
+        terms["mla_latents"] = (BF16 + ln_out) * T * latent / sd
+        qk = mla.qk_head_dim + mla.qk_pos_emb_head_dim
+        qkv_width, o_width = a * (2 * qk + mla.v_head_dim), a * mla.v_head_dim
+        terms["qkv"] = 0.0 if up_recomputed else BF16 * T * qkv_width / t
     else:
-        qkv_width, o_width = _qkv_saved_width(model, x), a * d
-        if model.qk_layernorm and x.norm_bytes > ACT_BYTES:  # torch RMSNorm: fp32 copies; TE: the (counted) view
-            terms["qk_norm_input"] = (x.norm_bytes - ACT_BYTES) * T * (a + g) * d / t
-    terms["qkv"] = ACT_BYTES * T * qkv_width / t
-    if "core_attn" in x.modules:
+        terms["qkv_input"] = x.gemm_in * T * h / sd if x.te else BF16 * T * h / sd
+        qkv_width, o_width = ((a + 2 * g) * d if x.te else _local_qkv_width(model, x)), a * d
+        terms["qkv"] = BF16 * T * qkv_width / t
+        if model.qk_layernorm and x.norm_bytes > BF16:  # torch RMSNorm: fp32 copies; TE: the (counted) view
+            terms["qk_norm_input"] = (x.norm_bytes - BF16) * T * (a + g) * d / t
+    recompute_core = "core_attn" in x.modules
+    if recompute_core:
         terms["core_attention"] = 0.0
     elif x.flash:
-        terms["core_attention"] = FP32_BYTES * T * a / t
+        terms["core_attention"] = FP32 * T * a / t
     else:  # Korthikanti: 2as^2b softmax + as^2b mask + 2as^2b dropout output; K/V span the full sequence
         terms["core_attention"] = x.score_bytes * a * x.b * x.s * x.s_full / t
-    terms["proj_input"] = ACT_BYTES * T * o_width / t
+    # O: kept by the attention backward, and saved by linear_proj as the same bf16 storage, except where TE
+    # quantizes proj's input under FP8 (GQA/MHA): then proj keeps a 1-byte copy, and O stays only while the
+    # attention core is not recomputed. MLA's linear_proj saves its original bf16 input (`save_original_input`).
+    if x.te and x.fp8 and mla is None:
+        proj = x.gemm_in + (0.0 if recompute_core else BF16)
+    else:
+        proj = BF16
+    terms["proj_input"] = proj * T * o_width / t
     terms["attn_dropout_mask"] = MASK_BYTES * T * h / sd if x.dropout else 0.0
     return terms
 
 
-def _qkv_saved_width(model: ModelSpec, x: _Shape) -> int:
-    """Per token and before the TP split, the width of the Q, K, V storages autograd keeps.
+def _local_qkv_width(model: ModelSpec, x: Shape) -> int:
+    """Local spec (CPU proxy): per token and before the TP split, the width of the Q, K, V storages kept.
 
     `linear_qkv` writes one mixed tensor of width (a + 2g)d; Q, K and V are views of it (`attention.py`).
-    RoPE and qk-layernorm make new Q and K ((a + g)d), while V stays a view that keeps the whole mixed tensor
-    alive: (a + 2g)d + (a + g)d when the attention core (flash attention, or the selective-recompute checkpoint)
-    keeps Q, K, V as given. Without flash attention megatron-core's `DotProductAttention` repeats K and V over
-    the query groups (new tensors of width ad each) when g < a. Korthikanti's GPT (MHA, learned positions) keeps
-    just the mixed tensor, 3h: his 4sbh (Q, K) + 2sbh (V). Measured on CPU with the saved-tensor probe.
+    RoPE and qk-layernorm make new Q and K ((a + g)d) while V stays a view that keeps the whole mixed tensor
+    alive: (a + 2g)d + (a + g)d when the attention core (torch SDPA, or the selective-recompute checkpoint)
+    keeps Q, K, V as given. Unfused attention repeats K and V over the query groups (new tensors of width ad
+    each) when g < a. Korthikanti's GPT (MHA, learned positions) keeps just the mixed tensor, 3h.
+    Measured on CPU with the saved-tensor probe.
     """
     a, g, d = model.num_attention_heads, model.query_groups, model.head_dim
     rotated = model.max_position_embeddings == 0 or model.qk_layernorm
     mixed, q_new, k_new = (a + 2 * g) * d, a * d, g * d
     if x.flash or "core_attn" in x.modules or g == a:
         return mixed + (q_new + k_new if rotated else 0)
-    # unfused attention with GQA: K and V are repeated to a heads; the mixed tensor stays alive only through
-    # a Q view (no RoPE) or the qk-layernorm inputs
     q = q_new if rotated else 0
     alive = mixed if (not rotated or model.qk_layernorm) else 0
     return alive + q + 2 * a * d
 
 
-def mlp_activation_bytes(model: ModelSpec, x: _Shape, ffn: int) -> dict[str, float]:
+def _swiglu_terms(model: ModelSpec, x: Shape, tokens: float, ffn: float, split: int) -> tuple[float, float]:
+    """(fc1 output = activation input, fc2 input) bytes of one MLP of `tokens` rows, intermediate `ffn`, split
+    `split` ways. Fused SwiGLU keeps its bf16 input (2 x ffn wide when gated); fc2 keeps its input: the bf16
+    activation output, or its FP8 copy under FP8 (TE), the bf16 output then being freed. The unfused local
+    SwiGLU also keeps silu(x) and the contiguous copy of x's first half."""
+    fc1_out = (2 if model.gated_linear_unit else 1) * ffn / split
+    act_out = ffn / split
+    unfused = 0.0 if x.fused_swiglu or not model.gated_linear_unit else 2 * ffn / split
+    fc2_in = x.gemm_in if x.te else BF16
+    return BF16 * tokens * fc1_out, tokens * (fc2_in * act_out + BF16 * unfused)
+
+
+def mlp_activation_bytes(model: ModelSpec, x: Shape, ffn: int) -> dict[str, float]:
     """One dense layer's MLP incl. its pre-MLP norm (Korthikanti Sec. 4.1 'MLP': 19sbh for ffn = 4h).
 
-    norm_input 2sbh and fc1_input 2sbh (/t with SP); fc1 output 2sb*ffn/t (4sb*ffn/t when gated: SwiGLU keeps
-    both halves); activation output = fc2 input 2sb*ffn/t; dropout mask sbh. 'mlp' recompute keeps only the input.
-    'layernorm' recompute changes nothing here: the pre-MLP norm is fused into `linear_fc1` (TE LayerNormLinear).
+    TE fuses the pre-MLP norm into `linear_fc1` (`LayerNormLinear`): the norm input (bf16) and `ln_out` (bf16,
+    or its FP8 copy) are kept, /t with SP; then the fc1 output and the fc2 input (`_swiglu_terms`).
+    'mlp' recompute keeps only the checkpoint's input (the norm input with TE, the norm output with the local
+    spec, whose norm is its own module); 'layernorm' recompute changes nothing where the norm is fused.
     """
-    T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
-    fc1_out = 2 * ffn if model.gated_linear_unit else ffn
+    T, sd, h = x.tokens, x.sp_div, model.hidden_size
+    terms = _norm_terms("mlp_norm", x, h)
     inner = "mlp" in x.modules
-    # unfused SwiGLU also keeps silu(x) and the contiguous copy of x's first half that silu saves (CPU probe)
-    unfused_glu = 0 if x.fused_swiglu or not model.gated_linear_unit else 2 * ffn
-    return {
-        "mlp_norm_input": x.norm_bytes * T * h / sd,
-        "fc1_input": ACT_BYTES * T * h / sd,
-        "fc1_output": 0.0 if inner else ACT_BYTES * T * fc1_out / t,
-        "activation_output": 0.0 if inner else ACT_BYTES * T * (ffn + unfused_glu) / t,
+    fc1_output, fc2_input = _swiglu_terms(model, x, T, ffn, x.t)
+    fc1_in = (0.0 if inner else x.gemm_in) if x.te else BF16
+    terms.update({
+        "fc1_input": fc1_in * T * h / sd,
+        "fc1_output": 0.0 if inner else fc1_output,
+        "activation_output": 0.0 if inner else fc2_input,
         "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
-    }
+    })
+    return terms
 
 
-def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance: float) -> dict[str, float]:
+def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: float,
+                         permute_fusion: bool = True) -> dict[str, float]:
     """One MoE layer incl. its pre-MLP norm (megatron-core `moe_layer.py`, `experts.py`, `token_dispatcher.py`).
 
-    Each GPU routes T_r = sb/t tokens (SP shard); with balanced routing every EP rank receives T_r * topk token
-    copies, all-gathered over the ETP group: T_e = T_r * topk * ETP. The experts keep their input 2T_e*h, fc1
-    output 2T_e*fc1/ETP and the fc2 input 2T_e*ffn/ETP; the routing probabilities are applied inside the fused
-    activation (`weighted_bias_swiglu_impl` in `TEGroupedMLP`, which keeps only its input and the probs).
-    'moe_act' recompute drops the fc2 input, 'moe' recompute the whole expert part. The router keeps fp32 scores and
-    probabilities (8 T_r E). Shared experts are a TP-split dense MLP on the same input. The MoE layer's pre-MLP
-    norm is its own module, so 'layernorm' recompute discards its output (`moe_input`).
+    Each GPU routes T_r = T / t* tokens (its SP shard); balanced routing brings every EP rank T_r * topk token
+    copies, all-gathered over the ETP group: T_e = T_r * topk * ETP (x `moe_token_imbalance`).
+    - `moe_input`: the pre-MLP norm output (its own module), kept by the router GEMM, the dispatcher and the
+      shared experts; 'layernorm' recompute discards it.
+    - `router`: two fp32 [T_r, E] tensors (scores and probabilities) and the bool routing map.
+    - `permute_maps`: what permutation keeps: TE's fused `row_id_map`, int32 [T_r, 2E + 1] (`moe_permute_fusion`),
+      or int64 sorted indices [T_r * topk] and the bool mask [E, T_r]. The tokens themselves are not kept.
+    - `experts`: per grouped GEMM (TE `GroupedLinear`) the fc1 input (bf16 view of the sorted tokens, or per-expert
+      FP8 copies), the fc1 output that the weighted SwiGLU keeps with the fp32 routing probabilities, and the fc2
+      input; 'moe_act' recompute drops the bf16 fc2 input (under FP8 the fc2 FP8 copy stays), 'moe' the whole part.
+    - `shared_experts`: a TP-split MLP on `moe_input` (its fc1 keeps an FP8 copy of it under FP8).
     """
     assert model.moe is not None
     m = model.moe
@@ -206,85 +278,171 @@ def moe_activation_bytes(model: ModelSpec, x: _Shape, layout: Layout, imbalance:
     etp = layout.expert_tp
     routed = T / sd
     expert_tokens = routed * m.topk * etp * imbalance
+    whole = "moe" in x.modules
     ffn = m.expert_ffn_hidden_size
-    fc1 = 2 * ffn if model.gated_linear_unit else ffn
-    if "moe" in x.modules:
+    if whole:
         experts = 0.0
-    elif "moe_act" in x.modules:
-        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp)
-    else:  # unfused (local spec): silu(x) and the product before the probs multiply are kept too
-        extra = 0 if x.fused_swiglu else (3 * ffn if model.gated_linear_unit else ffn)
-        experts = ACT_BYTES * expert_tokens * (h + fc1 / etp + (ffn + extra) / etp)
+    else:
+        fc1_in = x.gemm_in if x.te else BF16
+        fc1_out, fc2_in = _swiglu_terms(model, x, expert_tokens, ffn, etp)
+        if not model.gated_linear_unit or (not x.te and not x.fused_swiglu):
+            # the probs multiply `act(x) * probs` keeps act(x) (`experts.py`, `activation_func_with_probs`): only the
+            # fused weighted SwiGLU (gated, GPU) avoids it
+            fc2_in += BF16 * expert_tokens * ffn / etp
+        if "moe_act" in x.modules and not x.fp8:
+            fc2_in = 0.0
+        experts = fc1_in * expert_tokens * h + fc1_out + fc2_in + FP32 * expert_tokens  # + fp32 probs
     shared = 0.0
-    if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and "moe" not in x.modules:
-        sffn = m.shared_expert_ffn_hidden_size
-        shared = ACT_BYTES * T * ((2 * sffn if model.gated_linear_unit else sffn) + sffn) / t
-    return {
-        "mlp_norm_input": x.norm_bytes * T * h / sd,
-        "moe_input": 0.0 if "layernorm" in x.modules else ACT_BYTES * T * h / sd,  # separate pre-MLP norm
-        "router": 2 * FP32_BYTES * routed * m.num_experts,
+    if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and not whole:
+        s_out, s_in = _swiglu_terms(model, x, T, m.shared_expert_ffn_hidden_size, t)
+        shared = s_out + s_in + (x.gemm_in * T * h / sd if x.fp8 else 0.0)
+    if permute_fusion and x.te:
+        maps = INDEX32 * routed * (2 * m.num_experts + 1)
+    else:
+        maps = 8.0 * routed * m.topk + routed * m.num_experts
+    terms = _norm_terms("mlp_norm", x, h)
+    terms.update({
+        "moe_input": 0.0 if "layernorm" in x.modules else BF16 * T * h / sd,
+        "router": 0.0 if whole else (2 * FP32 + 1) * routed * m.num_experts,
+        "permute_maps": 0.0 if whole else maps,
         "experts": experts,
         "shared_experts": shared,
         "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
-    }
-
-
-def layer_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                           assumptions: ActivationAssumptions, *, moe: bool) -> dict[str, float]:
-    """One transformer layer, one micro-batch, one GPU, by tensor. Full recompute keeps only the layer input
-    (Korthikanti Table 2 'full': 2sbh, /t with SP); the rest is recomputed in the backward pass."""
-    x = _shape(model, training, layout, assumptions)
-    if x.recompute == "full":
-        return {"layer_input": ACT_BYTES * x.tokens * model.hidden_size / x.sp_div}
-    terms = attention_activation_bytes(model, x)
-    if moe:
-        terms.update(moe_activation_bytes(model, x, layout, assumptions.moe_token_imbalance))
-    else:
-        terms.update(mlp_activation_bytes(model, x, model.ffn_hidden_size))
+    })
     return terms
 
 
-def embedding_activation_bytes(model: ModelSpec, x: _Shape) -> dict[str, float]:
+def layer_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssumptions, *,
+                           moe: bool) -> dict[str, float]:
+    """One transformer layer, one micro-batch, one GPU, by tensor. Full recompute keeps only the layer input
+    (Korthikanti Table 2 'full': 2sbh, /t with SP); the rest is recomputed in the backward pass."""
+    model = job.model
+    x = shape_of(job, layout, assumptions)
+    if x.recompute == "full":
+        return {"layer_input": BF16 * x.tokens * model.hidden_size / x.sp_div}
+    terms = attention_activation_bytes(model, x)
+    if moe:
+        terms.update(moe_activation_bytes(model, x, layout, assumptions.moe_token_imbalance,
+                                          job.training.moe_permute_fusion))
+    else:
+        terms.update(mlp_activation_bytes(model, x, model.ffn_hidden_size))
+    if job.training.cuda_graphs == "transformer_engine" and x.te:
+        terms["cuda_graph_buffers"] = cuda_graph_static_bytes(job, layout, x, moe=moe)
+    return terms
+
+
+def cuda_graph_static_bytes(job: Job, layout: Layout, x: Shape, *, moe: bool) -> float:
+    """Static buffers of one layer's captured graphs, per micro-batch the schedule keeps in flight
+    (`cuda_graph_impl="transformer_engine"`: TE `make_graphed_callables` keeps every graph's inputs and outputs,
+    and for the backward graph the output gradients it is fed and the input gradients it returns, as static
+    tensors; megatron-core `transformer/cuda_graphs.py`). Per captured part:
+    - the whole layer, 'attn', 'mlp' (dense layers), 'moe': input, output and their gradients, 4 x 2 T h / t*;
+    - 'moe_router': its input and input gradient (2 x 2 T_r h) and its fp32 probabilities and bool routing map
+      (5 T_r E);
+    - 'moe_preprocess': the dispatcher's prepared tokens. The alltoall dispatcher permutes them there (2 T_r k h
+      plus fp32 probabilities, `token_dispatcher.py::MoEAlltoAllTokenDispatcher.dispatch_preprocess`); the flex
+      dispatcher only sets up metadata and returns a view of its input (`MoEFlexTokenDispatcher`), so its part
+      holds the fp32 token probabilities.
+    Megatron-Bridge's performance guide: CUDA graphs add "typically ... a few gigabytes ... over 10GB" with PP > 1."""
+    model = job.model
+    T, sd, h = x.tokens, x.sp_div, model.hidden_size
+    boundary = 4 * BF16 * T * h / sd
+    scopes = set(job.training.cuda_graph_scope)
+    if not scopes:
+        return boundary
+    total = boundary if "attn" in scopes else 0.0
+    if not moe:
+        return total + (boundary if "mlp" in scopes else 0.0)
+    if "moe" in scopes:
+        return total + boundary
+    assert model.moe is not None
+    routed = T / sd
+    e, k = model.moe.num_experts, model.moe.topk
+    if "moe_router" in scopes:
+        total += 2 * BF16 * routed * h + 5 * routed * e
+    if "moe_preprocess" in scopes:
+        if job.training.moe_token_dispatcher == "alltoall":
+            total += routed * k * (BF16 * h + FP32)
+        else:
+            total += FP32 * routed * e
+    return total
+
+
+def embedding_activation_bytes(model: ModelSpec, x: Shape) -> dict[str, float]:
     """First chunk: the embedding's dropout mask (sbh, /t with SP). Its output is the first layer's input,
     counted there; the backward of the lookup needs only the token ids."""
     return {"embedding_dropout_mask": MASK_BYTES * x.tokens * model.hidden_size / x.sp_div if x.dropout else 0.0}
 
 
-def output_activation_bytes(model: ModelSpec, x: _Shape, vocab: int) -> dict[str, float]:
-    """Last chunk: final-norm input and output-layer input (2sbh each, /t with SP) and the fp32 softmax that
-    `vocab_parallel_cross_entropy` keeps for the backward pass (4sbV/t; Korthikanti Sec. 4.3 counts 4sbv/t
-    for the output layer and loss)."""
+def output_activation_bytes(model: ModelSpec, x: Shape, vocab: int) -> dict[str, float]:
+    """Last chunk: the final norm (input and statistics), the output layer's input (megatron's own
+    `ColumnParallelLinear`, bf16, the local shard with SP) and the logits the loss keeps for its backward:
+    TE's fused cross-entropy (`cross_entropy_fusion="te"`, TE v2.11 `cross_entropy.py`) writes the gradient into
+    the bf16 logits in place and saves them (2 B per logit); megatron's `vocab_parallel_cross_entropy` saves an
+    fp32 softmax (4 B; Korthikanti Sec. 4.3 counts 4sbv/t)."""
     T, h = x.tokens, model.hidden_size
-    return {
-        "final_norm_input": x.norm_bytes * T * h / x.sp_div,
-        "output_layer_input": ACT_BYTES * T * h / x.sp_div,
-        "logits_fp32": FP32_BYTES * T * vocab / x.t,
-    }
+    terms = _norm_terms("final_norm", x, h)
+    terms["output_layer_input"] = BF16 * T * h / x.sp_div
+    if x.ce_fused:
+        terms["logits_bf16"] = BF16 * T * vocab / x.t
+    else:
+        terms["logits_fp32"] = FP32 * T * vocab / x.t
+    return terms
 
 
-def transient_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                               assumptions: ActivationAssumptions, *, has_output: bool, has_moe: bool,
-                               vocab: int) -> dict[str, float]:
+def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool) -> float:
+    """The gradients alive while one layer runs its backward: the activation gradients of the MLP (d of the
+    fc2 input and of the fc1 output, 3 x ffn wide when gated) or of the experts, or of attention (dQ, dK, dV
+    and dO), plus the incoming and outgoing gradient of the layer (2 x 2 T h / t*). Counted once per stage."""
+    model = job.model
+    T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
+    gate = 3 if model.gated_linear_unit else 2
+    layer_io = 2 * BF16 * T * h / sd
+    candidates = [BF16 * T * gate * model.ffn_hidden_size / t]
+    if model.mla is None:
+        a, g, d = model.num_attention_heads, model.query_groups, model.head_dim
+        candidates.append(BF16 * T * (2 * a + 2 * g) * d / t)
+    else:
+        m = model.mla
+        candidates.append(BF16 * T * model.num_attention_heads * (2 * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+                                                                  + 2 * m.v_head_dim) / t)
+    if has_moe and model.moe is not None:
+        e = model.moe
+        tokens = T / sd * e.topk * layout.expert_tp * 1.0
+        candidates.append(BF16 * tokens * (gate * e.expert_ffn_hidden_size / layout.expert_tp + h))
+    return layer_io + max(candidates)
+
+
+def _loss_transient_bytes(job: Job, x: Shape, vocab: int) -> float:
+    """Per logit, beyond what the loss saves: megatron's `vocab_parallel_cross_entropy` (`cross_entropy_fusion=
+    "none"`) casts the bf16 logits to fp32 and works in place, so the bf16 logits (2 B) are alive beside the fp32
+    softmax during the forward (the backward's bf16 gradient is the same size); the jit-fused native version
+    (`fusions/fused_cross_entropy.py`, `"native"`) also keeps the fp32 cast beside the fp32 exp_logits it returns
+    (2 + 4 B); TE's fused cross-entropy writes the gradient into the bf16 logits in place (0)."""
+    per_logit = 0.0 if x.ce_fused else (2.0 + 4.0 if job.training.cross_entropy_fusion == "native" else 2.0)
+    return per_logit * x.tokens * vocab / x.t
+
+
+def transient_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssumptions, *,
+                               has_output: bool, has_moe: bool, vocab: int) -> dict[str, float]:
     """Memory live for one micro-batch only, counted once per stage:
+    - `backward_working_set`: one layer's activation gradients (`_backward_working_set`);
     - full recompute: one layer's complete activations while it is recomputed in the backward pass
-      (Korthikanti Sec. 5: the recomputed layer's working set);
-    - loss: the bf16 logits (2 B per logit) alive beside their fp32 copy during the cross-entropy forward
-      (megatron-core `tensor_parallel/cross_entropy.py` casts to float, then exponentiates and normalises in
-      place and saves that fp32 softmax, counted in `output_activation_bytes`); the backward's bf16 logit
-      gradient is the same size."""
+      (Korthikanti Sec. 5), on the last stage only what exceeds the freed logits (measured on CPU proxies);
+    - `loss_transient`: what the loss holds beside its saved tensors while it runs (`_loss_transient_bytes`)."""
+    model = job.model
+    x = shape_of(job, layout, assumptions)
     out: dict[str, float] = {}
-    x = _shape(model, training, layout, assumptions)
-    loss = ACT_BYTES * x.tokens * vocab / x.t if has_output else 0.0
+    loss = _loss_transient_bytes(job, x, vocab) if has_output else 0.0
+    if assumptions.transformer_engine:
+        out["backward_working_set"] = _backward_working_set(job, layout, x, has_moe=has_moe)
     if layout.recompute == "full":
-        working = sum(layer_activation_bytes(model, training, replace(layout, recompute="none"), assumptions,
+        working = sum(layer_activation_bytes(job, replace(layout, recompute="none"), assumptions,
                                              moe=has_moe and model.moe is not None).values())
         if has_output:
-            # The last stage recomputes its layers only after the cross-entropy backward has freed the
-            # micro-batch's fp32 softmax and the logit transient: the peak is the larger of the two, so the
-            # working set only adds what exceeds them (measured on CPU proxies, bench_memory_calibration.py).
             working = max(0.0, working - loss - sum(output_activation_bytes(model, x, vocab).values()))
         out["recompute_working_set"] = working
-    if has_output:
+    if has_output and loss:
         out["loss_transient"] = loss
     return out
 
@@ -292,20 +450,38 @@ def transient_activation_bytes(model: ModelSpec, training: TrainingSpec, layout:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UnitActivations:
     """Per-micro-batch activation bytes of the building blocks for one layout, so that a stage's activations
-    are `sum(in-flight x chunk)` plus the transients. `*_terms` keep the breakdown by tensor."""
+    are `sum(in-flight x chunk)` plus the transients. `*_terms` keep the breakdown by tensor.
+    `full_layers` (None: every layer) is the block of layers per chunk that full recompute covers
+    (`recompute_method=block`, `recompute_num_layers`); the other layers keep `*_kept_terms`."""
 
     dense_terms: tuple[tuple[str, float], ...]
     moe_terms: tuple[tuple[str, float], ...]
+    dense_kept_terms: tuple[tuple[str, float], ...]
+    moe_kept_terms: tuple[tuple[str, float], ...]
     embedding_terms: tuple[tuple[str, float], ...]
     output_terms: tuple[tuple[str, float], ...]
     transient_terms: dict[tuple[bool, bool], tuple[tuple[str, float], ...]]
+    full_layers: int | None
     dense_layer: float
     moe_layer: float
+    dense_kept: float
+    moe_kept: float
     embedding: float
     output: float
 
+    def _split(self, dense: int, moe: int) -> tuple[int, int, int, int]:
+        """(recomputed dense, recomputed MoE, kept dense, kept MoE) layers of a chunk: the block of
+        `full_layers` is the chunk's first layers (megatron-core `transformer_block.py`, method 'block')."""
+        if self.full_layers is None:
+            return dense, moe, 0, 0
+        n = min(self.full_layers, dense + moe)
+        rd = min(dense, n)
+        rm = n - rd
+        return rd, rm, dense - rd, moe - rm
+
     def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool) -> float:
-        total = dense * self.dense_layer + moe * self.moe_layer
+        rd, rm, kd, km = self._split(dense, moe)
+        total = rd * self.dense_layer + rm * self.moe_layer + kd * self.dense_kept + km * self.moe_kept
         if has_embedding:
             total += self.embedding
         if has_output:
@@ -329,8 +505,11 @@ class UnitActivations:
 
         for (k, start, n), n_inflight in zip(chunks, inflight):
             dense = max(0, min(start + n, first_dense) - start)
-            add(self.dense_terms, n_inflight * dense)
-            add(self.moe_terms, n_inflight * (n - dense))
+            rd, rm, kd, km = self._split(dense, n - dense)
+            add(self.dense_terms, n_inflight * rd)
+            add(self.moe_terms, n_inflight * rm)
+            add(self.dense_kept_terms, n_inflight * kd)
+            add(self.moe_kept_terms, n_inflight * km)
             if k == 0:
                 add(self.embedding_terms, n_inflight)
             if k == last:
@@ -340,40 +519,52 @@ class UnitActivations:
         return tuple(out.items())
 
 
-def unit_activation_bytes(model: ModelSpec, training: TrainingSpec, layout: Layout,
-                          assumptions: ActivationAssumptions, vocab: int) -> UnitActivations:
+def unit_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssumptions,
+                          vocab: int) -> UnitActivations:
     """The building blocks for `layout` (only TP, SP, CP, MBS, ETP and recompute matter)."""
-    x = _shape(model, training, layout, assumptions)
-    dense = tuple(layer_activation_bytes(model, training, layout, assumptions, moe=False).items())
-    moe = tuple(layer_activation_bytes(model, training, layout, assumptions, moe=True).items()) \
-        if model.moe is not None else ()
+    model = job.model
+    x = shape_of(job, layout, assumptions)
+    dense = tuple(layer_activation_bytes(job, layout, assumptions, moe=False).items())
+    moe = tuple(layer_activation_bytes(job, layout, assumptions, moe=True).items()) if model.moe is not None else ()
+    full_layers = job.training.recompute_num_layers if layout.recompute == "full" else None
+    if full_layers is not None:
+        kept_layout = replace(layout, recompute="none")
+        dense_kept = tuple(layer_activation_bytes(job, kept_layout, assumptions, moe=False).items())
+        moe_kept = tuple(layer_activation_bytes(job, kept_layout, assumptions, moe=True).items()) \
+            if model.moe is not None else ()
+    else:
+        dense_kept, moe_kept = (), ()
     emb = tuple(embedding_activation_bytes(model, x).items())
     out = tuple(output_activation_bytes(model, x, vocab).items())
     transients = {
-        (o, m): tuple(transient_activation_bytes(model, training, layout, assumptions, has_output=o, has_moe=m,
+        (o, m): tuple(transient_activation_bytes(job, layout, assumptions, has_output=o, has_moe=m,
                                                  vocab=vocab).items())
         for o in (False, True) for m in (False, True)
     }
     return UnitActivations(
-        dense_terms=dense, moe_terms=moe, embedding_terms=emb, output_terms=out, transient_terms=transients,
+        dense_terms=dense, moe_terms=moe, dense_kept_terms=dense_kept, moe_kept_terms=moe_kept,
+        embedding_terms=emb, output_terms=out, transient_terms=transients, full_layers=full_layers,
         dense_layer=sum(v for _, v in dense), moe_layer=sum(v for _, v in moe),
+        dense_kept=sum(v for _, v in dense_kept), moe_kept=sum(v for _, v in moe_kept),
         embedding=sum(v for _, v in emb), output=sum(v for _, v in out),
     )
 
 
-def inflight_microbatches_per_chunk(pp: int, vpp: int, microbatches: int, stage: int) -> tuple[int, ...]:
-    """Micro-batches whose activations stage `stage` holds at its peak, per model chunk (megatron-core
-    `pipeline_parallel/schedules.py`).
+def inflight_microbatches_per_chunk(pp: int, vpp: int, microbatches: int, stage: int,
+                                    extra_warmup: int = 0) -> tuple[int, ...]:
+    """Micro-batches whose activations stage `stage` holds at its peak, per model chunk (megatron-core 0.16.1
+    `pipeline_parallel/schedules.py::get_pp_rank_microbatches`).
 
     1F1B: `min(PP - stage - 1, m)` warm-up forwards, then one more before the first backward: stage 0 keeps
     min(PP, m) (Narayanan et al. 2021 Sec. 2.2.1). Interleaved: `(PP - stage - 1) * 2 + (VPP - 1) * PP` warm-up
-    forwards plus one, visiting the chunks in groups of PP micro-batches; for stage 0 that is PP*VPP + PP - 1
-    chunk-micro-batches, PP * (1 + (PP - 1) / (PP * VPP)) stage-micro-batches (Korthikanti Sec. 4.2.3).
+    forwards (+1 with `overlap_moe_expert_parallel_comm`: `extra_warmup`) plus one, visiting the chunks in groups
+    of PP micro-batches; for stage 0 that is PP*VPP + PP - 1 chunk-micro-batches, PP * (1 + (PP - 1) / (PP * VPP))
+    stage-micro-batches (Korthikanti Sec. 4.2.3).
     """
     if vpp == 1:
         return (min(pp - stage, microbatches),)
     total = microbatches * vpp
-    n = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, total)
+    n = min((pp - stage - 1) * 2 + (vpp - 1) * pp + extra_warmup + 1, total)
     groups, rem = divmod(n, pp)
     cycles, partial = divmod(groups, vpp)
     return tuple(cycles * pp + (pp if c < partial else 0) + (rem if c == partial else 0) for c in range(vpp))

@@ -2,7 +2,9 @@
 
 `AnalyticBackend().evaluate(job, layout)` returns a `Measurement`:
 - status "invalid" with the violations when a validity rule fails (`search_spaces.rules.check`);
-- status "oom" when the memory model's peak exceeds the GPU's memory minus `headroom_bytes`;
+- status "oom" when the memory model's device peak (allocated bytes plus the allowance outside PyTorch's
+  allocator: CUDA context, NCCL, userbuffers, the allocator's reserve) exceeds the GPU's memory minus
+  `headroom_bytes`;
 - status "ok" otherwise.
 Memory and time figures are filled for "oom" layouts too, so a search can show the closest misses.
 No torch, ray or megatron import anywhere on this path.
@@ -61,9 +63,10 @@ class AnalyticBackend:
                       f"(largest term: {memory.dominant})")
         return Measurement(
             layout=layout, status=status, source="analytic", reason=reason,
-            memory_bytes=peak, memory=memory.as_dict(),
+            memory_bytes=peak, allocated_bytes=memory.allocated_bytes, memory=memory.as_dict(),
             step_time_s=time.step_time_s, time=time.as_dict(),
             tokens_per_s_per_gpu=time.tokens_per_s_per_gpu, tflops_per_gpu=time.tflops_per_gpu, mfu=time.mfu,
             extra={"dominant_time": time.dominant, "dominant_memory": memory.dominant,
-                   "model_flops_per_step": time.model_flops_per_step},
+                   "model_flops_per_step": time.model_flops_per_step, "memory_stage": memory.stage,
+                   "memory_phase": memory.phase, "memory_overhead": dict(memory.overhead_terms)},
         )

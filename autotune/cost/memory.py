@@ -1,15 +1,14 @@
-"""Memory per GPU of a Megatron-Core training layout: weights, gradients, optimizer, activations, overhead.
+"""Memory per GPU of a Megatron-Core training layout, by term, as a real GPU run keeps it.
+
+    weights + gradients + optimizer + activations + workspace   = peak allocated (what "max allocated" measures)
+    + overhead (CUDA context, NCCL, TE userbuffers, DeepEP, the allocator's reserve)  = device memory at the peak
 
 Pure arithmetic on `Job` and `Layout` (no torch). Every term is one function that cites its source; the
-formulas, their sources and their known limits are restated in `docs/memory-model.md`.
-
-Conventions (megatron-core 0.16): the vocabulary is padded to a multiple of 128 * TP
-(`make_vocab_size_divisible_by`), the word embedding lives in the first stage's first chunk and the output
-layer in the last stage's last chunk (a tied copy there when PP > 1), layers are split evenly over the
-PP * VPP model chunks (or with the embedding and loss counted as one layer each when that is what makes
-the split even, `account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`), and
-MoE models' leading dense layers land wherever the split puts them (stage 0 for DeepSeek-V3).
-The most loaded GPU is found by evaluating every pipeline stage.
+formulas, their sources and their limits are restated in `docs/memory-model.md`. Where the parameters are:
+`autotune.cost.placement` (shared with the step-time model); what activations keep:
+`autotune.cost.activations`; the allowance outside the tensors: `autotune.cost.allowance`.
+The most loaded GPU is found by evaluating every distinct pipeline stage, at two moments of the step: the
+activation peak (the first backward after the pipeline's warm-up) and the optimizer step.
 """
 
 from __future__ import annotations
@@ -18,6 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 
+from autotune.cost.activations import (
+    ActivationAssumptions,
+    UnitActivations,
+    inflight_microbatches_per_chunk,
+    unit_activation_bytes,
+)
+from autotune.cost.allowance import DEFAULT_ALLOWANCE, AllowanceAssumptions, device_terms, workspace_terms
 from autotune.cost.placement import (
     EVEN,
     Split,
@@ -27,29 +33,24 @@ from autotune.cost.placement import (
     padded_vocab_size,
     pipeline_split,
 )
-from autotune.cost.activations import (
-    ActivationAssumptions,
-    UnitActivations,
-    inflight_microbatches_per_chunk,
-    unit_activation_bytes,
-)
+from search_spaces.cluster import GPUSpec
 from search_spaces.job import Job
 from search_spaces.layout import Layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
+from search_spaces.training import TrainingSpec
 
 __all__ = [
     "MemoryAssumptions",
     "DEFAULT_ASSUMPTIONS",
     "LOCAL_SPEC_ASSUMPTIONS",
     "MemoryEstimate",
+    "TERMS",
     "estimate_memory",
     "estimate_memory_per_stage",
     "microbatch_activation_terms",
-    "weight_bytes_per_param",
+    "gemm_weight_bytes_per_param",
     "gradient_bytes_per_param",
     "optimizer_bytes_per_param",
-    "overhead_bytes",
 ]
 
 GIB = 1024**3
@@ -57,84 +58,90 @@ GIB = 1024**3
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryAssumptions(ActivationAssumptions):
-    """Everything the formulas assume that a `Layout` does not say, in one place (see docs/memory-model.md).
-
-    The overhead allowance covers what no formula counts: the CUDA context with cuBLAS/cuDNN/TE kernels and
-    workspaces (about 0.5 to 1 GiB on Hopper with lazy module loading), NCCL communicator buffers for the
-    TP/CP/DP/EP/PP groups (about 0.5 to 2 GiB, NCCL_BUFFSIZE 4 MiB per channel and peer), the distributed
-    optimizer's all-gather / reduce-scatter bucket staging, and the caching allocator's fragmentation, taken as
-    a fraction of everything the formulas count (PyTorch's reserved over allocated is typically 1.05 to 1.2).
-    """
+    """Everything the formulas assume that the job and the layout do not say (see docs/memory-model.md):
+    the activation assumptions, the parameter placement's conventions, and the allowance's constants."""
 
     make_vocab_size_divisible_by: int = 128  # megatron `--make-vocab-size-divisible-by`
     # MLA's q/kv down projections: duplicated on every TP rank in the Transformer Engine spec (GPU runs); the
     # local spec (`get_gpt_layer_local_spec`, CPU runs) makes them column-parallel, split over TP
     mla_down_proj_split: bool = False
-    fp32_main_grads: bool = True  # `grad_reduce_in_fp32` (Megatron-LM turns it on for bf16)
-    cuda_context_bytes: float = 1.0 * GIB
-    nccl_buffer_bytes: float = 1.5 * GIB
-    fragmentation_fraction: float = 0.08
+    allowance: AllowanceAssumptions = DEFAULT_ALLOWANCE
 
 
 DEFAULT_ASSUMPTIONS = MemoryAssumptions()
 # megatron-core's local (non-TE) layer spec, as the CPU proxy runs it: no flash attention (fp32 softmax and its
 # bf16 copy kept per score), unfused SwiGLU, MLA down projections split over TP; the proxy's norms save what TE's do
-LOCAL_SPEC_ASSUMPTIONS = MemoryAssumptions(flash_attention=False, attention_score_bytes=6.0, fused_swiglu=False,
-                                           mla_down_proj_split=True)
+LOCAL_SPEC_ASSUMPTIONS = MemoryAssumptions(transformer_engine=False, flash_attention=False, attention_score_bytes=6.0,
+                                           fused_swiglu=False, mla_down_proj_split=True)
 
 
-# --- bytes per parameter (Megatron-LM `theoretical_memory_usage.py`) ---------------------------------
-def weight_bytes_per_param(precision: str) -> float:
-    """bf16 weights: 2 B/param. FP8 keeps bf16 primary weights too (megatron-core without `--fp8-param-gather`);
-    the FP8 weight copies that Transformer Engine caches are counted separately, per GEMM parameter."""
-    return 2.0
+# --- bytes per parameter (Megatron-LM `theoretical_memory_usage.py`, generalised to the recipe) ------------
+def gemm_weight_bytes_per_param(training: TrainingSpec, fp8_recipe: str | None, arch: str) -> float:
+    """Bytes a transformer-layer GEMM weight costs on its GPU, primary copy plus Transformer Engine's caches.
+
+    bf16: 2. FP8 (TE v2.11 `module/base.py::get_weight_workspace`, kept across micro-batches because megatron
+    passes `is_first_microbatch`; `tensor/float8_tensor.py`, `tensor/mxfp8_tensor.py`):
+    - without `fp8_param_gather`: the bf16 primary weight (2) plus an FP8 cache: data and transpose on Hopper
+      (2), the data alone on Blackwell (1: non-TN FP8 GEMMs need no transpose), MXFP8's rowwise and columnwise
+      copies with one E8M0 scale per 32 elements (2 + 2/32);
+    - with `fp8_param_gather` (FP8 primary weights, `fp8_model_init`; megatron-core's DDP keeps them in a uint8
+      buffer, `distributed_data_parallel.py`): 1 byte, plus the transpose on Hopper (1), plus MXFP8's second copy
+      and scales (1 + 2/32). No bf16 copy exists.
+    Embeddings, norms and routers stay bf16 (2)."""
+    if fp8_recipe is None:
+        return 2.0
+    mx = fp8_recipe == "mxfp8"
+    if training.fp8_param_gather and fp8_recipe != "blockwise":
+        if mx:
+            return 2.0 + 2.0 / 32
+        return 2.0 if arch == "hopper" else 1.0
+    cache = 2.0 + 2.0 / 32 if mx else (2.0 if arch == "hopper" else 1.0)
+    return 2.0 + cache
 
 
-def fp8_weight_cache_bytes_per_gemm_param(precision: str) -> float:
-    """Transformer Engine caches, per GEMM weight, an FP8 copy (1 B) and on Hopper its transpose (1 B) across
-    micro-batches (`is_first_microbatch`; megatron-core keeps it unless `disable_parameter_transpose_cache`)."""
-    return 2.0 if precision == "fp8" else 0.0
+def gradient_bytes_per_param(training: TrainingSpec) -> float:
+    """megatron-core's DDP grad buffer, never sharded (ZeRO-1): fp32 with `grad_reduce_in_fp32` (4 B; Megatron-LM
+    turns it on for bf16, 18 = 2 + 4 + 12 in `theoretical_memory_usage.py`), else the parameters' dtype, bf16
+    (2 B; Megatron-Bridge's performance configs). `distributed/param_and_grad_buffer.py`."""
+    return 4.0 if training.grad_reduce_in_fp32 else 2.0
 
 
-def gradient_bytes_per_param(assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> float:
-    """fp32 main grads in megatron-core's DDP grad buffer: 4 B/param, never sharded (ZeRO-1, not ZeRO-2).
-    Source: Megatron-LM `theoretical_memory_usage.py` (18 = 2 + 4 + 12), `param_and_grad_buffer.py`."""
-    return 4.0 if assumptions.fp32_main_grads else 2.0
-
-
-def optimizer_bytes_per_param(*, dist_opt: bool, shard_size: int) -> float:
-    """Adam in mixed precision: fp32 master copy + exp_avg + exp_avg_sq = 12 B/param, divided by the group the
-    distributed optimizer shards over. Megatron-LM: `6 + 12 / DP` with it, 18 without (2 + 4 + 12).
-    megatron-core shards dense params over the data-parallel group *with* context parallel (`intra_dp_cp_group`,
-    DP * CP) and expert params over the expert data-parallel group (`intra_expt_dp_group`) — see
-    `megatron/core/optimizer/__init__.py`."""
-    return 12.0 / shard_size if dist_opt else 12.0
-
-
-# --- overhead ------------------------------------------------------------------------------------
-def overhead_bytes(counted_bytes: float, assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> float:
-    """What no formula counts: CUDA context + NCCL buffers (fixed) + allocator fragmentation (a fraction of the
-    counted bytes). Values and reasoning: `MemoryAssumptions`, docs/memory-model.md."""
-    fixed = assumptions.cuda_context_bytes + assumptions.nccl_buffer_bytes
-    return fixed + assumptions.fragmentation_fraction * counted_bytes
+def optimizer_bytes_per_param(training: TrainingSpec, *, dist_opt: bool, shard_size: int) -> float:
+    """Adam in mixed precision: the fp32 master copy (4) + exp_avg + exp_avg_sq (4 each, or 2 each in bf16 with
+    the precision-aware optimizer's `exp_avg_dtype` / `exp_avg_sq_dtype`), divided by the group the distributed
+    optimizer shards over. Megatron-LM: `6 + 12 / DP` with it, 18 without (2 + 4 + 12). megatron-core shards
+    dense parameters over the data-parallel group *with* context parallel (`intra_dp_cp_group`, DP * CP) and
+    expert parameters over the expert data-parallel group (`intra_expt_dp_group`): `optimizer/__init__.py`."""
+    moments = 2 * (2.0 if training.optimizer_moments == "bf16" else 4.0)
+    per_param = 4.0 + moments
+    return per_param / shard_size if dist_opt else per_param
 
 
 # --- the estimate ---------------------------------------------------------------------------------
-TERMS = ("weights", "gradients", "optimizer", "activations", "overhead")
+TERMS = ("weights", "gradients", "optimizer", "activations", "workspace", "overhead")
+ALLOCATED_TERMS = TERMS[:-1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryEstimate:
     """Peak memory of the most loaded GPU (pipeline stage `stage`), by term, in bytes.
-    `activation_terms` breaks `activations_bytes` down (name, bytes) for comparison with measured runs."""
+
+    `allocated_bytes` (weights + gradients + optimizer + activations + workspace) is what PyTorch's allocator
+    hands out at the peak, `torch.cuda.max_memory_allocated`; `total_bytes` adds `overhead` (device memory
+    outside it) and is what must fit. `phase` says which moment of the step is the peak: "activations" (the
+    first backward after the warm-up) or "optimizer step". `activation_terms` / `overhead_terms` break the two
+    terms down by name for comparison with measured runs."""
 
     weights_bytes: float
     gradients_bytes: float
     optimizer_bytes: float
     activations_bytes: float
+    workspace_bytes: float
     overhead_bytes: float
     stage: int
     params_per_gpu: int
+    phase: str = "activations"
+    overhead_terms: tuple[tuple[str, float], ...] = ()
     _breakdown: Callable[[], tuple[tuple[str, float], ...]] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -143,13 +150,20 @@ class MemoryEstimate:
         return self._breakdown() if self._breakdown is not None else ()
 
     @property
+    def allocated_bytes(self) -> float:
+        return sum(getattr(self, f"{t}_bytes") for t in ALLOCATED_TERMS)
+
+    @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.overhead_bytes)
+        return self.allocated_bytes + self.overhead_bytes
 
     @property
     def total_gib(self) -> float:
         return self.total_bytes / GIB
+
+    @property
+    def allocated_gib(self) -> float:
+        return self.allocated_bytes / GIB
 
     @property
     def dominant(self) -> str:
@@ -157,23 +171,37 @@ class MemoryEstimate:
         return max(TERMS, key=lambda t: getattr(self, f"{t}_bytes"))
 
     def as_dict(self) -> dict[str, float]:
-        """name -> bytes, the five terms (sum = `total_bytes`), for `Measurement.memory`."""
+        """name -> bytes, the six terms (sum = `total_bytes`), for `Measurement.memory`."""
         return {t: getattr(self, f"{t}_bytes") for t in TERMS}
 
     def fits(self, gpu_memory_bytes: float) -> bool:
         return self.total_bytes <= gpu_memory_bytes
 
 
-def _state_bytes(sp: StageParams, layout: Layout, precision: str, assumptions: MemoryAssumptions,
-                 ) -> tuple[float, float, float]:
+def _state_bytes(job: Job, sp: StageParams, layout: Layout) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of one GPU of a stage."""
+    training = job.training
     dense, expert = sp.dense_params_per_gpu, sp.expert_params_per_gpu
-    weights = weight_bytes_per_param(precision) * (dense + expert)
-    weights += fp8_weight_cache_bytes_per_gemm_param(precision) * sp.gemm_params_per_gpu
-    grads = gradient_bytes_per_param(assumptions) * (dense + expert)
-    optim = optimizer_bytes_per_param(dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp) * dense
-    optim += optimizer_bytes_per_param(dist_opt=layout.dist_opt, shard_size=max(1, layout.expert_dp)) * expert
+    gemm = sp.gemm_params_per_gpu
+    weights = 2.0 * (dense + expert - gemm)
+    weights += gemm_weight_bytes_per_param(training, job.fp8_recipe, job.cluster.gpu.arch) * gemm
+    grads = gradient_bytes_per_param(training) * (dense + expert)
+    optim = optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp) * dense
+    optim += optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=max(1, layout.expert_dp)) * expert
     return weights, grads, optim
+
+
+def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
+    """Transient of the optimizer step: megatron-core's mixed-precision optimizers give the fp32 master
+    parameters fp32 gradients, `main_param.grad = model_grad.float()` (`optimizer/optimizer.py`,
+    `optimizer/distrib_optimizer.py`), a new 4 B copy per parameter of this GPU's shard when the grad buffer is
+    bf16; none when it is fp32 already or with the precision-aware optimizer (`use_precision_aware_optimizer`:
+    the bf16 gradients are handed to TE's FusedAdam as they are, `decoupled_grad`)."""
+    if job.training.grad_reduce_in_fp32 or job.training.precision_aware_optimizer:
+        return 0.0
+    if not layout.dist_opt:
+        return 4.0 * sp.params_per_gpu
+    return 4.0 * (sp.dense_params_per_gpu / (layout.dp * layout.cp) + sp.expert_params_per_gpu / max(1, layout.expert_dp))
 
 
 @lru_cache(maxsize=4096)
@@ -198,8 +226,8 @@ def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, spli
 
 
 class _JobCache:
-    """Per (model, training, assumptions): stage parameters and activation units by small integer keys, so a
-    layout costs a few dictionary look-ups instead of hashing the model specs again."""
+    """Per (model, training, GPU, assumptions): stage parameters and activation units by small integer keys, so
+    a layout costs a few dictionary look-ups instead of hashing the model specs again."""
 
     __slots__ = ("stages", "units")
 
@@ -209,15 +237,15 @@ class _JobCache:
 
 
 @lru_cache(maxsize=64)
-def _job_cache(model: ModelSpec, training: TrainingSpec, assumptions: MemoryAssumptions) -> _JobCache:
+def _job_cache(model: ModelSpec, training: TrainingSpec, gpu: GPUSpec, assumptions: MemoryAssumptions) -> _JobCache:
     return _JobCache()
 
 
 def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
              ) -> tuple[tuple[StageParams, ...], UnitActivations]:
     """This layout's stage parameters and activation units, from the per-job cache."""
-    model, training = job.model, job.training
-    cache = _job_cache(model, training, assumptions)
+    model = job.model
+    cache = _job_cache(model, job.training, job.cluster.gpu, assumptions)
     tp, etp = layout.tp, layout.expert_tp
     stage_key = (tp, layout.pp, layout.vpp_size, layout.ep, etp, pipeline_split(layout))
     stages = cache.stages.get(stage_key)
@@ -228,32 +256,42 @@ def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
     unit = cache.units.get(unit_key)
     if unit is None:
         vocab = padded_vocab_size(model.vocab_size, tp, assumptions.make_vocab_size_divisible_by)
-        unit = cache.units[unit_key] = unit_activation_bytes(model, training, layout, assumptions, vocab)
+        unit = cache.units[unit_key] = unit_activation_bytes(job, layout, assumptions, vocab)
     return stages, unit
 
 
 def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp: StageParams,
                     unit: UnitActivations, chunks: tuple[tuple[int, int, int], ...]) -> MemoryEstimate:
-    """One GPU of stage `sp.stage`: its own parameters' state plus its in-flight activations and transients."""
+    """One GPU of stage `sp.stage`: its own parameters' state plus the larger of its in-flight activations
+    (with the transients of one micro-batch) and the optimizer step's transient."""
     model = job.model
     pp, vpp = layout.pp, layout.vpp_size
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
     last = pp * vpp - 1
-    weights, grads, optim = _state_bytes(sp, layout, job.training.precision, assumptions)
-    inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage)
+    weights, grads, optim = _state_bytes(job, sp, layout)
+    extra = 1 if (job.training.overlap_moe_expert_parallel_comm and model.moe is not None and vpp > 1) else 0
+    inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage, extra_warmup=extra)
     has_moe = sp.moe_layers > 0
     activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
     for (k, start, n), n_inflight in zip(chunks, inflight):
         dense = max(0, min(start + n, first_dense) - start)
         activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0, has_output=k == last)
-    counted = weights + grads + optim + activations
-    breakdown = partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-                        has_output=sp.has_output, has_moe=has_moe)
+    breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
+        unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
+        has_output=sp.has_output, has_moe=has_moe)
+    phase = "activations"
+    step = _optimizer_step_bytes(job, sp, layout)
+    if step > activations:
+        activations, phase = step, "optimizer step"
+        breakdown = partial(lambda value: (("optimizer_step_fp32_grads", value),), step)
+    workspace = sum(workspace_terms(job, layout, has_output=sp.has_output).values())
+    allocated = weights + grads + optim + activations + workspace
+    overhead = device_terms(job, layout, assumptions.allowance)
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,
-        overhead_bytes=overhead_bytes(counted, assumptions), stage=sp.stage, params_per_gpu=sp.params_per_gpu,
-        _breakdown=breakdown,
+        workspace_bytes=workspace, overhead_bytes=sum(overhead.values()), stage=sp.stage,
+        params_per_gpu=sp.params_per_gpu, phase=phase, overhead_terms=tuple(overhead.items()), _breakdown=breakdown,
     )
 
 
@@ -294,7 +332,7 @@ def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chu
                                 assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> dict[str, float]:
     """The tensors one micro-batch's forward leaves saved on one model chunk of one stage, by name, in bytes:
     what a `saved_tensors_hooks` probe around one forward measures. No pipeline in-flight factor, no transients."""
-    model, training = job.model, job.training
+    model = job.model
     pp, vpp = layout.pp, layout.vpp_size
     if not (0 <= stage < pp and 0 <= chunk < vpp):
         raise ValueError(f"stage must be in [0, {pp}) and chunk in [0, {vpp}), but got (stage={stage}, chunk={chunk}).")
@@ -303,7 +341,7 @@ def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chu
     start = sum(counts[:k])
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     vocab = padded_vocab_size(model.vocab_size, layout.tp, assumptions.make_vocab_size_divisible_by)
-    unit = unit_activation_bytes(model, training, layout, assumptions, vocab)
+    unit = unit_activation_bytes(job, layout, assumptions, vocab)
     terms = unit.breakdown(chunks=((k, start, counts[k]),), inflight=(1,), first_dense=first_dense,
                            last=len(counts) - 1, has_output=False, has_moe=False, transients=False)
     return dict(terms)

@@ -54,7 +54,9 @@ __all__ = ["run_search", "SearchPlan", "default_output_dir", "default_headroom_b
 
 GIB = 1024**3
 DEFAULT_TRIALS = 64
-DEFAULT_HEADROOM_FRACTION = 0.05  # of the GPU's memory, kept free for the CUDA context, NCCL and fragmentation
+# of the GPU's memory, kept free beyond the memory model's own allowance (CUDA context, NCCL, userbuffers, the
+# allocator's reserve: autotune/cost/allowance.py), the same for `estimate` and the search
+DEFAULT_HEADROOM_FRACTION = 0.0
 METRICS = ("tokens_per_s_per_gpu", "memory_gib")
 MODES = ("max", "min")
 EXHAUSTIVE_BATCHES = 8  # Tune trials an exhaustive evaluation is split into

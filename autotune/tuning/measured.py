@@ -37,7 +37,8 @@ def proxy_memory_assumptions(layout: Layout | None = None) -> MemoryAssumptions:
     """The analytic model's assumptions as the CPU proxy runs: local (unfused) attention and SwiGLU, no
     dropout, norms that save what TE's save (`trainers.proxy_norm`). With CP the proxy's core attention is
     torch SDPA (`trainers.cp_attention`), which keeps no s x s scores: flash-attention-like."""
-    wanted = {"flash_attention": layout is not None and layout.cp > 1, "dropout": False, "attention_score_bytes": 6.0,
+    wanted = {"transformer_engine": False, "flash_attention": layout is not None and layout.cp > 1, "dropout": False,
+              "attention_score_bytes": 6.0, "mla_down_proj_split": True,
               "fused_swiglu": False, "torch_rmsnorm": False}
     names = {f.name for f in fields(DEFAULT_ASSUMPTIONS)}
     return replace(DEFAULT_ASSUMPTIONS, **{k: v for k, v in wanted.items() if k in names})

@@ -126,10 +126,12 @@ def record_from_row(row: dict[str, str], capacity_bytes: float) -> TrialRecord:
     if predicted_tps is not None or predicted_gib is not None:
         extra["analytic_prediction"] = {"tokens_per_s_per_gpu": predicted_tps,
                                         "memory_bytes": None if predicted_gib is None else predicted_gib * GIB}
+    memory = {k: v * GIB for k, v in json.loads(row["memory_breakdown_gib"] or "{}").items()}
+    memory_bytes = None if memory_gib is None else memory_gib * GIB
     m = Measurement(
         layout=layout, status=row["status"], source=row["source"] or "analytic", reason=row["reason"],  # type: ignore[arg-type]
-        memory_bytes=None if memory_gib is None else memory_gib * GIB,
-        memory={k: v * GIB for k, v in json.loads(row["memory_breakdown_gib"] or "{}").items()},
+        memory_bytes=memory_bytes, memory=memory,
+        allocated_bytes=None if memory_bytes is None or "overhead" not in memory else memory_bytes - memory["overhead"],
         step_time_s=_opt_float(row["step_time_s"]), time=json.loads(row["time_breakdown_s"] or "{}"),
         tokens_per_s_per_gpu=_opt_float(row["tokens_per_s_per_gpu"]), tflops_per_gpu=_opt_float(row["tflops_per_gpu"]),
         mfu=_opt_float(row["mfu"]), extra=extra)

@@ -110,7 +110,7 @@ def search(
 
     The job is `model` itself when it is a `Job`, else `make_job(model, ...)` with the cluster and
     training keywords. `trials`, `seed`, `backend` (`"auto"`: megatron where GPUs are visible, else
-    analytic) and `headroom_gib` (default 5% of the GPU's memory) mean what the CLI's flags mean; with the
+    analytic) and `headroom_gib` (default 0: the memory model keeps its own allowance) mean what the CLI's flags mean; with the
     same inputs the ranking is the same. The search writes the CLI's output folder (`output_dir`, default
     `autotune_runs/<model>-<nodes>n-<time>`): trials.csv, best.json, launch files, plots, `report.html`.
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).

@@ -64,14 +64,20 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     for name, what in (("overlap-grad-reduce", "overlap the DP gradient reduce with backward"),
                        ("overlap-param-gather", "overlap the distributed optimizer's parameter all-gather"),
                        ("tp-comm-overlap", "overlap TP communication with GEMMs (userbuffers)"),
-                       ("moe-grouped-gemm", "one grouped GEMM for a rank's experts")):
+                       ("moe-grouped-gemm", "one grouped GEMM for a rank's experts"),
+                       ("moe-permute-fusion", "TE's fused token permutation")):
         g.add_argument(f"--{name}", action=on_off, default=None, help=f"{what} (default on)")
     g.add_argument("--overlap-moe-expert-parallel-comm", action=on_off, default=None,
                    help="overlap the expert all-to-all with compute (default off)")
     g.add_argument("--moe-dispatcher", dest="moe_token_dispatcher", choices=("alltoall", "allgather", "flex"),
                    default=None, help="MoE token dispatcher (default alltoall)")
+    g.add_argument("--cross-entropy-fusion", choices=("te", "native", "none"), default=None,
+                   help="fused cross-entropy loss (default te: the bf16 logits are its only copy)")
     g.add_argument("--cuda-graphs", choices=("none", "local", "transformer_engine"), default=None,
                    help="CUDA graphs (default none)")
+    g.add_argument("--cuda-graph-scope", default=None, metavar="LIST",
+                   help="what TE CUDA graphs capture, comma-separated: attn, mlp, moe, moe_router, moe_preprocess "
+                        "(default: the whole layer)")
     g.add_argument("--recompute-modules", default=None, metavar="LIST",
                    help="what selective recompute recomputes, comma-separated (default core_attn)")
     g.add_argument("--recompute-num-layers", type=int, default=None, metavar="N",

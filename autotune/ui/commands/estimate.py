@@ -1,8 +1,9 @@
 """`python -m autotune estimate --model llama3-70b --nodes 8 --layout "tp=4,pp=4,vpp=5"`: one layout, analytic.
 
 Prints the validity verdict, the memory breakdown and the throughput breakdown (rich tables), or with
---json one object: feasible, status, reason, violations, layout (megatron-core names), memory_gib,
-memory (GiB per term), step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, time (seconds per term),
+--json one object: feasible, status, reason, violations, layout (megatron-core names), memory_gib (the predicted
+peak allocated, `torch.cuda.max_memory_allocated` of the most loaded GPU), device_memory_gib (plus what the GPU
+holds outside PyTorch's allocator: the figure that must fit), memory (GiB per term), step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, time (seconds per term),
 dominant_time. Exit code 0 when the layout is feasible, 1 when it breaks a rule or runs out of memory.
 """
 
@@ -33,7 +34,8 @@ def estimate_object(measurement) -> dict[str, object]:
         "reason": m.reason,
         "violations": list(m.violations),
         "layout": m.layout.to_megatron(),
-        "memory_gib": m.memory_gib,
+        "memory_gib": m.allocated_gib,  # peak allocated: what torch.cuda.max_memory_allocated measures
+        "device_memory_gib": m.memory_gib,  # + CUDA context, NCCL, userbuffers, allocator reserve: what must fit
         "memory": {k: v / GIB for k, v in m.memory.items()},
         "step_time_s": m.step_time_s,
         "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
@@ -58,7 +60,8 @@ def _print_rich(job, m) -> None:
     for v in m.violations:
         console.print(f"  [red]x[/red] {v}")
     if m.memory:
-        console.print(_breakdown(f"memory per GPU (peak {m.memory_gib:.1f} GiB of {job.cluster.gpu.memory_gib:.0f} GiB)",
+        console.print(_breakdown(f"memory per GPU: peak allocated {m.allocated_gib:.1f} GiB; {m.memory_gib:.1f} GiB on the "
+                                 f"device with the allowance, of {job.cluster.gpu.memory_gib:.1f} GiB",
                                  "GiB", {k: v / GIB for k, v in m.memory.items()}, m.memory_bytes / GIB, ".2f", ".0%"))
     if m.time:
         console.print(_breakdown(f"step time {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--trials", type=int, default=64, help="trial budget, seeds included (default 64)")
     g.add_argument("--headroom-gib", type=float, default=None,
-                   help="GPU memory kept free per GPU; a layout above capacity minus this is infeasible (default 5%% of the GPU)")
+                   help="GPU memory kept free per GPU beyond the memory model's own allowance (CUDA context, NCCL, the allocator's reserve); a layout above capacity minus this is infeasible (default 0)")
     g.add_argument("--backend", choices=("auto", "analytic", "megatron"), default="auto",
                    help="analytic cost models, or megatron-core profiling (default auto: megatron where GPUs are visible)")
     g.add_argument("--output", metavar="DIR", default=None,
