@@ -12,7 +12,8 @@ activations, workspaces) of the stage the figure was measured on; the device all
 userbuffers, the allocator's reserve) is not in "max allocated" and is left out here.
 
 Model fields the CSV names follow megatron's defaults where the run's arguments are silent (docs in the CSV
-notes); `spec=local` rows ran megatron-core's local spec (no Transformer Engine), `attention=unfused` rows
+notes); where the source also logs what stays allocated after the optimizer step (`mem-allocated-bytes`), the
+static terms (weights + gradients + optimizer + workspaces) are compared with it ("static error"). `spec=local` rows ran megatron-core's local spec (no Transformer Engine), `attention=unfused` rows
 TE's or the local spec's unfused attention (s x s scores kept).
 """
 
@@ -46,6 +47,7 @@ class MeasuredRun:
     layout: Layout
     assumptions: MemoryAssumptions
     measured_bytes: float
+    after_step_bytes: float | None  # `mem-allocated-bytes` after the step: weights, gradients, optimizer, buffers
     stage: str  # "first" or "last": the pipeline stage the figure was measured on
     trust: str
     source: str
@@ -86,6 +88,7 @@ def measured_runs(path: Path = CSV_PATH) -> list[MeasuredRun]:
             runs.append(MeasuredRun(
                 id=row["id"], job=job, layout=parse_layout(row["layout"], world_size=gpus), assumptions=_assumptions(row),
                 measured_bytes=float(row["measured"]) * UNITS[row["unit"]], stage=row["measured_stage"],
+                after_step_bytes=float(row["measured_after_step_gib"]) * GIB if row["measured_after_step_gib"] else None,
                 trust=row["trust"], source=row["source"]))
     return runs
 
@@ -100,7 +103,9 @@ def compare(runs: list[MeasuredRun]) -> list[dict[str, object]]:
     for run in runs:
         est = predict(run)
         error = est.allocated_bytes / run.measured_bytes - 1
-        out.append({"id": run.id, "model": run.job.model.name, "gpu": run.job.cluster.gpu.name, "layout": str(run.layout),
+        static = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes + est.workspace_bytes
+        static_error = None if run.after_step_bytes is None else static / run.after_step_bytes - 1
+        out.append({"id": run.id, "static_predicted_gib": static / GIB, "static_error": static_error, "model": run.job.model.name, "gpu": run.job.cluster.gpu.name, "layout": str(run.layout),
                     "stage": est.stage, "predicted_gib": est.allocated_bytes / GIB,
                     "measured_gib": run.measured_bytes / GIB, "error": error, "trust": run.trust,
                     "terms_gib": {k: v / GIB for k, v in est.as_dict().items() if k != "overhead"},
@@ -123,10 +128,12 @@ def main() -> int:
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary(rows)}, indent=1))
         return 0
-    print(f"{'id':<4} {'model':<22} {'gpu':<8} {'layout':<58} {'stage':>5} {'pred GiB':>9} {'meas GiB':>9} {'error':>7}")
+    print(f"{'id':<4} {'model':<22} {'gpu':<8} {'layout':<58} {'stage':>5} {'pred GiB':>9} {'meas GiB':>9} {'error':>7}"
+          f"  {'static error':>12}")
     for r in rows:
+        static = "" if r["static_error"] is None else f"{float(r['static_error']):+12.1%}"  # type: ignore[arg-type]
         print(f"{r['id']:<4} {str(r['model'])[:22]:<22} {r['gpu']:<8} {str(r['layout'])[:58]:<58} {r['stage']:>5} "
-              f"{r['predicted_gib']:9.2f} {r['measured_gib']:9.2f} {float(r['error']):+7.1%}")  # type: ignore[arg-type]
+              f"{r['predicted_gib']:9.2f} {r['measured_gib']:9.2f} {float(r['error']):+7.1%}  {static}")  # type: ignore[arg-type]
         if args.terms:
             print("      " + "  ".join(f"{k} {v:.2f}" for k, v in r["terms_gib"].items()))  # type: ignore[union-attr]
             print("      " + "  ".join(f"{k} {v:.2f}" for k, v in r["activation_terms_gib"].items() if v))  # type: ignore[union-attr]
