@@ -7,7 +7,7 @@
 A published layout ran, so the memory model must never predict it out of memory; rows that publish a memory
 figure (`mem_gb`) are also compared with it. Exit status 1 when any row is predicted to run out of memory.
 
-What the sources leave unsaid is filled in as bench/published_runs.py says (shared with bench_calibration.py).
+What the sources leave unsaid is filled in as bench/published_runs.py says (shared with bench/throughput_rows.py).
 This check's own reading of recompute: "full..." -> full; "selective (attention core...)" -> selective with
 core_attn; the ModelZoo's module lists map to megatron-core's `recompute_modules` ("norm, act" -> layernorm +
 moe_act, "layernorm, moe" -> layernorm + moe); "none listed" -> none; empty -> full for the 2021 GPT-3 example

@@ -1,6 +1,6 @@
 """The published runs of /work/shared/data/calibration-runs.csv as autotune specs, for the benchmarks.
 
-One reading of a row serves both the throughput calibration (bench_calibration.py) and the memory check
+One reading of a row serves both the throughput benchmark (bench_throughput.py via throughput_rows.py) and the memory check
 (bench_memory_published.py). What the sources leave unsaid is filled in the way the source's own scripts of that
 time did:
 - micro-batch size 1 and no VPP unless the row gives them; DP from the row, else GPUs / (TP * PP * CP);

@@ -52,31 +52,45 @@ class LinkSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
-    """nodes x gpus_per_node GPUs of one type, NVLink-class links inside a node, a network between nodes."""
+    """nodes x gpus_per_node GPUs of one type, NVLink-class links inside an NVLink domain, a network between domains.
+
+    `nvlink_domain_gpus` is how many consecutive GPUs share one NVLink fabric: a node's GPUs on HGX/DGX systems
+    (None, the default), 72 on a GB200 NVL72 rack of 18 four-GPU nodes. Groups that stay inside a domain use the
+    `intra_node` link; only groups that leave it cross `inter_node`."""
 
     nodes: int
     gpus_per_node: int = 8
     gpu: GPUSpec
     intra_node: LinkSpec
     inter_node: LinkSpec
+    nvlink_domain_gpus: int | None = None
 
     def __post_init__(self) -> None:
         if self.nodes <= 0:
             raise ValueError(f"`nodes > 0` must hold, but got (nodes={self.nodes}).")
         if self.gpus_per_node <= 0:
             raise ValueError(f"`gpus_per_node > 0` must hold, but got (gpus_per_node={self.gpus_per_node}).")
+        domain = self.nvlink_domain_gpus
+        if domain is not None and (domain <= 0 or domain % self.gpus_per_node):
+            raise ValueError(f"the NVLink domain ({domain} GPUs) must be a positive multiple of gpus_per_node "
+                             f"({self.gpus_per_node}).")
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs one NVLink fabric connects, capped at the cluster (a node's GPUs unless the spec says more)."""
+        return min(self.nvlink_domain_gpus or self.gpus_per_node, self.world_size)
+
     def link_for_group(self, group_size: int, stride: int = 1) -> LinkSpec:
         """The slowest link a communication group crosses.
 
         Ranks are laid out tp-cp-ep-dp-pp (TP innermost); a group of `group_size` ranks spaced
-        `stride` apart spans `group_size * stride` consecutive ranks, which stays inside one node
-        when that span is at most `gpus_per_node`.
+        `stride` apart spans `group_size * stride` consecutive ranks, which stays inside one NVLink
+        domain when that span is at most `nvlink_domain`.
         """
-        if group_size <= 1 or group_size * stride <= self.gpus_per_node:
+        if group_size <= 1 or group_size * stride <= self.nvlink_domain:
             return self.intra_node
         return self.inter_node

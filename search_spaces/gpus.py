@@ -109,6 +109,10 @@ _NVLINK_OF_GPU: dict[str, LinkSpec] = {
     "h100-sxm": NVLINK4, "h200": NVLINK4, "a100-80gb": NVLINK3, "a100-40gb": NVLINK3, "b200": NVLINK5, "gb200": NVLINK5,
 }
 
+# (GPUs per node, GPUs per NVLink domain) where a GPU ships in a shape other than 8-GPU HGX nodes: GB200 NVL72,
+# 18 compute trays of 2 Grace CPUs + 4 Blackwell GPUs on one NVLink switch fabric (NVIDIA GB200 NVL72 datasheet)
+_NODE_SHAPE: dict[str, tuple[int, int | None]] = {"gb200": (4, 72)}
+
 DEFAULT_NODES = 1
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_GPU = "h100"
@@ -259,9 +263,12 @@ def build_cluster(
     gpu_spec = _resolve_gpu(pick("gpu", gpu, DEFAULT_GPU), where)
     intra = pick("intra_node", intra_node, None)
     intra_spec = default_intra_node(gpu_spec) if intra is None else _resolve_link(intra, where, "intra_node")
+    gpn_default, domain = _NODE_SHAPE.get(gpu_spec.name, (DEFAULT_GPUS_PER_NODE, None))
+    gpn = _as_int(pick("gpus_per_node", gpus_per_node, gpn_default), "gpus_per_node")
     return ClusterSpec(
         nodes=_as_int(pick("nodes", nodes, DEFAULT_NODES), "nodes"),
-        gpus_per_node=_as_int(pick("gpus_per_node", gpus_per_node, DEFAULT_GPUS_PER_NODE), "gpus_per_node"),
+        gpus_per_node=gpn,
+        nvlink_domain_gpus=domain if (domain and domain % gpn == 0) else None,
         gpu=gpu_spec,
         intra_node=intra_spec,
         inter_node=_resolve_link(pick("inter_node", inter_node, DEFAULT_INTER_NODE), where, "inter_node"),

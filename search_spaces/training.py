@@ -21,7 +21,9 @@ performance tables, `scripts/performance/`:
   `overlap_moe_expert_parallel_comm` only where a preset sets `moe_a2a_overlap`.
 - loss: `cross_entropy_loss_fusion=True` with `cross_entropy_fusion_impl="te"` (every pretrain recipe, and the
   perf overrides `_set_common_perf_overrides`); megatron-core's own default is the unfused loss.
-- MoE: `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"` (the model
+- MoE: `moe_router_force_load_balancing=False` (megatron-core's default; the performance scripts set True to
+  benchmark, `scripts/performance/configs/qwen/qwen3_llm_pretrain.py`, so real training routes less evenly than
+  their published rows), `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"` (the model
   bridges; the perf presets switch to `flex` with a DeepEP / HybridEP backend on the GPUs that run it).
 - recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
   full recompute is `uniform` over every layer unless `recompute_num_layers` gives a `block` of N layers per chunk.
@@ -71,6 +73,8 @@ class TrainingSpec:
     moe_token_dispatcher: Dispatcher = "alltoall"
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = True  # TE's fused permutation keeps an int32 row map, not the token indices
+    moe_router_force_load_balancing: bool = False  # benchmark routing (every EP rank gets its share); real training
+    #   routes by the learned router with an aux loss, so the busiest rank carries more
     cross_entropy_fusion: CrossEntropyFusion = "te"  # Bridge: cross_entropy_loss_fusion=True, impl "te"
     cuda_graphs: CudaGraphs = "none"
     cuda_graph_scope: tuple[str, ...] = ()  # TE graphs: () is the whole layer (megatron-core's default)

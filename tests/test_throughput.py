@@ -8,16 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from autotune.cost.comm import group_collective_s, ring_collective_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, gemm_efficiency
-from autotune.cost.throughput import (
-    TIME_KEYS,
-    estimate_time,
-    group_collective_s,
-    forward_flops_per_token,
-    model_flops_per_step,
-    pipeline_bubble_s,
-    ring_collective_s,
-)
+from autotune.cost.flops import forward_flops_per_token, model_flops_per_step
+from autotune.cost.throughput import TIME_KEYS, estimate_time, pipeline_bubble_s
 from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec, LinkSpec
 from search_spaces.gpus import build_cluster, get_gpu
@@ -127,10 +121,11 @@ def test_the_heaviest_stage_sets_the_pace() -> None:
     job = _job(GQA14, nodes=1, gbs=64)
     even_ish = estimate_time(job, Layout(pp=4, dp=2, embedding_loss_split=True))
     lopsided = estimate_time(job, Layout(pp=4, dp=2, first_stage_layers=5, last_stage_layers=3))
-    assert lopsided.breakdown["compute"] / even_ish.breakdown["compute"] == pytest.approx(5 / 4)
+    # (the first stage also runs the embedding lookup, a memory-bound gather worth ~0.1% of a layer here)
+    assert lopsided.breakdown["compute"] / even_ish.breakdown["compute"] == pytest.approx(5 / 4, rel=2e-3)
     assert lopsided.step_time_s > even_ish.step_time_s
     # bubble: other stages' layers, (14 - 4) vs (14 - 5) layer-times
-    assert lopsided.breakdown["pp_bubble"] / even_ish.breakdown["pp_bubble"] == pytest.approx(9 / 10, rel=1e-3)
+    assert lopsided.breakdown["pp_bubble"] / even_ish.breakdown["pp_bubble"] == pytest.approx(9 / 10, rel=3e-3)
 
 
 def test_deepseek_v3_pp16_split_runs_four_layers_per_stage() -> None:
@@ -228,9 +223,10 @@ def test_fp8_gemms_are_faster_than_bf16() -> None:
 
 def test_calibration_fractions_are_fractions() -> None:
     cal = DEFAULT_CALIBRATION
-    for _, f in cal.per_gpu_family:
-        for value in (f.gemm_peak_fraction, f.attention_peak_fraction, f.tp_comm_exposed_fraction):
-            assert 0 <= value <= 1
-    for value in (cal.hbm_fraction, cal.link_fraction, cal.ep_comm_exposed_fraction, cal.cp_overlap_fraction,
-                  cal.dp_overlap_fraction, cal.pp_p2p_exposed_fraction, cal.fp8_gemm_speedup_fraction):
+    for _, f in cal.per_arch:
+        for value in (f.gemm_bf16, f.attention, *(v for _, v in f.gemm_fp8)):
+            assert 0 < value <= 1
+        assert 0 < f.host_op_s < 1e-3
+    for value in (cal.hbm_fraction, cal.link_fraction, cal.grouped_gemm_fraction, cal.tp_overlap_exposed,
+                  cal.ep_overlap_exposed, cal.cp_overlap_fraction, cal.pp_p2p_exposed):
         assert 0 <= value <= 1

@@ -67,6 +67,8 @@ class AnalyticBackend:
             step_time_s=time.step_time_s, time=time.as_dict(),
             tokens_per_s_per_gpu=time.tokens_per_s_per_gpu, tflops_per_gpu=time.tflops_per_gpu, mfu=time.mfu,
             extra={"dominant_time": time.dominant, "dominant_memory": memory.dominant,
+                   "tokens_per_s_per_gpu_low": time.tokens_per_s_per_gpu_low,
+                   "tokens_per_s_per_gpu_high": time.tokens_per_s_per_gpu_high,
                    "model_flops_per_step": time.model_flops_per_step, "memory_stage": memory.stage,
                    "memory_phase": memory.phase, "memory_overhead": dict(memory.overhead_terms)},
         )

@@ -3,8 +3,9 @@
 Prints the validity verdict, the memory breakdown and the throughput breakdown (rich tables), or with
 --json one object: feasible, status, reason, violations, layout (megatron-core names), memory_gib (the predicted
 peak allocated, `torch.cuda.max_memory_allocated` of the most loaded GPU), device_memory_gib (plus what the GPU
-holds outside PyTorch's allocator: the figure that must fit), memory (GiB per term), step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu, time (seconds per term),
-dominant_time. Exit code 0 when the layout is feasible, 1 when it breaks a rule or runs out of memory.
+holds outside PyTorch's allocator: the figure that must fit), memory (GiB per term), step_time_s,
+tokens_per_s_per_gpu with its band (tokens_per_s_per_gpu_low / _high), tflops_per_gpu, mfu, time (seconds per
+term), dominant_time. Exit code 0 when the layout is feasible, 1 when it breaks a rule or runs out of memory.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def estimate_object(measurement) -> dict[str, object]:
         "memory": {k: v / GIB for k, v in m.memory.items()},
         "step_time_s": m.step_time_s,
         "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+        # the calibration's band (10th-90th percentile of the leave-one-model-out residuals, docs/throughput-model.md)
+        "tokens_per_s_per_gpu_low": m.extra.get("tokens_per_s_per_gpu_low"),
+        "tokens_per_s_per_gpu_high": m.extra.get("tokens_per_s_per_gpu_high"),
         "tflops_per_gpu": m.tflops_per_gpu,
         "mfu": m.mfu,
         "time": dict(m.time),
@@ -64,7 +68,9 @@ def _print_rich(job, m) -> None:
                                  f"device with the allowance, of {job.cluster.gpu.memory_gib:.1f} GiB",
                                  "GiB", {k: v / GIB for k, v in m.memory.items()}, m.memory_bytes / GIB, ".2f", ".0%"))
     if m.time:
-        console.print(_breakdown(f"step time {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+        low, high = m.extra.get("tokens_per_s_per_gpu_low"), m.extra.get("tokens_per_s_per_gpu_high")
+        band = f" ({low:,.0f}-{high:,.0f})" if low and high else ""
+        console.print(_breakdown(f"step time {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f}{band} tokens/s/GPU, "
                                  f"{m.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {m.mfu:.1%}",
                                  "seconds", m.time, m.step_time_s, ".4f", ".1%"))
         console.print(f"largest term beyond compute: {m.extra.get('dominant_time')}")

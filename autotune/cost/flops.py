@@ -1,0 +1,71 @@
+"""Model FLOPs, the MFU numerator: Megatron-LM's `num_floating_point_operations`, independent of the layout.
+
+Recompute and other hardware work are not model FLOPs; the step time (`autotune/cost/throughput.py`) divides these
+by the time to give model TFLOP/s and MFU, as Megatron-LM's logs and NVIDIA's performance tables do.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from search_spaces.model import ModelSpec
+from search_spaces.training import TrainingSpec
+
+__all__ = ["padded_vocab_size", "forward_flops_per_token", "model_flops_per_step", "VOCAB_DIVISOR"]
+
+VOCAB_DIVISOR = 128  # Megatron-LM --make-vocab-size-divisible-by default
+
+
+def padded_vocab_size(model: ModelSpec) -> int:
+    """V padded to a multiple of 128 (Megatron-LM `make_vocab_size_divisible_by`, TP=1 so MFU is layout-free)."""
+    return -(-model.vocab_size // VOCAB_DIVISOR) * VOCAB_DIVISOR
+
+
+def _attention_forward_flops_per_token(model: ModelSpec, s: int) -> float:
+    """Forward FLOPs of one attention block per token, causal (half of the s x s scores are computed)."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.mla is not None:
+        x = model.mla
+        qk = x.qk_head_dim + x.qk_pos_emb_head_dim
+        q = h * a * qk if x.q_lora_rank is None else x.q_lora_rank * (h + a * qk + 1)
+        kv = x.kv_lora_rank * (h + a * (x.qk_head_dim + x.v_head_dim) + 1) + h * x.qk_pos_emb_head_dim
+        proj = a * x.v_head_dim * h
+        core = 0.5 * s * a * (qk + x.v_head_dim)
+        return 2.0 * (q + kv + proj + core)
+    d, g = model.head_dim, model.query_groups
+    qkv_proj = h * (a + 2 * g) * d + a * d * h
+    core = 0.5 * s * a * d * 2  # QK^T and PV, causal halving
+    return 2.0 * (qkv_proj + core)
+
+
+def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per token, Megatron-LM `num_floating_point_operations` / (3 * B * s).
+
+    Per layer: GQA/MLA projections 2*h*(a+2g)*d + 2*a*d*h, causal attention core 2*s*a*d
+    (QK^T and PV, halved for causality), MLP 2*h*f*(3 if gated else 2) for dense layers, and
+    top-k routed experts plus shared experts for MoE layers; logits 2*h*V (padded V). Router,
+    norms and embeddings are not counted (as in Megatron-LM).
+    """
+    h = model.hidden_size
+    gate = 3 if model.gated_linear_unit else 2
+    attention = model.num_layers * _attention_forward_flops_per_token(model, seq_length)
+    dense_mlp = model.num_dense_mlp_layers * 2.0 * h * model.ffn_hidden_size * gate
+    moe_mlp = 0.0
+    if model.moe is not None:
+        x = model.moe
+        per_layer = 2.0 * h * gate * (x.topk * x.expert_ffn_hidden_size + x.shared_expert_ffn_hidden_size)
+        moe_mlp = model.num_moe_layers * per_layer
+    logits = 2.0 * h * padded_vocab_size(model)
+    return attention + dense_mlp + moe_mlp + logits
+
+
+@lru_cache(maxsize=256)
+def model_flops_per_step(model: ModelSpec, training: TrainingSpec) -> float:
+    """Model FLOPs of one iteration: 3 (forward, dgrad, wgrad) * forward FLOPs/token * GBS * s.
+
+    Megatron-LM `num_floating_point_operations(args, batch_size)` (megatron/training/training.py,
+    recent versions with causal attention); Narayanan et al. 2021 Appendix for the 3x. Recompute
+    is hardware work, not model FLOPs, so it is not counted here.
+    """
+    tokens = training.global_batch_size * training.seq_length
+    return 3.0 * forward_flops_per_token(model, training.seq_length) * tokens

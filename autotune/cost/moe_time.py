@@ -1,0 +1,125 @@
+"""One micro-batch through one MoE block on one GPU, from first principles.
+
+megatron-core 0.16.1 `transformer/moe/` (MoELayer: router -> token dispatcher -> experts -> combine), with
+parallel folding (Liu et al. 2025, arXiv 2504.14960): the block's input is the rank's T = b*s/(c*t) tokens
+(sequence-sharded under SP); each token picks k of E experts; the E experts are spread over EP ranks, each expert's
+FFN split over ETP ranks. Per forward:
+
+- router: a T x E x h GEMM and the fused softmax / top-k (`moe_router_fusion`), memory-bound;
+- permute and unpermute (`moe_permute_fusion`): read T tokens and write T*k copies of h bf16 values, and the
+  mirror image with the weighted sum; memory-bound;
+- dispatch and combine: `autotune.cost.comm.dispatch_s`, by dispatcher, inside and across NVLink domains;
+  exposed unless `overlap_moe_expert_parallel_comm` hides them under another micro-batch's compute;
+- experts: grouped GEMMs over E/EP local experts of R = T*k*EP*ETP/E rows each, times the busiest rank's share
+  (`Calibration.moe_imbalance`, 1 when routing is forced balanced); a grouped GEMM reaches
+  `grouped_gemm_fraction` of a dense one; without `moe_grouped_gemm` the experts run one after another
+  (SequentialMLP), each with its own launches;
+- shared experts: a dense MLP on the block's rows, split over TP;
+- host: the block's framework ops, the local experts' C++ launches (TE `GroupedLinear` issues one GEMM, and in
+  FP8 one quantisation, per expert), and one device-to-host sync in the forward (the dispatcher needs the
+  per-expert token counts on the host: `tokens_per_expert` / TE's `m_splits`). CUDA graphs over `moe_router` and
+  `moe_preprocess` replace those parts' launches with one replay.
+"""
+
+from __future__ import annotations
+
+from autotune.cost.comm import dispatch_s, group_collective_s
+from autotune.cost.efficiency import gemm_cost, memory_bound_time_s
+from autotune.cost.layer_time import BF16, Pass, Shape, fp8_cast_s, host_s, mlp_gemms_fwd_s, tp_exposed_s
+
+__all__ = ["moe_block", "MOE_ROUTER_HOST_OPS", "MOE_PREPROCESS_HOST_OPS", "MOE_HOST_OPS", "EXPERT_KERNELS"]
+
+# Framework ops per MoE forward, counted on megatron-core 0.16.1 (`moe_layer.py`, `router.py`, `token_dispatcher.py`,
+# `experts.py` TEGroupedMLP): router GEMM, fused top-k, aux-loss bookkeeping (router); token counts, the
+# dispatcher's split sizes and the host copy (preprocess); permute, two all-to-alls, chunk sorts, two grouped
+# GEMMs, activation, unpermute, BDA and reshapes (the rest). Only their product with `host_op_s` matters.
+MOE_ROUTER_HOST_OPS = 10
+MOE_PREPROCESS_HOST_OPS = 8
+MOE_HOST_OPS = 20
+# C++-side kernel launches per local expert and forward: two GEMMs, and in FP8 two input quantisations
+# (TE `general_grouped_gemm` / `split_quantize` loop over the experts' problems).
+EXPERT_KERNELS = {"bf16": 2, "fp8": 4}
+SEQUENTIAL_EXPERT_HOST_OPS = 6  # SequentialMLP: a Python loop over experts, fc1 / act / fc2 / reshapes each
+
+
+def _dispatch_s(x: Shape) -> float:
+    """One dispatch (or combine, the same size) of this rank's T tokens."""
+    m, t = x.model.moe, x.job.training
+    assert m is not None
+    return dispatch_s(t.moe_token_dispatcher, x.tokens, m.topk, x.model.hidden_size, x.tp, x.ep, x.etp,
+                      x.job.cluster, x.cal)
+
+
+def _ep_exposed_s(x: Shape, comm_s: float, overlap_s: float) -> float:
+    """EP all-to-all on the critical path: all of it, or with `overlap_moe_expert_parallel_comm` (megatron-core's
+    1F1B all-to-all overlap, `pipeline_parallel/combined_1f1b.py`) the fitted exposed share, never less than what
+    the other micro-batch's compute cannot cover."""
+    if comm_s <= 0:
+        return 0.0
+    if x.job.training.overlap_moe_expert_parallel_comm:
+        return max(x.cal.ep_overlap_exposed * comm_s, comm_s - overlap_s)
+    return comm_s
+
+
+def moe_block(x: Shape) -> dict[str, Pass]:
+    """Forward, backward and recomputable parts of one MoE block (see the module docstring)."""
+    model, job, cal = x.model, x.job, x.cal
+    m, training, gpu = model.moe, job.training, job.cluster.gpu
+    assert m is not None
+    h, T, k = model.hidden_size, x.tokens, m.topk
+    local = m.num_experts / x.ep
+    imbalance = 1.0 if training.moe_router_force_load_balancing else cal.moe_imbalance
+    rows = T * k * x.ep * x.etp / m.num_experts * imbalance  # rows per local expert on the busiest rank
+    copies = T * k * imbalance  # token copies this rank sends and receives
+
+    def mem(nbytes: float) -> float:
+        return memory_bound_time_s(nbytes, gpu=gpu, cal=cal)
+
+    # the router GEMM stays in BF16 (or FP32) in FP8 runs: TE's autocast does not cover megatron's router
+    router = gemm_cost(gpu, "bf16", None, cal).time_s(T, m.num_experts, h)
+    router += mem(4.0 * 3 * T * m.num_experts)  # fp32 logits: softmax, top-k, probabilities
+    norm = mem(BF16 * 2 * T * h)
+    permute = mem(BF16 * h * (T + copies)) + mem(4.0 * copies)  # tokens in, copies out; the row map
+    unpermute = mem(BF16 * h * (T + copies)) + mem(4.0 * copies)
+    grouped = 1.0 if not training.moe_grouped_gemm else cal.grouped_gemm_fraction
+    experts, elements = mlp_gemms_fwd_s(x, rows, m.expert_ffn_hidden_size, x.etp, count=local, efficiency=grouped)
+    gate_io = 3 if model.gated_linear_unit else 2
+    act = mem(BF16 * rows * local * gate_io * m.expert_ffn_hidden_size / x.etp)
+    experts_cast = fp8_cast_s(x, elements)
+    shared = shared_cast = 0.0
+    if m.shared_expert_ffn_hidden_size:
+        shared, shared_elements = mlp_gemms_fwd_s(x, x.rows, m.shared_expert_ffn_hidden_size, x.tp)
+        shared += mem(BF16 * x.rows * gate_io * m.shared_expert_ffn_hidden_size / x.tp)
+        shared_cast = fp8_cast_s(x, shared_elements)
+    bda = mem(BF16 * 3 * T * h)
+
+    a2a = _dispatch_s(x)  # dispatch; the combine is the same size
+    # the dispatcher all-gathers every rank's per-expert token counts over the EP group before the host copy
+    # (`MoEAlltoAllTokenDispatcher.preprocess`): E int64 counts per rank, latency-bound
+    counts = group_collective_s(8.0 * m.num_experts * x.ep, x.ep, x.etp, job.cluster, cal) if x.ep > 1 else 0.0
+    etp_comm = 0.0
+    if x.etp > 1:  # expert-TP: the experts' output is reduce-scattered (input all-gathered) over the ETP group
+        etp_comm = group_collective_s(copies * h * BF16 * x.etp, x.etp, 1, job.cluster, cal)
+    shared_tp = 0.0
+    if m.shared_expert_ffn_hidden_size and x.tp > 1:
+        shared_tp = 2 * group_collective_s(x.rows * h * BF16, x.tp, 1, job.cluster, cal)
+
+    compute_f = router + norm + permute + unpermute + experts + act + experts_cast + shared + shared_cast + bda
+    overlap_window = experts + shared  # the GEMMs another micro-batch's all-to-all can hide under
+
+    kernels = EXPERT_KERNELS["fp8" if x.fp8 else "bf16"] * local
+    expert_host = kernels * cal.host_kernel_s
+    if not training.moe_grouped_gemm:
+        expert_host += SEQUENTIAL_EXPERT_HOST_OPS * local * x.host_op_s
+    host = (host_s(x, MOE_ROUTER_HOST_OPS, "moe_router") + host_s(x, MOE_PREPROCESS_HOST_OPS, "moe_preprocess")
+            + MOE_HOST_OPS * x.host_op_s + expert_host)
+
+    fwd = Pass(compute=compute_f, tp_comm=tp_exposed_s(x, shared_tp, shared) + etp_comm,
+               ep_comm=_ep_exposed_s(x, 2 * a2a, overlap_window) + counts, host=host, syncs=1)
+    casts = experts_cast + shared_cast  # the backward quantises the output gradients once, as the forward its inputs
+    bwd = Pass(compute=2 * (compute_f - casts) + casts,
+               tp_comm=tp_exposed_s(x, 1.5 * shared_tp, 2 * shared) + etp_comm,
+               ep_comm=_ep_exposed_s(x, 2 * a2a, 2 * overlap_window), host=cal.host_backward_ratio * host)
+    return {"fwd": fwd, "bwd": bwd, "layernorm": Pass(compute=norm), "moe_act": Pass(compute=act),
+            "shared_experts": Pass(compute=shared + shared_cast), "moe": fwd}
+

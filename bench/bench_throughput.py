@@ -1,0 +1,254 @@
+"""The throughput model against published runs: error, ordering, the fit of its constants and leave-one-model-out.
+
+    python bench/bench_throughput.py              # every row: published vs predicted tokens/s per GPU, summary
+    python bench/bench_throughput.py --fit        # fit the constants on all rows; print them for DEFAULT_CALIBRATION
+    python bench/bench_throughput.py --loo        # leave-one-model-out: fit without each model, predict it
+    python bench/bench_throughput.py --json       # the summary as JSON
+
+Rows: `bench/throughput_rows.py` (Megatron-Bridge performance tables 25.09-26.08 on H100, B200 and GB200, more
+public rows where `bench/data/published_throughput_extra.csv` has them, and the trust A/B paper rows of
+`/work/shared/data/calibration-runs.csv`). The error of a row is predicted / published - 1; the fit minimises the
+mean |log(predicted / published)| with every distinct run (model, GPU, GPUs, layout, recipe) weighted once, however
+many releases published it. Ordering: for every two distinct runs of one model on one GPU type whose published
+figures differ by more than 5%, whether the prediction orders them the same way.
+
+The fit is a coordinate search: each constant in `FITTED` over multiplicative steps (x0.5 .. x2, then finer), kept
+within its bounds, a few sweeps, from the current DEFAULT_CALIBRATION. Leave-one-model-out refits without every
+row of one model and predicts that model's rows; the 10th / 90th percentiles of those held-out log ratios, per
+dense and MoE models, are the uncertainty band (`Calibration.band_dense` / `band_moe`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, ArchFractions, Calibration  # noqa: E402
+from autotune.cost.throughput import estimate_time  # noqa: E402
+from bench.throughput_rows import Row, load_rows  # noqa: E402
+
+TARGET_MEAN, TARGET_WORST, TARGET_PAIRS = 0.12, 0.30, 0.75
+# (name, low, high): per-generation fractions as "arch.field" or "arch.fp8.recipe", the rest Calibration fields
+FITTED: tuple[tuple[str, float, float], ...] = (
+    ("hopper.gemm_bf16", 0.3, 0.85), ("hopper.fp8.tensorwise", 0.2, 0.95), ("hopper.attention", 0.2, 0.95),
+    ("hopper.host_op_s", 2e-6, 2e-4), ("hopper.fp8.delayed", 0.2, 0.95),
+    ("blackwell.gemm_bf16", 0.3, 0.85), ("blackwell.fp8.mxfp8", 0.2, 0.95), ("blackwell.fp8.tensorwise", 0.2, 0.95),
+    ("blackwell.attention", 0.2, 0.95), ("blackwell.host_op_s", 2e-6, 2e-4), ("blackwell.fp8.delayed", 0.2, 0.95),
+    ("ampere.gemm_bf16", 0.3, 0.95), ("ampere.attention", 0.05, 0.95),
+    ("gemm_dim_half", 16.0, 512.0), ("grouped_gemm_fraction", 0.2, 1.0), ("tp_overlap_exposed", 0.0, 1.0),
+    ("ep_overlap_exposed", 0.0, 1.0), ("cp_overlap_fraction", 0.0, 1.0), ("pp_p2p_exposed", 0.0, 1.0), ("pp_step_host_s", 1e-5, 5e-3),
+    ("step_overhead_s", 0.0, 1.0),
+)
+
+
+# --- reading and writing one constant ---------------------------------------------------------
+def _arch(cal: Calibration, name: str) -> ArchFractions:
+    return dict(cal.per_arch)[name]
+
+
+def get_value(cal: Calibration, name: str) -> float:
+    parts = name.split(".")
+    if len(parts) == 1:
+        return float(getattr(cal, name))
+    fr = _arch(cal, parts[0])
+    if parts[1] == "fp8":
+        return dict(fr.gemm_fp8)[parts[2]]
+    return float(getattr(fr, parts[1]))
+
+
+def set_value(cal: Calibration, name: str, value: float) -> Calibration:
+    parts = name.split(".")
+    if len(parts) == 1:
+        return replace(cal, **{name: value})
+    fr = _arch(cal, parts[0])
+    if parts[1] == "fp8":
+        fp8 = tuple((r, value if r == parts[2] else v) for r, v in fr.gemm_fp8)
+        fr = replace(fr, gemm_fp8=fp8)
+    else:
+        fr = replace(fr, **{parts[1]: value})
+    return replace(cal, per_arch=tuple((a, fr if a == parts[0] else f) for a, f in cal.per_arch))
+
+
+# --- scoring ------------------------------------------------------------------------------------
+def log_ratio(row: Row, cal: Calibration) -> float:
+    return math.log(estimate_time(row.job, row.layout, cal).tokens_per_s_per_gpu / row.published)
+
+
+def weights(rows: list[Row]) -> list[float]:
+    count: dict[tuple[object, ...], int] = defaultdict(int)
+    for r in rows:
+        count[r.config] += 1
+    return [1.0 / count[r.config] for r in rows]
+
+
+def objective(rows: list[Row], w: list[float], cal: Calibration) -> float:
+    return sum(wi * abs(log_ratio(r, cal)) for r, wi in zip(rows, w)) / sum(w)
+
+
+def fit(rows: list[Row], cal: Calibration = DEFAULT_CALIBRATION, sweeps: int = 4, trials: int = 0,
+        verbose: bool = False) -> Calibration:
+    """Fit FITTED on `rows`: optionally a global Optuna TPE search (`trials` > 0, seeded, each constant log-uniform
+    within its bounds), then the coordinate search (see the module docstring)."""
+    w = weights(rows)
+    archs = {r.job.cluster.gpu.arch for r in rows}
+    names = [(n, lo, hi) for n, lo, hi in FITTED if "." not in n or n.split(".")[0] in archs]
+    best = objective(rows, w, cal)
+    if trials:
+        cal, best = _global_search(rows, w, cal, names, trials, best)
+        if verbose:
+            print(f"  global search: weighted mean |log ratio| {best:.4f}", file=sys.stderr)
+    steps = (0.5, 0.7, 0.85, 1.18, 1.43, 2.0)
+    for sweep in range(sweeps):
+        for name, lo, hi in names:
+            current = get_value(cal, name)
+            for f in steps if sweep < 2 else tuple(1 + (s - 1) / 3 for s in steps):
+                value = min(hi, max(lo, current * f if current > 0 else lo + (hi - lo) * (f - 0.5) / 2))
+                trial = set_value(cal, name, value)
+                score = objective(rows, w, trial)
+                if score < best - 1e-6:
+                    best, cal, current = score, trial, value
+        if verbose:
+            print(f"  sweep {sweep + 1}: weighted mean |log ratio| {best:.4f}", file=sys.stderr)
+    return cal
+
+
+def _global_search(rows: list[Row], w: list[float], cal: Calibration, names: list[tuple[str, float, float]],
+                   trials: int, best: float) -> tuple[Calibration, float]:
+    """Optuna's TPE sampler over the constants (log-uniform; bounds of 0 become 1e-4), starting from `cal`."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0, multivariate=True))
+    study.enqueue_trial({n: min(hi, max(max(lo, 1e-4), get_value(cal, n))) for n, lo, hi in names})
+
+    def score(trial: optuna.Trial) -> float:
+        c = cal
+        for n, lo, hi in names:
+            c = set_value(c, n, trial.suggest_float(n, max(lo, 1e-4), hi, log=True))
+        return objective(rows, w, c)
+
+    study.optimize(score, n_trials=trials)
+    if study.best_value < best:
+        for n, _, _ in names:
+            cal = set_value(cal, n, study.best_params[n])
+        best = study.best_value
+    return cal, best
+
+
+# --- summaries --------------------------------------------------------------------------------
+def pair_agreement(rows: list[Row], predicted: list[float]) -> tuple[int, int]:
+    """(ordered as published, pairs) over distinct runs of one model on one GPU type (geometric mean over releases)."""
+    runs: dict[tuple[object, ...], list[tuple[float, float]]] = defaultdict(list)
+    for r, p in zip(rows, predicted):
+        runs[r.config].append((r.published, p))
+    merged = [(cfg, math.exp(sum(math.log(a) for a, _ in v) / len(v)), math.exp(sum(math.log(b) for _, b in v) / len(v)))
+              for cfg, v in runs.items()]
+    good = total = 0
+    for i, (ci, pi, qi) in enumerate(merged):
+        for cj, pj, qj in merged[i + 1:]:
+            if ci[:2] != cj[:2] or abs(pi / pj - 1) <= 0.05:
+                continue
+            total += 1
+            good += (pi > pj) == (qi > qj)
+    return good, total
+
+
+def summary(rows: list[Row], predicted: list[float]) -> dict[str, object]:
+    errors = [p / r.published - 1 for r, p in zip(rows, predicted)]
+    by_gpu: dict[str, list[float]] = defaultdict(list)
+    for r, e in zip(rows, errors):
+        by_gpu[r.gpu].append(abs(e))
+    good, total = pair_agreement(rows, predicted)
+    return {
+        "rows": len(rows),
+        "mean_abs_error": sum(map(abs, errors)) / len(errors),
+        "worst_abs_error": max(map(abs, errors)),
+        "by_gpu": {g: {"rows": len(v), "mean": sum(v) / len(v), "worst": max(v)} for g, v in sorted(by_gpu.items())},
+        "pairs_ordered": good, "pairs": total, "pair_agreement": good / total if total else None,
+    }
+
+
+def print_rows(rows: list[Row], predicted: list[float], cal: Calibration) -> None:
+    print(f"{'source':16} {'model':20} {'gpu':9} {'layout':62} {'pub':>7} {'pred':>7} {'err':>6}  largest terms")
+    for r, p in zip(rows, predicted):
+        est = estimate_time(r.job, r.layout, cal)
+        top = sorted(est.breakdown.items(), key=lambda kv: -kv[1])[:3]
+        terms = " ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in top)
+        print(f"{r.source[:16]:16} {r.model[:20]:20} {r.gpu:9} {str(r.layout)[:62]:62} {r.published:7.0f} {p:7.0f} "
+              f"{p / r.published - 1:+6.0%}  {terms}")
+
+
+def print_summary(title: str, s: dict[str, object]) -> None:
+    print(f"\n{title}: {s['rows']} rows, mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}; "
+          f"pairs ordered as published {s['pairs_ordered']}/{s['pairs']}")
+    for g, v in s["by_gpu"].items():  # type: ignore[union-attr]
+        print(f"  {g:10} {v['rows']:3} rows  mean {v['mean']:.1%}  worst {v['worst']:.1%}")
+
+
+def leave_one_model_out(rows: list[Row], cal: Calibration) -> tuple[list[float], dict[str, tuple[float, float]]]:
+    """Predictions of every row by a fit that never saw its model; the band per dense / MoE."""
+    predicted = [0.0] * len(rows)
+    for model in sorted({r.family for r in rows}):
+        train = [r for r in rows if r.family != model]
+        held = [i for i, r in enumerate(rows) if r.family == model]
+        fitted = fit(train, cal, sweeps=2)
+        for i in held:
+            predicted[i] = estimate_time(rows[i].job, rows[i].layout, fitted).tokens_per_s_per_gpu
+        errs = [predicted[i] / rows[i].published - 1 for i in held]
+        print(f"  held out {model:24} {len(held):3} rows  mean |error| {sum(map(abs, errs)) / len(errs):.1%}",
+              file=sys.stderr)
+    band = {}
+    for kind, moe in (("dense", False), ("moe", True)):
+        logs = sorted(math.log(r.published / p) for r, p in zip(rows, predicted) if r.moe == moe)
+        if logs:
+            band[kind] = (logs[int(0.1 * (len(logs) - 1))], logs[int(math.ceil(0.9 * (len(logs) - 1)))])
+    return predicted, band
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="fit the constants on every row and print them")
+    parser.add_argument("--loo", action="store_true", help="leave-one-model-out errors and the uncertainty band")
+    parser.add_argument("--sweeps", type=int, default=4, help="coordinate-search sweeps of --fit")
+    parser.add_argument("--trials", type=int, default=0, help="Optuna TPE trials before the coordinate search")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = load_rows()
+    cal = DEFAULT_CALIBRATION
+    if args.fit:
+        cal = fit(rows, sweeps=args.sweeps, trials=args.trials, verbose=True)
+        print("fitted constants:")
+        for name, _, _ in FITTED:
+            if "." not in name or name.split(".")[0] in dict(cal.per_arch):
+                print(f"  {name:28} {get_value(DEFAULT_CALIBRATION, name):10.4g} -> {get_value(cal, name):10.4g}")
+    predicted = [estimate_time(r.job, r.layout, cal).tokens_per_s_per_gpu for r in rows]
+    result: dict[str, object] = {"in_sample": summary(rows, predicted)}
+    if args.loo:
+        held, band = leave_one_model_out(rows, cal)
+        result["leave_one_model_out"] = summary(rows, held)
+        result["band"] = band
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print_rows(rows, predicted, cal)
+    print_summary("in sample", result["in_sample"])  # type: ignore[arg-type]
+    if args.loo:
+        print_summary("leave one model out", result["leave_one_model_out"])  # type: ignore[arg-type]
+        print(f"  band (10th, 90th percentile of log(published / predicted)): {result['band']}")
+    s = result["leave_one_model_out" if args.loo else "in_sample"]
+    ok = (s["mean_abs_error"] <= TARGET_MEAN and s["worst_abs_error"] <= TARGET_WORST  # type: ignore[index,operator]
+          and (s["pair_agreement"] or 0) >= TARGET_PAIRS)  # type: ignore[index,operator]
+    print(f"\ntargets (mean <= {TARGET_MEAN:.0%}, worst <= {TARGET_WORST:.0%}, pairs >= {TARGET_PAIRS:.0%}): "
+          f"{'met' if ok else 'MISSED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
