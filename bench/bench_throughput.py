@@ -9,8 +9,8 @@ Rows: `bench/throughput_rows.py` (Megatron-Bridge performance tables 25.09-26.08
 public rows where `bench/data/published_throughput_extra.csv` has them, and the trust A/B paper rows of
 `/work/shared/data/calibration-runs.csv`). The error of a row is predicted / published - 1; the fit minimises the
 mean |log(predicted / published)| with every distinct run (model, GPU, GPUs, layout, recipe) weighted once, however
-many releases published it. Ordering: for every two distinct runs of one model on one GPU type whose published
-figures differ by more than 5%, whether the prediction orders them the same way.
+many releases published it. Ordering: for every two distinct runs of one model on one GPU type in one release whose
+published figures differ by more than 5%, whether the prediction orders them the same way (also across releases).
 
 The fit is a coordinate search: each constant in `FITTED` over multiplicative steps (x0.5 .. x2, then finer), kept
 within its bounds, a few sweeps, from the current DEFAULT_CALIBRATION. Leave-one-model-out refits without every
@@ -143,17 +143,20 @@ def _global_search(rows: list[Row], w: list[float], cal: Calibration, names: lis
 
 
 # --- summaries --------------------------------------------------------------------------------
-def pair_agreement(rows: list[Row], predicted: list[float]) -> tuple[int, int]:
-    """(ordered as published, pairs) over distinct runs of one model on one GPU type (geometric mean over releases)."""
+def pair_agreement(rows: list[Row], predicted: list[float], same_source: bool = True) -> tuple[int, int]:
+    """(ordered as published, pairs) over distinct runs of one model on one GPU type whose published figures differ
+    by more than 5%: within one source (one release, one software stack) by default, or across sources (then the
+    geometric mean over releases stands for a run, and release-to-release software changes count as errors)."""
     runs: dict[tuple[object, ...], list[tuple[float, float]]] = defaultdict(list)
     for r, p in zip(rows, predicted):
-        runs[r.config].append((r.published, p))
+        runs[((r.source,) if same_source else ()) + r.config].append((r.published, p))
     merged = [(cfg, math.exp(sum(math.log(a) for a, _ in v) / len(v)), math.exp(sum(math.log(b) for _, b in v) / len(v)))
               for cfg, v in runs.items()]
+    key = 3 if same_source else 2  # (source,) model, gpu
     good = total = 0
     for i, (ci, pi, qi) in enumerate(merged):
         for cj, pj, qj in merged[i + 1:]:
-            if ci[:2] != cj[:2] or abs(pi / pj - 1) <= 0.05:
+            if ci[:key] != cj[:key] or abs(pi / pj - 1) <= 0.05:
                 continue
             total += 1
             good += (pi > pj) == (qi > qj)
@@ -166,12 +169,14 @@ def summary(rows: list[Row], predicted: list[float]) -> dict[str, object]:
     for r, e in zip(rows, errors):
         by_gpu[r.gpu].append(abs(e))
     good, total = pair_agreement(rows, predicted)
+    good_all, total_all = pair_agreement(rows, predicted, same_source=False)
     return {
         "rows": len(rows),
         "mean_abs_error": sum(map(abs, errors)) / len(errors),
         "worst_abs_error": max(map(abs, errors)),
         "by_gpu": {g: {"rows": len(v), "mean": sum(v) / len(v), "worst": max(v)} for g, v in sorted(by_gpu.items())},
         "pairs_ordered": good, "pairs": total, "pair_agreement": good / total if total else None,
+        "pairs_ordered_across_releases": good_all, "pairs_across_releases": total_all,
     }
 
 
@@ -187,7 +192,8 @@ def print_rows(rows: list[Row], predicted: list[float], cal: Calibration) -> Non
 
 def print_summary(title: str, s: dict[str, object]) -> None:
     print(f"\n{title}: {s['rows']} rows, mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}; "
-          f"pairs ordered as published {s['pairs_ordered']}/{s['pairs']}")
+          f"pairs ordered as published {s['pairs_ordered']}/{s['pairs']} within a release, "
+          f"{s['pairs_ordered_across_releases']}/{s['pairs_across_releases']} across releases")
     for g, v in s["by_gpu"].items():  # type: ignore[union-attr]
         print(f"  {g:10} {v['rows']:3} rows  mean {v['mean']:.1%}  worst {v['worst']:.1%}")
 

@@ -125,8 +125,9 @@ def layer_times(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION
     """Per-layer terms for the layout's (t, c, e, etp, b, SP, recompute); cached per job and calibration, since
     the layouts of a search that differ only in p, v, DP or the optimizer share them."""
     memo = _memo(job, cal)
+    chunks = layout.pp * layout.vpp_size if job.training.recompute_num_layers and layout.recompute == "full" else 0
     key = (layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
-           layout.recompute, layout.pp * layout.vpp_size)
+           layout.recompute, chunks)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = _layer_times(job, layout, cal)
