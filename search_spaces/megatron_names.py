@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from search_spaces.job import Job
     from search_spaces.layout import Layout
 
-__all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "layout_settings", "job_settings",
-           "fp8_format"]
+__all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARALLEL_STATE", "layout_settings",
+           "job_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format"]
 
 Owner = Literal["transformer", "ddp", "optimizer", "training"]
 Kind = Literal["int", "bool", "str", "list", "dtype"]
@@ -184,6 +184,28 @@ def layout_settings(layout: Layout) -> dict[str, object]:
     if pipeline_layout is not None:
         out["pipeline_model_parallel_layout"] = pipeline_layout
     return out
+
+
+# `megatron.core.parallel_state.initialize_model_parallel` keywords (the same names as TransformerConfig's)
+PARALLEL_STATE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")
+
+
+def transformer_kwargs(layout: Layout) -> dict[str, object]:
+    """The layout's `TransformerConfig` keywords: parallel sizes, SP, the uneven split, the pipeline layout and
+    recompute (full recompute as megatron's usual `uniform` over 1 layer), for code that builds megatron-core
+    objects itself (the trainers, the parity tests)."""
+    out = {k: v for k, v in layout_settings(layout).items() if NAMES[k].owner == "transformer"}
+    full = layout.recompute == "full"
+    out["recompute_method"] = "uniform" if full else None
+    out["recompute_num_layers"] = 1 if full else None
+    return out
+
+
+def parallel_state_kwargs(layout: Layout) -> dict[str, object]:
+    """`initialize_model_parallel` keywords of the layout."""
+    settings = layout_settings(layout)
+    return {k: settings[k] for k in PARALLEL_STATE}
 
 
 def fp8_format(recipe: str) -> str:
