@@ -210,7 +210,7 @@ def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
                 "closest": rows, "try": memory_hints(result, [row["largest_memory_term"] for row in rows])}
     if not as_text:
         return data
-    lines = [f"No layout fits: {data['reason']}."]
+    lines = [data["reason"][0].upper() + data["reason"][1:] + "."]
     lines += [f"  ruled out by {rule}: {n} candidates" for rule, n in data.get("rejected_by", {}).items()]
     if data.get("closest"):
         lines.append("Closest to fitting:")
@@ -241,8 +241,12 @@ def memory_hints(result: Any, terms: list[str]) -> list[str]:
             hints.append(_TERM_HINTS[term])
     if "gradients" in terms and result.job.training.grad_reduce_in_fp32:
         hints.append("bf16 gradients (--no-grad-reduce-in-fp32)")
-    general = ["add nodes (--nodes) or use GPUs with more memory (--gpu)",
-               f"a smaller --headroom-gib (now {result.headroom_bytes / GIB:.1f} GiB)"]
+    general = ["add nodes (--nodes) or use GPUs with more memory (--gpu)"]
+    closest = result.closest_misses(1)
+    over = (closest[0].measurement.memory_bytes or 0.0) - result.capacity_bytes if closest else 0.0
+    if 0 < over <= result.headroom_bytes:  # the nearest miss would fit in the GPU's whole memory
+        general.append(f"a smaller --headroom-gib (now {result.headroom_bytes / GIB:.1f} GiB; the closest layout is "
+                       f"{over / GIB:.1f} GiB over)")
     return hints + [h for h in general if h not in hints] + _space_hints(result)[1:]
 
 
