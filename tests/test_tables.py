@@ -3,50 +3,26 @@
 from __future__ import annotations
 
 import io
-import random
 
 import pytest
 
-from autotune.cost.analytic import AnalyticBackend
+from sample_results import sampled_result
+
 from autotune.outputs.tables import layout_flags, make_console, ranked_table, terminal_width
-from autotune.tuning.results import SearchResult, TrialRecord
 from autotune.ui.commands.search import explain_impossible, render
-from search_spaces.catalog import get_model
-from search_spaces.gpus import build_cluster
-from search_spaces.job import Job
+from autotune.tuning.results import SearchResult
 from search_spaces.layout import parse_layout
-from search_spaces.space import feasible_space
-from search_spaces.training import TrainingSpec
 
-GIB = 1024**3
-
-
-def _result(model: str, nodes: int, *, sample: int = 300, seq: int = 4096, gbs: int = 256) -> SearchResult:
-    """What a search of a seeded sample of the space would hold (analytic, 5% headroom), without Ray."""
-    job = Job(model=get_model(model), cluster=build_cluster(nodes=nodes),
-              training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
-    headroom = 0.05 * job.cluster.gpu.memory_bytes
-    capacity = job.cluster.gpu.memory_bytes - headroom
-    layouts = list(feasible_space(job).layouts())
-    layouts = random.Random(0).sample(layouts, min(sample, len(layouts)))
-    backend = AnalyticBackend(headroom_bytes=headroom)
-    records = []
-    for i, layout in enumerate(layouts):
-        m = backend.evaluate(job, layout)
-        records.append(TrialRecord(number=i, origin="search", measurement=m, feasible=m.status == "ok",
-                                   capacity_bytes=capacity))
-    return SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
-                        mode="search", backend="analytic", seed=0, space_size=len(layouts), output_dir="runs/x")
 
 
 @pytest.fixture(scope="module")
 def mixtral():
-    return _result("mixtral", 4)
+    return sampled_result("mixtral", 4)
 
 
 @pytest.fixture(scope="module")
 def deepseek():
-    return _result("deepseek-v3", 128)
+    return sampled_result("deepseek-v3", 128)
 
 
 def _render(result: SearchResult, width: int, *, wide: bool = False) -> str:
@@ -117,7 +93,7 @@ def test_wide_shows_every_column_and_the_layout_text(mixtral):
 
 
 def test_dense_models_have_no_expert_columns():
-    result = _result("llama3-8b", 1, sample=60)
+    result = sampled_result("llama3-8b", 1, sample=60)
     console = make_console(width=80)
     header = _table_lines(_render(result, 80), "Best layouts")[0].split()
     assert "ep" not in header and "etp" not in header and "tp" in header
@@ -162,7 +138,7 @@ def test_narrow_table_keeps_the_layout_and_throughput_columns(mixtral):
 @pytest.fixture(scope="module")
 def impossible():
     # Llama-3.1-405B on 2 nodes: no layout fits in 76 GiB per GPU
-    return _result("llama3.1-405b", 2, sample=200, seq=8192, gbs=64)
+    return sampled_result("llama3.1-405b", 2, sample=200, seq=8192, gbs=64)
 
 
 def test_no_fit_is_said_once(impossible):
