@@ -85,7 +85,10 @@ SEARCH_MIXTRAL = [
         "print(m.status, m.reason)\n"
         "{k: round(v, 4) for k, v in m.time.items()}"
     ),
-    new_markdown_cell("## Report\n\nThe self-contained HTML report (tables and plots, no server needed) the CLI writes into its output folder."),
+    new_markdown_cell("## Report\n\nThe self-contained HTML report (tables, plots and the launch lines with copy buttons; no server "
+                      "needed). `autotune.search` already wrote one, with trials.csv and best.json, into its own "
+                      "temporary folder (`result.output_dir`; give `output_dir=` to choose it): nothing lands in the "
+                      "notebook's folder."),
     new_code_cell(
         "import tempfile\n\n"
         "path = result.write_report(tempfile.mkdtemp(prefix=\"autotune-report-\"))\n"
@@ -175,6 +178,8 @@ COMPARE_RECIPE = [
 
 def write(name: str, cells: list) -> Path:
     nb = new_notebook(cells=cells)
+    for i, cell in enumerate(nb.cells):  # stable ids: regenerating changes only what was edited
+        cell.id = f"{Path(name).stem}-{i}"
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     path = HERE / name
