@@ -51,6 +51,8 @@ BRIDGE_RECIPES: dict[str, str] = {
     "deepseek-v3": "deepseek_v3_pretrain_config",
     "gpt3-175b": "gpt3_175b_pretrain_config",
 }
+# MixedPrecisionConfig fields that are False unless set (training/mixed_precision.py): left out when off
+_OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"})
 _GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted
@@ -95,7 +97,7 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
         for key in name.bridge:
             group, sep, field = key.partition(":")
             if sep:
-                if value is not None:
+                if value is not None and not (value is False and field in _OFF_BY_DEFAULT):
                     objects[group][field] = _hydra(value)
             else:
                 out.append(f"{key}={_hydra(value, dtype=name.kind == 'dtype')}")

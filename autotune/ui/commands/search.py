@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--headroom-gib", type=float, default=None,
                    help="GPU memory kept free per GPU; a layout above capacity minus this is infeasible (default 5%% of the GPU)")
     g.add_argument("--backend", choices=("auto", "analytic", "megatron"), default="auto",
-                   help="analytic cost models, or megatron-core profiling (default auto: megatron where GPUs are visible)")
+                   help="analytic cost models, or megatron-core profiling jobs (default auto = analytic: real jobs "
+                        "start only with --backend megatron, also where GPUs are visible)")
     g.add_argument("--output", metavar="DIR", default=None,
                    help="output folder (default autotune_runs/<model>-<nodes>n-<timestamp>)")
     g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
