@@ -48,7 +48,8 @@ SEARCH_MIXTRAL = [
     new_code_cell("result.trials.groupby(\"status\").size()"),
     new_markdown_cell(
         "## Pareto front\n\nThroughput against memory: every feasible layout as a dot, infeasible ones as crosses, "
-        "the GPU's memory as the dashed line. Layouts on the front trade memory for speed; anything below it is beaten."
+        "the usable memory (the GPU's minus the search's headroom) as the orange line and the GPU's memory as the "
+        "dashed line. Layouts on the front trade memory for speed; anything below it is beaten."
     ),
     new_code_cell("result.plot_pareto()"),
     new_code_cell("result.pareto[columns]"),
@@ -56,7 +57,8 @@ SEARCH_MIXTRAL = [
     new_code_cell("result.plot_time_breakdown(k=5)"),
     new_code_cell("result.plot_memory_breakdown(k=5)"),
     new_code_cell("result.plot_progress()"),
-    new_markdown_cell("## Launch the winner\n\nThe same layout as Megatron-Bridge overrides and as Megatron-LM arguments."),
+    new_markdown_cell("## Launch the winner\n\nThe same layout as Megatron-Bridge overrides and as Megatron-LM arguments, "
+                      "with every switch the prediction assumes (overlap, dispatcher, precision, recompute)."),
     new_code_cell(
         "print(result.launch[\"megatron_bridge\"])\n"
         "print()\n"

@@ -112,7 +112,8 @@ class Layout:
         return global_batch_size // (self.mbs * self.dp)
 
     def to_megatron(self) -> dict[str, object]:
-        """megatron-core field names and values (`search_spaces.megatron_names`), plus the derived `dp` and `expert_dp`."""
+        """megatron-core field names and values (`search_spaces.megatron_names`), plus the derived `dp` and
+        `expert_dp`."""
         out = layout_settings(self)
         out["dp"] = self.dp
         out["expert_dp"] = self.expert_dp

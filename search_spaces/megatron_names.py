@@ -52,7 +52,10 @@ def _n(core: str, owner: Owner, kind: Kind, lm: str | None, *bridge: str, lm_fal
     return Name(core=core, owner=owner, kind=kind, lm=lm, lm_false=lm_false, bridge=bridge)
 
 
-_T, _D, _O, _R = "transformer", "ddp", "optimizer", "training"
+_T: Owner = "transformer"
+_D: Owner = "ddp"
+_O: Owner = "optimizer"
+_R: Owner = "training"
 NAMES: dict[str, Name] = {n.core: n for n in (
     # --- the layout ---------------------------------------------------------------------------
     _n("tensor_model_parallel_size", _T, "int", "--tensor-model-parallel-size", "model.tensor_model_parallel_size"),

@@ -48,7 +48,8 @@ def test_megatron_lm_interleaving_names_the_chunks_per_stage():
     ("full", 4, ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "4"]),
 ])
 def test_megatron_lm_recompute_flags(recompute, layers, expected):
-    args = megatron_lm_args(_job(recompute_num_layers=layers), parse_layout(f"tp=2,ep=8,dp=16,sp=true,recompute={recompute}"))
+    layout = parse_layout(f"tp=2,ep=8,dp=16,sp=true,recompute={recompute}")
+    args = megatron_lm_args(_job(recompute_num_layers=layers), layout)
     picked = [a for i, a in enumerate(args) if a.startswith("--recompute") or args[i - 1].startswith("--recompute")]
     assert picked == expected
 

@@ -26,12 +26,18 @@ import sys
 import types
 import zipfile
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from autotune.cost.analytic import AnalyticBackend
-from autotune.outputs.launch import (COMM_OVERLAP_CLASS, MIXED_PRECISION_CLASS, bridge_overrides, launch_forms,
-                                     megatron_lm_args)
+from autotune.outputs.launch import (
+    COMM_OVERLAP_CLASS,
+    MIXED_PRECISION_CLASS,
+    bridge_overrides,
+    launch_forms,
+    megatron_lm_args,
+)
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
@@ -162,7 +168,8 @@ def _mcore_fields() -> dict[str, set[str]]:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return {owner: {f.name for f in dataclasses.fields(cls)} for owner, cls in
-            (("transformer", TransformerConfig), ("ddp", DistributedDataParallelConfig), ("optimizer", OptimizerConfig))}
+            (("transformer", TransformerConfig), ("ddp", DistributedDataParallelConfig),
+             ("optimizer", OptimizerConfig))}
 
 
 @pytest.mark.parametrize("core", sorted(NAMES))
@@ -239,7 +246,8 @@ class _WithPipelineLayout:
 
 
 CASES = {
-    "mixtral-vpp-selective": (_job("mixtral", 4), "tp=2,pp=2,vpp=2,ep=8,etp=1,dp=8,sp=true,dist_opt=true,recompute=selective"),
+    "mixtral-vpp-selective": (_job("mixtral", 4),
+                              "tp=2,pp=2,vpp=2,ep=8,etp=1,dp=8,sp=true,dist_opt=true,recompute=selective"),
     "mixtral-fp8-blackwell": (_job("mixtral", 4, gpu="b200", precision="fp8"), "tp=1,pp=2,ep=8,dp=16,dist_opt=true"),
     "mixtral-ep-overlap-flex": (_job("mixtral", 4, overlap_moe_expert_parallel_comm=True, moe_token_dispatcher="flex"),
                                 "tp=1,pp=4,vpp=2,ep=8,dp=8,dist_opt=true"),
@@ -400,14 +408,14 @@ def test_bridge_line_applies_and_carries_the_switches(case):
 
 def test_pipeline_layout_string_replaces_the_vpp_flag():
     # DeepSeek-V3's Bridge v0.3.1 layout for PP 16 (recipes/deepseek/deepseek_v3.py): 4 + 14 x 4 + 1 layers
-    job, layout = _case("deepseek-uneven-full")
+    job, _ = _case("deepseek-uneven-full")
     layout = _WithPipelineLayout(parse_layout("tp=2,pp=16,ep=64,etp=1,dp=8,sp=true,dist_opt=true,recompute=full"),
                                  "Et*4|(t*4|)*14tmL")
     check_megatron_lm(job, layout)
     check_bridge(job, layout)
-    args = megatron_lm_args(job, layout)
+    args = megatron_lm_args(job, cast(Layout, layout))
     assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|(t*4|)*14tmL"
-    assert 'model.pipeline_model_parallel_layout="Et*4|(t*4|)*14tmL"' in bridge_overrides(job, layout)
+    assert 'model.pipeline_model_parallel_layout="Et*4|(t*4|)*14tmL"' in bridge_overrides(job, cast(Layout, layout))
 
 
 # --- the winners -------------------------------------------------------------------------------------------------
@@ -465,7 +473,7 @@ def _bridge_modules(wheel: Path, folder: Path) -> dict[str, types.ModuleType]:
     for pkg in ("megatron.bridge", "megatron.bridge.training", "megatron.bridge.utils",
                 "megatron.bridge.training.utils"):
         module = types.ModuleType(pkg)
-        module.__path__ = []  # type: ignore[attr-defined]
+        module.__path__ = []
         sys.modules[pkg] = module
     models = types.ModuleType("megatron.bridge.models")
     models.GPTModelProvider = type("GPTModelProvider", (), {})  # type: ignore[attr-defined]
@@ -494,11 +502,12 @@ def test_bridge_builds_the_objects_with_its_own_code(case, bridge_wheel, tmp_pat
     try:
         mods = _bridge_modules(bridge_wheel, tmp_path)
         job, layout = _case(case)
-        overrides = [o for o in bridge_overrides(job, layout) if o.split("=", 1)[0] in ("comm_overlap", "mixed_precision")]
+        overrides = [o for o in bridge_overrides(job, layout)
+                     if o.split("=", 1)[0] in ("comm_overlap", "mixed_precision")]
         for base in ({"comm_overlap": None, "mixed_precision": "bf16_mixed"},
                      {"comm_overlap": {"tp_comm_overlap": False}, "mixed_precision": {"bf16": True}}):
             cfg = mods["omegaconf_utils"].parse_hydra_overrides(OmegaConf.create(base), overrides)
-            tree = OmegaConf.to_container(cfg, resolve=True)
+            tree = cast(dict, OmegaConf.to_container(cfg, resolve=True))
             comm = mods["instantiate_utils"].instantiate(tree["comm_overlap"])
             precision = mods["instantiate_utils"].instantiate(tree["mixed_precision"])
             precision.finalize()  # Bridge's own checks (MXFP8 primary weights need the gradient-buffer reuse)

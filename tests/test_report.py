@@ -119,7 +119,8 @@ def test_launch_lines_are_wrapped_and_copy_the_one_line(trials):
 
 def test_pareto_plot_draws_the_usable_memory(trials):
     fig = plots.pareto(trials, capacity_gib=80.0, usable_gib=76.0)
-    vertical = {line.get_xdata()[0] for line in fig.axes[0].lines if len(set(line.get_xdata())) == 1}
+    xs = [list(line.get_xdata()) for line in fig.axes[0].lines]  # type: ignore[arg-type]
+    vertical = {x[0] for x in xs if len(set(x)) == 1}
     assert {76.0, 80.0} <= vertical
 
 

@@ -6,13 +6,12 @@ import io
 
 import pytest
 
-from sample_results import sampled_result
-
 from autotune.outputs.tables import layout_flags, make_console, ranked_table, terminal_width
-from autotune.ui.commands.search import explain_impossible, render
 from autotune.tuning.results import SearchResult
+from autotune.ui.commands.search import explain_impossible, render
 from search_spaces.layout import parse_layout
 
+from sample_results import sampled_result
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +68,7 @@ def test_rows_at_80_columns_tell_layouts_apart(name, request):
     rows = [r for r in rows + [row] if r]
     ranked = result.ranked[:10]
     assert len(rows) == len(ranked)
-    for line, record in zip(rows, ranked):
+    for line, record in zip(rows, ranked, strict=True):
         lay = record.layout
         assert line.split()[1:9] == [str(v) for v in (lay.tp, lay.pp, lay.vpp or "-", lay.cp, lay.ep, lay.expert_tp,
                                                       lay.dp, lay.mbs)]

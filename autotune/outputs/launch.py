@@ -143,6 +143,7 @@ def launch_header(job: Job, form: str) -> str:
     """What to run the form's arguments with, in words (the CLI and the report print it above the line)."""
     if form == "megatron_bridge":
         recipe = bridge_recipe(job.model.name)
-        where = f"--recipe {recipe}" if recipe else f"--recipe <your recipe> (Bridge v0.3.1 has none for {job.model.name})"
+        where = (f"--recipe {recipe}" if recipe
+                 else f"--recipe <your recipe> (Bridge v0.3.1 has none for {job.model.name})")
         return f"Megatron-Bridge v0.3.1 overrides for {BRIDGE_SCRIPT} {where}"
     return f"Megatron-LM (core_v0.16.1) arguments for {MEGATRON_LM_SCRIPT}, after the model's architecture arguments"

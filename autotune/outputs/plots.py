@@ -17,14 +17,14 @@ Columns the plots read (missing ones are tolerated where they can be):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from search_spaces.measurement import Measurement
     from autotune.tuning.results import TrialRecord
+    from search_spaces.measurement import Measurement
 
 __all__ = [
     "trials_frame",
@@ -75,7 +75,7 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
 
     rows = []
     for i, item in enumerate(trials):
-        m = getattr(item, "measurement", item)
+        m = cast("Measurement", getattr(item, "measurement", item))
         row: dict[str, object] = {
             "trial": getattr(item, "number", i), "origin": getattr(item, "origin", ""), "layout": str(m.layout),
             "status": m.status, "ok": m.ok, "feasible": bool(getattr(item, "feasible", m.ok)),
@@ -117,9 +117,11 @@ def pareto_mask(df: pd.DataFrame) -> pd.Series:
 
     feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu", "memory_gib"])
     rows = [_FrontRow(idx, layout, tps, mem * GIB) for idx, layout, tps, mem in
-            zip(feasible.index, feasible["layout"], feasible["tokens_per_s_per_gpu"], feasible["memory_gib"])]
+            zip(feasible.index, feasible["layout"], feasible["tokens_per_s_per_gpu"], feasible["memory_gib"],
+                strict=True)]
     mask = pd.Series(False, index=df.index)
-    for row in pareto_front(rows):  # type: ignore[arg-type]  # duck-typed TrialRecords
+    front = cast("list[_FrontRow]", pareto_front(cast("list[TrialRecord]", rows)))  # duck-typed TrialRecords
+    for row in front:
         mask[row.index] = True
     return mask
 
@@ -219,7 +221,7 @@ def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float,
     y = np.arange(len(rows))
     left = np.zeros(len(rows))
     colors = _colors(len(terms))
-    for term, color in zip(terms, colors):
+    for term, color in zip(terms, colors, strict=True):
         values = rows[prefix + term].fillna(0.0).to_numpy(dtype=float) * scale
         if not values.any():
             continue

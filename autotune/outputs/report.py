@@ -23,7 +23,7 @@ import io
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -168,7 +168,7 @@ def _display(df: pd.DataFrame, usable_gib: float | None) -> pd.DataFrame:
     if usable_gib is not None and "memory_gib" in out:
         out = out.assign(free_gib=usable_gib - out["memory_gib"])
     if "dominant_time" in out:
-        out = out.assign(bound=[TIME_TERMS.get(str(v), str(v)) if not _missing(v) else "" for v in out["dominant_time"]])
+        out = out.assign(bound=["" if _missing(v) else TIME_TERMS.get(str(v), str(v)) for v in out["dominant_time"]])
     return out
 
 
@@ -177,7 +177,8 @@ def _table(df: pd.DataFrame, columns: tuple[str, ...], *, table_id: str = "", mo
     head = "".join(f'<th class="{_COLUMNS[c][2]}">{_esc(_COLUMNS[c][0])}</th>' for c in cols)
     body = []
     for row in df[cols].itertuples(index=False):
-        cells = "".join(f'<td class="{_COLUMNS[c][2]}">{_esc(_COLUMNS[c][1](v))}</td>' for c, v in zip(cols, row))
+        cells = "".join(f'<td class="{_COLUMNS[c][2]}">{_esc(_COLUMNS[c][1](v))}</td>'
+                        for c, v in zip(cols, row, strict=True))
         body.append(f"<tr>{cells}</tr>")
     ident = f' id="{_esc(table_id)}"' if table_id else ""
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
@@ -314,7 +315,7 @@ def render_report(data: ReportInput, pngs: Mapping[str, bytes] | None = None) ->
     summary.update({"trials": len(df), "feasible trials": n_ok})
     shown = df.head(MAX_TRIAL_ROWS)
     cut = "" if len(df) <= MAX_TRIAL_ROWS else f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(df)} trials.</p>'
-    created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    created = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     legend = ('<p class="muted">flags: sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), '
               "split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss count as layers). "
               "free: usable memory (GPU memory minus headroom) left per GPU.</p>")
@@ -348,7 +349,8 @@ _LAUNCH_TITLES = {"megatron_bridge": "Megatron-Bridge overrides", "megatron_lm":
 
 
 def report_input(result) -> ReportInput:
-    """Adapt a search result (`autotune.tuning.results.SearchResult` or `autotune.outputs.view.Result`) to `ReportInput`."""
+    """Adapt a search result (`autotune.tuning.results.SearchResult` or `autotune.outputs.view.Result`) to
+    `ReportInput`."""
     from autotune.outputs.launch import launch_header
     from autotune.outputs.view import Result
 

@@ -101,13 +101,15 @@ class _Column:
 
 
 def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]:
-    m = lambda r: r.measurement  # noqa: E731
+    def m(r: Any) -> Any:
+        return r.measurement
+
     predicted = any("analytic_prediction" in r.measurement.extra for r in records)
     cols = [_Column("#", lambda r: str(r._rank), 0)] if ranks else []
     for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
         if key in ("ep", "etp") and not moe:
             continue
-        cols.append(_Column(key, lambda r, k=key: layout_cells(r.layout)[k], 0))
+        cols.append(_Column(key, _layout_cell(key), 0))
     cols += [
         _Column("flags", lambda r: layout_flags(r.layout), 0, "left"),
         _Column("tok/s/GPU", lambda r: _fmt(m(r).tokens_per_s_per_gpu, ",.0f"), 0),
@@ -116,7 +118,9 @@ def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]
         _Column("free", lambda r: _fmt(r.headroom_gib, ".1f"), 2),
     ]
     if predicted:
-        pred = lambda r: r.measurement.extra.get("analytic_prediction") or {}  # noqa: E731
+        def pred(r: Any) -> dict[str, Any]:
+            return r.measurement.extra.get("analytic_prediction") or {}
+
         cols += [_Column("pred. tok/s", lambda r: _fmt(pred(r).get("tokens_per_s_per_gpu"), ",.0f"), 3),
                  _Column("pred. GiB", lambda r: _bytes(pred(r).get("memory_bytes")), 3)]
     cols += [
@@ -127,6 +131,10 @@ def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]
         _Column("layout", lambda r: str(r.layout), 6, "left", wide_only=True),
     ]
     return cols
+
+
+def _layout_cell(key: str) -> Callable[[Any], str]:
+    return lambda r: layout_cells(r.layout)[key]
 
 
 class _Ranked:

@@ -110,7 +110,8 @@ class Result:
     # --- launch forms ----------------------------------------------------------------------
     @property
     def launch(self) -> dict[str, str]:
-        """The winner as launch text: `megatron_bridge` (Megatron-Bridge overrides), `megatron_lm` (Megatron-LM arguments)."""
+        """The winner as launch text: `megatron_bridge` (Megatron-Bridge overrides), `megatron_lm` (Megatron-LM
+        arguments), each one shell line."""
         return self.launch_forms()
 
     def launch_forms(self) -> dict[str, str]:
@@ -169,4 +170,5 @@ class Result:
 
     def __repr__(self) -> str:
         feasible = int(self.trials["feasible"].sum()) if len(self.trials) else 0
-        return f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, best {self.best}>"
+        return (f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, "
+                f"best {self.best}>")

@@ -1,6 +1,7 @@
 """Write the two parser references the launch-line tests check against (tests/test_launch_parsers.py).
 
-    python tests/data/make_launch_references.py --megatron-lm /path/to/Megatron-LM --bridge-wheel megatron_bridge-0.3.1-py3-none-any.whl
+    python tests/data/make_launch_references.py --megatron-lm /path/to/Megatron-LM \
+        [--bridge-wheel megatron_bridge-0.3.1-py3-none-any.whl] [--check]
 
 - `megatron_lm_core_v0.16.1_arguments.json`: every argument of Megatron-LM's real parser. The script builds it by
   running `add_megatron_arguments` from `megatron/training/arguments.py` at tag core_v0.16.1 (read with `git show`
@@ -61,7 +62,7 @@ def megatron_lm_reference(repo: Path) -> dict:
         utils.print_rank_0 = utils.warn_rank_0 = lambda *a, **k: None  # type: ignore[attr-defined]
         utils.is_rank0 = lambda: True  # type: ignore[attr-defined]
         package = types.ModuleType("megatron.training")
-        package.__path__ = []  # type: ignore[attr-defined]
+        package.__path__ = []
         sys.modules.update({"megatron.training": package, "megatron.training.utils": utils})
         modules = {}
         for name in ("argument_utils", "training_config", "common_config", "resilience_config", "arguments"):
@@ -102,7 +103,13 @@ class _Source:
         self.zip = zipfile.ZipFile(wheel)
         self.trees: dict[str, ast.Module] = {}
 
-    def module(self, dotted: str) -> ast.Module | None:
+    def module(self, dotted: str) -> ast.Module:
+        tree = self.find(dotted)
+        if tree is None:
+            raise LookupError(f"{dotted}: module not in the wheel")
+        return tree
+
+    def find(self, dotted: str) -> ast.Module | None:
         for path in (dotted.replace(".", "/") + ".py", dotted.replace(".", "/") + "/__init__.py"):
             if path in self.zip.namelist():
                 if path not in self.trees:
@@ -138,8 +145,6 @@ def _class_fields(src: _Source, dotted: str) -> tuple[dict[str, str], list[str]]
         cls = getattr(importlib.import_module(module), name)
         return ({f.name: _type_text(f.type) for f in dataclasses.fields(cls)}, [dotted])
     tree = src.module(module)
-    if tree is None:
-        raise LookupError(f"{dotted}: module not in the wheel")
     node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
     if node is None:  # re-exported from a package __init__
         return _class_fields(src, _imports(tree, module)[name])
@@ -230,7 +235,8 @@ def _download_wheel(folder: Path) -> Path:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--megatron-lm", type=Path, required=True, help="a Megatron-LM git clone (with tag core_v0.16.1)")
-    p.add_argument("--bridge-wheel", type=Path, default=None, help="megatron_bridge-0.3.1 wheel (default: pip download)")
+    p.add_argument("--bridge-wheel", type=Path, default=None,
+                   help="megatron_bridge-0.3.1 wheel (default: pip download)")
     p.add_argument("--check", action="store_true", help="compare with the committed files instead of writing them")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

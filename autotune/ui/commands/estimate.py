@@ -97,10 +97,9 @@ def _print_rich(job, m, headroom: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from search_spaces.layout import parse_layout
-
     from autotune.cost.analytic import AnalyticBackend
     from autotune.ui.commands import job_from_args
+    from search_spaces.layout import parse_layout
 
     job = job_from_args(args)
     headroom = headroom_bytes(args, job)

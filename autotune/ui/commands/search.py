@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--trials", type=int, default=64, help="trial budget, seeds included (default 64)")
     g.add_argument("--headroom-gib", type=float, default=None,
-                   help="GPU memory kept free per GPU; a layout above capacity minus this is infeasible (default 5%% of the GPU)")
+                   help="GPU memory kept free per GPU; a layout above capacity minus this is infeasible "
+                        "(default 5%% of the GPU)")
     g.add_argument("--backend", choices=("auto", "analytic", "megatron"), default="auto",
                    help="analytic cost models, or megatron-core profiling jobs (default auto = analytic: real jobs "
                         "start only with --backend megatron, also where GPUs are visible)")
@@ -66,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autotune.ui import dashboard
-    from autotune.ui.commands import job_from_args
     from autotune.outputs.files import write_outputs
     from autotune.outputs.progress import progress_factory
     from autotune.tuning.driver import run_search
+    from autotune.ui import dashboard
+    from autotune.ui.commands import job_from_args
 
     if args.trials < 1:
         raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
