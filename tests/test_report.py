@@ -105,6 +105,12 @@ def test_rejections_are_grouped_by_reason_with_counts():
     assert len(groups) == 2
 
 
+def test_report_of_only_feasible_trials_says_none_was_rejected(trials):
+    feasible = trials[trials["status"] == "ok"]
+    assert rejection_groups(feasible).empty
+    assert "Every trial was feasible." in render_report(ReportInput(trials=feasible))
+
+
 def test_launch_lines_are_wrapped_and_copy_the_one_line(trials):
     import html
     import shlex

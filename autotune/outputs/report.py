@@ -246,9 +246,10 @@ def rejection_groups(df: pd.DataFrame, usable_gib: float | None = None) -> pd.Da
     and failed / timed-out jobs by their message. Columns: group, trials, example (layout), closest_gib."""
     import pandas as pd
 
-    if "status" not in df or df.empty:
-        return pd.DataFrame(columns=["group", "trials", "example", "closest_gib"])
-    bad = df[~plots.feasible_mask(df)]
+    columns = ["group", "trials", "example", "closest_gib"]
+    bad = df[~plots.feasible_mask(df)] if "status" in df and len(df) else df.iloc[0:0]
+    if bad.empty:
+        return pd.DataFrame(columns=columns)
     keys: list[tuple[str, int]] = []
     for pos, row in enumerate(bad.itertuples(index=False)):
         r = row._asdict()
