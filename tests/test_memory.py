@@ -65,9 +65,13 @@ def test_distributed_optimizer_costs_6_plus_12_over_dp(dp):
 
 
 def test_bf16_moments_cost_8_bytes_per_param_of_optimizer_state():
-    # precision-aware optimizer with bf16 exp_avg / exp_avg_sq (the DeepSeek-V3 recipe): 4 + 2 + 2
-    est = estimate_memory(_job("llama3-8b", optimizer_moments="bf16"), Layout(tp=2, dp=4))
-    assert est.optimizer_bytes == 8 * est.params_per_gpu
+    # precision-aware optimizer with bf16 exp_avg / exp_avg_sq (the DeepSeek-V3 recipe): (4 + 2 + 2) / DP with the
+    # distributed optimizer; without it megatron-core has no precision-aware optimizer, so fp32 moments: 4 + 4 + 4
+    job = _job("llama3-8b", optimizer_moments="bf16")
+    sharded = estimate_memory(job, Layout(tp=2, dp=4, dist_opt=True))
+    assert sharded.optimizer_bytes == pytest.approx(8 / 4 * sharded.params_per_gpu)
+    plain = estimate_memory(job, Layout(tp=2, dp=4))
+    assert plain.optimizer_bytes == 12 * plain.params_per_gpu
 
 
 def test_distributed_optimizer_shards_over_dp_times_cp():
