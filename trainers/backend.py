@@ -47,16 +47,17 @@ def default_max_workers() -> int:
 
 
 def ensure_ray(temp_dir: str | None = None, num_cpus: int | None = None) -> None:
-    """Start a local Ray (quiet, no dashboard, no auth token file) unless one is running already."""
+    """Start a local Ray unless one is running already: quiet, no dashboard, every port on 127.0.0.1 and Ray's
+    token auth on (`search_spaces.ray_session.start_local`, the one way autotune starts Ray)."""
     import ray
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from search_spaces.ray_session import start_local
+
     temp_dir = temp_dir or os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "autotune-ray")
     os.makedirs(temp_dir, exist_ok=True)
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-             configure_logging=True, logging_level="ERROR", _temp_dir=temp_dir)
+    start_local(num_cpus=num_cpus or os.cpu_count() or 2, temp_dir=temp_dir)
 
 
 def expected_groups(layout: Layout) -> dict[str, int]:

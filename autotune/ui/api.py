@@ -111,8 +111,9 @@ def search(
     The job is `model` itself when it is a `Job`, else `make_job(model, ...)` with the cluster and
     training keywords. `trials`, `seed`, `backend` (`"auto"`: megatron where GPUs are visible, else
     analytic) and `headroom_gib` (default 5% of the GPU's memory) mean what the CLI's flags mean; with the
-    same inputs the ranking is the same. The search writes the CLI's output folder (`output_dir`, default
-    `autotune_runs/<model>-<nodes>n-<time>`): trials.csv, best.json, launch files, plots, `report.html`.
+    same inputs the ranking is the same. The search writes the CLI's output folder (`output_dir`, empty or new;
+    default a fresh `autotune_runs/<model>-<nodes>n-<time>-<random>`): trials.csv, best.json, launch files,
+    plots, `report.html`. `force=True` moves a non-empty `output_dir` aside; `resume=DIR` continues one.
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.ui.dashboard`);
@@ -136,10 +137,11 @@ def search(
     from autotune.outputs.progress import progress_factory
 
     options["progress"] = progress_factory(options.get("progress"))
+    # best.json, launch files, report.html and the plots: written while the folder is locked, before
+    # search.json says `completed`
+    options.setdefault("finish", lambda r: write_outputs(r, r.output_dir))
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
                             output_dir=output_dir, **options)
-    if raw.output_dir is not None:
-        write_outputs(raw, raw.output_dir)  # best.json, launch files, report.html and the plots
     return Result(raw, dashboard_url=None if dash is None else dash.url)
 
 
@@ -200,6 +202,8 @@ def estimate(
 
 class RaySession:
     """One quiet local Ray kept up for several searches (each search otherwise starts and stops its own).
+
+    Started by `search_spaces.ray_session.start_local`: every port on 127.0.0.1, Ray's token auth on.
 
         >>> ray = ray_session()          # doctest: +SKIP
         >>> a = search("mixtral", nodes=4, trials=32); b = search("mixtral", nodes=8, trials=32)   # doctest: +SKIP
