@@ -24,7 +24,7 @@ from pathlib import Path
 __all__ = ["OutputError", "atomic_write", "folder_lock", "claim", "prepare_folder", "make_folder", "move_aside",
            "default_output_dir"]
 
-_HELD: dict[str, tuple[int, int]] = {}  # resolved folder -> (fd, depth): the lock is re-entrant in one process
+_HELD: dict[str, tuple[int, int]] = {}  # "pid:folder" -> (fd, depth): the lock is re-entrant in one process
 
 
 class OutputError(OSError):
@@ -73,7 +73,7 @@ def folder_lock(folder: str | Path) -> Iterator[Path]:
     """Hold an exclusive `flock` on the folder itself for the block (no lock file: a refused search leaves an
     earlier folder byte for byte as it was); ValueError at once when another process holds it."""
     folder = Path(folder)
-    key = str(folder.resolve())
+    key = f"{os.getpid()}:{folder.resolve()}"  # a forked child holds nothing of its parent's
     if key in _HELD:  # this process holds it already
         fd, depth = _HELD[key]
         _HELD[key] = (fd, depth + 1)
