@@ -176,8 +176,12 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, namespace: st
 
     kwargs: dict[str, Any] = {"log_to_driver": log_to_driver, "logging_level": logging_level, "configure_logging": True}
     kwargs.update({k: v for k, v in {"namespace": namespace, "job_config": job_config}.items() if v is not None})
+    # A head on loopback is a cluster of this machine only: Ray would otherwise rewrite 127.0.0.1 to the
+    # machine's routable IP (where nothing listens) before connecting.
+    single_host = _single_host() if scheme == "gcs" and is_loopback(host) else contextlib.nullcontext()
     try:
-        return ray.init(address=address.strip(), **kwargs)
+        with single_host:
+            return ray.init(address=address.strip(), **kwargs)
     except (ConnectionError, TimeoutError, RuntimeError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"--address {address}: could not join the Ray cluster: {first}") from None

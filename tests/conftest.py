@@ -12,10 +12,11 @@ def ray_session():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
+    from search_spaces.ray_session import start_local
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    if started:  # the one way autotune starts Ray: every port on 127.0.0.1
+        start_local(num_cpus=2, temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
     yield
     if started:
         ray.shutdown()

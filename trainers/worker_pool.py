@@ -220,12 +220,12 @@ def _make_pool_class() -> Any:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             bundle = {"GPU": 1.0, "CPU": max(cpus_per_worker, 1.0)} if use_gpu else {"CPU": cpus_per_worker}
-            bundle.update(resources)
+            bundle = {k: v for k, v in {**bundle, **resources}.items() if v > 0}  # Ray refuses zero amounts
             pg = None
             options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0)}
             if resources:
                 options["resources"] = dict(resources)
-            if any(v > 0 for v in bundle.values()):
+            if bundle:
                 pg = placement_group([bundle] * world, strategy="PACK")
                 ray.get(pg.ready(), timeout=timeout_s)
             workers = []

@@ -391,7 +391,9 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
-    trainable = tune.with_resources(trainable, {"cpu": 1})
+    spread = plan.max_concurrent is None and _alive_nodes() > 1  # a cluster: trials go to every node
+    trial_resources = tune.PlacementGroupFactory([{"CPU": 1}], strategy="SPREAD") if spread else {"cpu": 1}
+    trainable = tune.with_resources(trainable, trial_resources)
     measured = {r.layout for r in plan.done}
     storage_dir = tune_storage_dir()
     stats: dict[str, Any] = {}
@@ -403,7 +405,7 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         total = len(plan.done) + sum(len(c["batch"]) for c in configs)
         search_alg, num_samples, param_space = None, 1, {"cfg": tune.grid_search(configs)}
         trainable = tune.with_parameters(_unwrap_cfg, job=plan.job, backend=plan.backend)
-        trainable = tune.with_resources(trainable, {"cpu": 1})
+        trainable = tune.with_resources(trainable, trial_resources)
     else:
         search_alg = LayoutSearch(plan=plan)
         left = plan.trials + len(plan.fixed) - len(plan.done)
@@ -415,7 +417,7 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=True,
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=not spread,
                                     max_concurrent_trials=concurrent,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="autotune", storage_path=storage_dir, verbose=2 if verbose else 0,
@@ -435,6 +437,12 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
     expected = total - len(plan.done)
     interrupted = len(recorder.records) < expected
     return recorder.records, interrupted, stats
+
+
+def _alive_nodes() -> int:
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
 
 
 def _cluster_cpus() -> int:
