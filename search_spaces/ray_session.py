@@ -162,6 +162,7 @@ def start_local(*, num_cpus: int | None = None, include_dashboard: bool = False,
         return ray.init(**kwargs)
 
 
+
 def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, namespace: str | None = None,
             job_config: Any = None, log_to_driver: bool = False, logging_level: int = logging.ERROR) -> Any:
     """Join an existing Ray cluster; ValueError with one line when the address is malformed or unreachable."""

@@ -5,6 +5,11 @@ import tempfile
 
 import pytest
 
+# One Ray auth mode for every in-process Ray of the test run: Ray reads RAY_AUTH_MODE once per process, and a
+# driver left in token mode by an earlier local Ray cannot start actors on a later one in "disabled" mode.
+# Subprocess tests choose their own (tests/test_ray_security.py runs with Ray's default, token auth on).
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
 
 @pytest.fixture(scope="module")
 def ray_session():
