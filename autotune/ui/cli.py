@@ -187,7 +187,8 @@ def _main(argv: list[str]) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
+    output_error = type(e).__name__ == "OutputError" and isinstance(e, OSError) and e.strerror
+    text = " ".join(str(e.strerror if output_error else e).split())
     return text[:2000] or type(e).__name__
 
 
