@@ -167,6 +167,13 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, namespace: st
             job_config: Any = None, log_to_driver: bool = False, logging_level: int = logging.ERROR) -> Any:
     """Join an existing Ray cluster; ValueError with one line when the address is malformed or unreachable."""
     scheme, host, port = check_address(address)
+    if scheme == "auto":
+        found = _resolve_auto()
+        try:
+            return connect(found, timeout_s=timeout_s, namespace=namespace, job_config=job_config,
+                           log_to_driver=log_to_driver, logging_level=logging_level)
+        except ValueError as e:
+            raise ValueError(f"--address auto (the cluster recorded on this machine): {e}") from None
     if scheme != "auto":
         why = _reachable(host, port, timeout_s)  # type: ignore[arg-type]
         if why:
@@ -191,6 +198,21 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, namespace: st
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ValueError(f"--address {address}: could not join the Ray cluster: {first}") from None
         raise
+
+
+def _resolve_auto() -> str:
+    """`auto`: RAY_ADDRESS, else the cluster `ray start` recorded on this machine (Ray's own look-up, without
+    its last resort of joining any gcs_server process it finds running, which may be another user's)."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError) as e:
+        raise ValueError(f"--address auto: {' '.join(str(e).split())}") from None
+    if not found:
+        raise ValueError("--address auto: no running Ray cluster was found on this machine; start one with "
+                         "`ray start --head` or give HOST:PORT.")
+    return found
 
 
 @contextlib.contextmanager
