@@ -88,3 +88,13 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_raises(tmp_path, monkeypat
     monkeypatch.undo()
     assert (tmp_path / "best.json").read_text() == "old\n"
     assert [p.name for p in Path(tmp_path).iterdir()] == ["best.json"]
+
+
+def test_resume_sweeps_what_a_killed_run_left_half_written(tmp_path):
+    (tmp_path / "trials.csv").write_text("x\n")
+    (tmp_path / ".best.json.tmp-123-abcdef").write_text("half")
+    (tmp_path / ".study.db.tmp-123").write_text("half")
+    (tmp_path / ".report-xyz").mkdir()
+    with claim(tmp_path, resume=True):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trials.csv"]

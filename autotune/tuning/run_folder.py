@@ -118,7 +118,22 @@ def claim(folder: str | Path, *, resume: bool, force: bool = False) -> Iterator[
     with folder_lock(folder):
         if not resume:
             prepare_folder(folder, resume=False)  # checked again under the lock: nobody filled it in between
+        else:
+            _sweep_temporaries(folder)
         yield folder
+
+
+def _sweep_temporaries(folder: Path) -> None:
+    """Half-written temporaries a killed run left (`.best.json.tmp-...`, `.report-...`): the lock is ours, so no
+    other search is writing them."""
+    import shutil
+
+    for path in folder.glob(".*"):
+        if ".tmp-" in path.name and path.is_file():
+            with contextlib.suppress(OSError):
+                path.unlink()
+        elif path.name.startswith(".report-") and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _contents(folder: Path) -> list[str]:
