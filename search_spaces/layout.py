@@ -48,6 +48,20 @@ class Layout:
     last_stage_layers: int | None = None
     embedding_loss_split: bool = False
 
+    def __post_init__(self) -> None:
+        """Each field of the right type and range (ValueError in the rules' wording): sizes are whole numbers
+        >= 1, the optional ones None or >= 1, the switches booleans, recompute one of its choices."""
+        for name in _SIZE_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:  # the common case costs one test per field
+                _check_size(name, value, optional=name in _OPTIONAL_FIELDS)
+        for name in _BOOL_FIELDS:
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"layout field {name!r} must be true or false, but got {getattr(self, name)!r}.")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got "
+                             f"{self.recompute!r}.")
+
     @property
     def expert_tp(self) -> int:
         return self.tp if self.etp is None else self.etp
@@ -141,6 +155,22 @@ class Layout:
         return ",".join(parts)
 
 
+def _check_size(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"layout field {name!r} must be a whole number, but got {value!r}.")
+    if value <= 0:
+        if name in _MEGATRON_SPLIT:
+            raise ValueError(f"{_MEGATRON_SPLIT[name]} must be larger than 0, but got ({name}={value}).")
+        raise ValueError(f"`{name} > 0`{' (or unset)' if optional else ''} must hold, but got ({name}={value}).")
+
+
+_SIZE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
+_BOOL_FIELDS = ("sp", "dist_opt", "embedding_loss_split")
+_MEGATRON_SPLIT = {"first_stage_layers": "num_layers_in_first_pipeline_stage",
+                   "last_stage_layers": "num_layers_in_last_pipeline_stage"}
+MAX_SIZE = 10**9  # the largest layout size parse_layout reads (far above any cluster)
 _FIELD_NAMES = tuple(f.name for f in fields(Layout))
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
@@ -156,6 +186,8 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
     world / (tp * pp * cp) (floored, at least 1; the rules report a world that does not divide).
     Raises ValueError with a message that says what is wrong.
     """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("a layout needs at least one name=value item, e.g. 'tp=2,pp=4'; got an empty one.")
     values: dict[str, object] = {}
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = item.partition("=")
@@ -170,12 +202,14 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
             if key in _OPTIONAL_FIELDS and raw in ("none", "null"):
                 values[key] = None
                 continue
-            try:
-                number = int(raw)
-            except ValueError:
-                raise ValueError(f"layout field {key!r} needs a positive integer, but got {raw!r}.") from None
-            if number <= 0:
-                raise ValueError(f"layout field {key!r} needs a positive integer, but got {number}.")
+            # ASCII digits only: int() would also read '２' (full width), '0_2' and ' +2'
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SIZE)):
+                raise ValueError(f"layout field {key!r} needs a positive integer (ASCII digits, at most {MAX_SIZE:,}), "
+                                 f"but got {raw!r}.")
+            number = int(raw)
+            if number <= 0 or number > MAX_SIZE:
+                raise ValueError(f"layout field {key!r} needs a positive integer (at most {MAX_SIZE:,}), but got "
+                                 f"{number}.")
             values[key] = None if key == "vpp" and number == 1 else number
         elif key in ("sp", "dist_opt", "embedding_loss_split"):
             if raw not in _BOOL:
@@ -185,6 +219,8 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
             if raw not in RECOMPUTE_CHOICES:
                 raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got {raw!r}.")
             values[key] = raw
+    if not values:
+        raise ValueError(f"a layout needs at least one name=value item, e.g. 'tp=2,pp=4'; got {text!r}.")
     layout = Layout(**values)  # type: ignore[arg-type]
     if "dp" not in values and world_size is not None:
         layout = replace(layout, dp=max(1, world_size // (layout.tp * layout.pp * layout.cp)))

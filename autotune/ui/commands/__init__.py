@@ -33,7 +33,11 @@ def job_from_args(args: argparse.Namespace) -> Job:
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
 
-    model = get_model(args.model)
+    try:
+        model = get_model(args.model)
+    except (TypeError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+        # a config.json whose values have the wrong types: bad input, one line (exit code 2)
+        raise ValueError(f"--model {args.model}: not a usable model config ({type(e).__name__}: {e}).") from None
     # Flags left unset are None: a --cluster YAML file fills them, then the documented defaults.
     cluster = build_cluster(
         nodes=args.nodes,
