@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
-__all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
+from search_spaces.pipeline_layout import LayoutSyntaxError, balanced_layout, chunk_counts, parse_stages
+
+__all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -43,6 +45,9 @@ class Layout:
     `num_layers_in_last_pipeline_stage`); None means an even split (`stage_layer_counts`).
     `embedding_loss_split` turns on both `account_for_embedding_in_pipeline_split` and
     `account_for_loss_in_pipeline_split`: the embedding and the loss count as one layer each.
+    `pipeline_layout` is megatron-core's `pipeline_model_parallel_layout` string (`Et|(tt|)*30mL`,
+    grammar in `search_spaces/pipeline_layout.py`): it places every layer itself. As in megatron-core's
+    `TransformerConfig.__post_init__`, an unset `vpp` is derived from it (stages / PP, None for 1).
     """
 
     tp: int = 1
@@ -59,6 +64,32 @@ class Layout:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     embedding_loss_split: bool = False
+    pipeline_layout: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pipeline_layout is not None and not isinstance(self.pipeline_layout, str):
+            raise ValueError(f"pipeline_layout must be a string (megatron-core's pipeline_model_parallel_layout), "
+                             f"but got {self.pipeline_layout!r}.")
+        if self.pipeline_layout is not None and self.vpp is None:
+            stages = self._layout_stages()
+            if stages is not None and self.pp > 0 and len(stages) % self.pp == 0 and len(stages) > self.pp:
+                object.__setattr__(self, "vpp", len(stages) // self.pp)
+
+    def _layout_stages(self) -> tuple[str, ...] | None:
+        """The layout string's stages, or None when there is no string or it does not parse (the rules say why)."""
+        if self.pipeline_layout is None:
+            return None
+        try:
+            return parse_stages(self.pipeline_layout)
+        except LayoutSyntaxError:
+            return None
+
+    def _layout_chunks(self, char: str) -> tuple[int, ...] | None:
+        """Per-chunk counts of `char` from the layout string when it parses into a multiple of PP stages."""
+        stages = self._layout_stages()
+        if stages is None or len(stages) % self.pp:
+            return None
+        return chunk_counts(self.pipeline_layout, char)  # type: ignore[arg-type]
 
     @property
     def expert_tp(self) -> int:
@@ -86,6 +117,9 @@ class Layout:
         callers still get counts that add up to num_layers.
         """
         pp = self.pp
+        if self._layout_chunks("t") is not None:
+            chunks = self.chunk_layer_counts(num_layers)
+            return tuple(sum(chunks[s::pp]) for s in range(pp))
         if pp == 1:
             return (num_layers,)
         if self.embedding_loss_split:
@@ -105,7 +139,12 @@ class Layout:
         """Layers in each of the PP * VPP model chunks, in model order (chunk c lives on stage c % PP).
 
         megatron-core splits each stage's layers equally over its VPP chunks (`get_num_layers_to_build`).
+        With `pipeline_layout` the counts are the string's `t` per stage (`PipelineParallelLayerLayout
+        .get_num_layers_to_build`), whatever they add up to (the rules check that they make num_layers).
         """
+        from_layout = self._layout_chunks("t")
+        if from_layout is not None:
+            return from_layout
         v = self.vpp_size
         if self.embedding_loss_split and self.pp > 1:
             # (L + 2) layers spread evenly over the PP * VPP chunks; the first chunk gives one slot to the
@@ -118,6 +157,16 @@ class Layout:
             return tuple(counts)
         stages = self.stage_layer_counts(num_layers)
         return tuple(stages[c % self.pp] // v for c in range(self.pp * v))
+
+    def chunk_mtp_counts(self, mtp_layers: int) -> tuple[int, ...]:
+        """Multi-token-prediction layers in each model chunk. Without a layout string megatron-core puts
+        them all on the last pipeline stage's last virtual chunk (`get_mtp_num_layers_to_build`,
+        `transformer/multi_token_prediction.py`); with one, wherever its `m`s are."""
+        from_layout = self._layout_chunks("m")
+        if from_layout is not None:
+            return from_layout
+        n = self.pp * self.vpp_size
+        return tuple(mtp_layers if c == n - 1 else 0 for c in range(n))
 
     def num_microbatches(self, global_batch_size: int) -> int:
         """GBS = MBS * DP * num_microbatches (floored; rules check divisibility)."""
@@ -150,12 +199,17 @@ class Layout:
             parts.append(f"last_stage_layers={self.last_stage_layers}")
         if self.embedding_loss_split:
             parts.append("embedding_loss_split=true")
+        if self.pipeline_layout is not None:
+            parts.append(f"pipeline_layout={self.pipeline_layout}")
         parts += [f"dp={self.dp}", f"mbs={self.mbs}", f"sp={str(self.sp).lower()}",
                   f"dist_opt={str(self.dist_opt).lower()}", f"recompute={self.recompute}"]
         return ",".join(parts)
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Layout))
+# the fields that say how the layers are split over the pipeline (derived from (num_layers, PP, VPP) in the space)
+SPLIT_FIELDS: frozenset[str] = frozenset({"first_stage_layers", "last_stage_layers", "embedding_loss_split",
+                                          "pipeline_layout"})
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
 _OPTIONAL_FIELDS = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
@@ -168,11 +222,18 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
     Omitted fields take megatron-core's defaults (1, no VPP, ETP = TP, SP off, no distributed
     optimizer, no recompute). When `dp` is omitted and `world_size` is given, dp is derived as
     world / (tp * pp * cp) (floored, at least 1; the rules report a world that does not divide).
+    `pipeline_layout=Et|(tt|)*30mL` keeps its case; commas inside it are megatron-core's cosmetic commas
+    (`pipeline_layout=Ettt|(tt|)*29,m|L`: the item after the comma has no `=`, so it continues the string).
     Raises ValueError with a message that says what is wrong.
     """
     values: dict[str, object] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
+    for item in _items(text):
         key, sep, raw = item.partition("=")
+        if key.strip().lower() == "pipeline_layout" and sep:
+            if "pipeline_layout" in values:
+                raise ValueError("layout field 'pipeline_layout' is given twice.")
+            values["pipeline_layout"] = _layout_string(raw)
+            continue
         key, raw = key.strip().lower(), raw.strip().lower()
         if not sep or not raw:
             raise ValueError(f"layout item {item!r} is not of the form name=value (e.g. 'tp=2').")
@@ -205,7 +266,28 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
     return layout
 
 
-def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, object] | None:
+def _items(text: str) -> list[str]:
+    """`name=value` items split at commas; a piece without `=` after a pipeline_layout item continues it."""
+    items: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" not in piece and items and items[-1].partition("=")[0].strip().lower() == "pipeline_layout":
+            items[-1] += piece
+        else:
+            items.append(piece)
+    return items
+
+
+def _layout_string(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        raise ValueError("layout field 'pipeline_layout' needs megatron-core's layout string, e.g. "
+                         "'pipeline_layout=Et|(tt|)*30mL', but got nothing.")
+    return None if value.lower() in ("none", "null") else value
+
+
+def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: int = 0) -> dict[str, object] | None:
     """The uneven pipeline split autotune offers when num_layers % (PP * VPP) != 0, as Layout fields.
 
     1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's
@@ -216,7 +298,11 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, obje
     2. Otherwise `first_stage_layers` / `last_stage_layers`: middle stages get m layers, the smallest multiple
        of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
        also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
-       (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2).
+       (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2). Not at PP 2 with VPP: megatron-core accepts
+       that split but cannot build PP rank 1 (`rules.first_last_vpp_needs_middle_stage`).
+    3. Otherwise a `pipeline_layout` string (megatron-core's `pipeline_model_parallel_layout`) that balances the
+       embedding, layers, `mtp_layers` MTP layers and loss over the chunks (`pipeline_layout.balanced_layout`,
+       at least 2 slots per chunk): DeepSeek-V3's published PP 8 x VPP 4 `Et|(tt|)*30mL`.
     Returns None when an even split works, PP == 1, or no such split exists.
     """
     if pp < 2 or num_layers % (pp * vpp) == 0:
@@ -228,6 +314,7 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, obje
     rest = num_layers - (pp - 2) * m
     last = (rest // 2) // vpp * vpp
     first = rest - last
-    if last < vpp or first < vpp or first % vpp or first > m:
-        return None
-    return {"first_stage_layers": first, "last_stage_layers": last}
+    if not (last < vpp or first < vpp or first % vpp or first > m or (pp == 2 and vpp > 1)):
+        return {"first_stage_layers": first, "last_stage_layers": last}
+    layout = balanced_layout(num_layers, pp, vpp, mtp_layers)
+    return None if layout is None else {"pipeline_layout": layout}
