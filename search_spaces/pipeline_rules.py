@@ -75,17 +75,27 @@ def pipeline_layout_exclusive(job: Job, layout: Layout) -> Violation | None:
 
 
 def pipeline_split_needs_pp(job: Job, layout: Layout) -> Violation | None:
-    """Stricter than megatron-core: at PP 1 it accepts first = num_layers and the embedding/loss split
-    (no-ops) and first + last < num_layers (then it builds only `last` layers)."""
+    """Any split field at PP 1. megatron-core refuses some of these itself ("Mismatch": first or last alone
+    short of num_layers, or first + last = num_layers, which leaves -1 middle stages for 0 layers) and accepts
+    the rest: the embedding/loss split and first = num_layers (no-ops) and first + last != num_layers (it then
+    builds only `last` layers); those autotune refuses deliberately (stricter)."""
     if layout.pp > 1 or not (_uneven(layout) or layout.embedding_loss_split):
         return None
     given = "; ".join(f for f in _set_split_fields(layout) if not f.startswith("pipeline_layout"))
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    rest = job.model.num_layers - (first or 0) - (last or 0)
+    stages = 1 - (first is not None) - (last is not None)
+    fields = dict(pp=layout.pp, **_split_fields(layout))
+    if _uneven(layout) and not layout.embedding_loss_split and bool(rest) != bool(stages):
+        return violation("pipeline_split_needs_pp", f"Mismatch: {rest} middle layers remaining but {stages} middle PP "
+                         f"stages available ({given}, num_layers {job.model.num_layers}, "
+                         f"pipeline_model_parallel_size {layout.pp}): with one stage there is nothing to split; "
+                         "drop the split or raise pp.", **fields)
     return violation("pipeline_split_needs_pp", f"{given} splits the layers over pipeline stages, but "
                      f"pipeline_model_parallel_size is {layout.pp}: with one stage there is nothing to split. "
                      f"{STRICTER} at pipeline_model_parallel_size 1 megatron-core ignores these fields or, with "
                      "both first and last set, builds only the last stage's layers (get_num_layers_to_build), "
-                     "which is not the model asked for; drop the split or raise pp.",
-                     stricter=True, pp=layout.pp, **_split_fields(layout))
+                     "which is not the model asked for; drop the split or raise pp.", stricter=True, **fields)
 
 
 # --- even split ---------------------------------------------------------------------------------------------

@@ -229,19 +229,20 @@ def build_chunks(model: ModelSpec, layout: Layout, config: Any, *, seq: int = 12
     return chunks
 
 
-def stage_first_rank(layout: Layout, stage: int) -> int:
+def stage_first_rank(world: int, layout: Layout, stage: int) -> int:
     """The first global rank of pipeline stage `stage`: megatron-core orders ranks tp-cp-ep-dp-pp, PP outermost."""
-    return stage * (layout.world_size // layout.pp)
+    return stage * (world // layout.pp)
 
 
-def init_rank(layout: Layout, rank: int, config: Any = None) -> None:
-    """A fake process group for `rank` of the layout's world (no communication), then megatron's groups."""
+def init_rank(layout: Layout, rank: int, config: Any = None, world: int | None = None) -> None:
+    """A fake process group for `rank` of a world of `world` GPUs (default the layout's; no communication),
+    then megatron's groups."""
     dist, ps = mc.dist, mc.parallel_state
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("fake", store=mc.FakeStore(), rank=rank, world_size=layout.world_size)
+    dist.init_process_group("fake", store=mc.FakeStore(), rank=rank, world_size=world or layout.world_size)
     vpp = config.virtual_pipeline_model_parallel_size if config is not None else layout.vpp
     ps.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
@@ -269,7 +270,7 @@ def _run_schedule(config: Any, chunks: list[Any], layout: Layout, num_microbatch
     run before that; the p2p receive of a later stage returns at once on the fake process group."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    def forward_step(data_iterator, model):  # noqa: ANN001
+    def forward_step(data_iterator, model, **kwargs):  # noqa: ANN001 - EP overlap passes return_schedule_plan
         raise _ReachedForward
 
     schedule = get_forward_backward_func()
@@ -301,17 +302,17 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
     where = "config"
     try:
         config = make_config(model, layout, training=job.training)  # 1
-        num_microbatches = max(1, gbs // (layout.mbs * layout.dp))
+        num_microbatches = max(1, gbs // (layout.mbs * max(1, job.world_size // (layout.tp * layout.pp * layout.cp))))
         for stage in range(layout.pp):  # 2
             where = f"pp rank {stage}"
-            init_rank(layout, stage_first_rank(layout, stage), config)
+            init_rank(layout, stage_first_rank(job.world_size, layout, stage), config, job.world_size)
             with meta_device():
                 chunks = build_chunks(model, layout, config, seq=seq)
             if schedule:
                 where = f"pp rank {stage} schedule"
                 _run_schedule(config, chunks, layout, num_microbatches, seq)
         where = "rank 0"
-        init_rank(layout, 0, config)
+        init_rank(layout, 0, config, job.world_size)
         from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
         from megatron.core.tensor_parallel.mappings import _split_along_first_dim
         from megatron.core.transformer.moe.moe_layer import MoELayer

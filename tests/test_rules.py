@@ -241,6 +241,13 @@ def test_violation_names_its_fields_and_values(rule) -> None:
 STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers"}
 
 
+def test_pp1_split_that_megatron_refuses_too_is_not_stricter() -> None:
+    # first 5 of 12 at PP 1: 7 layers left, 0 middle stages, megatron-core's "Mismatch"
+    (violation,) = check(make_job(GQA12, 16), parse_layout("pp=1,first_stage_layers=5", world_size=16))
+    assert violation.rule == "pipeline_split_needs_pp" and not violation.stricter
+    assert violation.message.startswith("Mismatch: 7 middle layers remaining but 0 middle PP stages available")
+
+
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 def test_deliberate_refusals_say_megatron_core_would_accept(rule) -> None:
     violation = _example_violation(rule.name)
