@@ -159,11 +159,10 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
     data = _read_json(path)
     config = HFConfig(data, path)
     builder = builder_for(data, path)
-    fields = builder(config)
     try:
-        spec = ModelSpec(name=_model_name(data, path), **fields)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{path}: {err}") from None
+        spec = ModelSpec(name=_model_name(data, path), **builder(config))
+    except (ValueError, TypeError) as err:  # MoESpec / ModelSpec checks: say which file they are about
+        raise ValueError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
     unread = config.unread()
     if unread:
         warnings.warn(f"{path}: autotune does not read {', '.join(unread)}; it assumes they change neither the "

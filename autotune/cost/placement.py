@@ -189,6 +189,10 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
     mtp_mlp_gemm = blocks["moe_dense_gemm"] + blocks["experts_gemm"] if model.moe is not None else blocks["dense_mlp_gemm"]
     embedding_gpu = vocab // tp * h + model.max_position_embeddings * h  # VocabParallelEmbedding + positions
     embedding_all = vocab * h + model.max_position_embeddings * h
+    # the decoder's final norm: on the post-process chunk, or with MTP on the chunk of the last decoder layer
+    # (`TransformerBlock.has_final_layernorm_in_this_stage`)
+    final_chunk = max((k for k, n in enumerate(counts) if n), default=len(counts) - 1) if model.mtp_num_layers \
+        else len(counts) - 1
     stages = []
     for p in range(pp):
         layers = moe_layers = mtp_layers = embedding_copies = 0
@@ -213,10 +217,13 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
         if has_emb:  # VocabParallelEmbedding rows split over TP; learned positions replicated
             dense_gpu += embedding_gpu
             dense_all += embedding_all
-        if has_out:  # final norm + column-parallel output layer (a tied copy when PP > 1)
+        if has_out:  # column-parallel output layer (a tied copy when PP > 1)
             output = 0 if (model.tied_embeddings and pp == 1) else vocab * h
-            dense_gpu += norm + output // tp
-            dense_all += norm + output
+            dense_gpu += output // tp
+            dense_all += output
+        if p == final_chunk % pp:  # the final norm, replicated
+            dense_gpu += norm
+            dense_all += norm
         expert_layers = moe_layers + (mtp_layers if model.moe is not None else 0)
         gemm = layers * blocks["attention_gemm"] + dense_layers * blocks["dense_mlp_gemm"]
         gemm += moe_layers * (blocks["moe_dense_gemm"] + blocks["experts_gemm"])
