@@ -7,9 +7,10 @@ megatron-core's `TransformerConfig` / `ModelParallelConfig` names.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Literal
 
-from search_spaces.pipeline_layout import LayoutSyntaxError, balanced_layout, chunk_counts, parse_stages
+from search_spaces.pipeline_layout import LayoutSyntaxError, balanced_layout, chunk_counts, layout_from_chunks, parse_stages
 
 __all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS"]
 
@@ -287,6 +288,7 @@ def _layout_string(raw: str) -> str | None:
     return None if value.lower() in ("none", "null") else value
 
 
+@lru_cache(maxsize=4096)
 def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: int = 0) -> dict[str, object] | None:
     """The uneven pipeline split autotune offers when num_layers % (PP * VPP) != 0, as Layout fields.
 
@@ -299,22 +301,36 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: in
        of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
        also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
        (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2). Not at PP 2 with VPP: megatron-core accepts
-       that split but cannot build PP rank 1 (`rules.first_last_vpp_needs_middle_stage`).
-    3. Otherwise a `pipeline_layout` string (megatron-core's `pipeline_model_parallel_layout`) that balances the
-       embedding, layers, `mtp_layers` MTP layers and loss over the chunks (`pipeline_layout.balanced_layout`,
-       at least 2 slots per chunk): DeepSeek-V3's published PP 8 x VPP 4 `Et|(tt|)*30mL`.
+       that split but cannot build PP rank 1 (`rules.first_last_vpp_needs_middle_stage`); 5. replaces it.
+    3. Otherwise, for a model with `mtp_layers` MTP layers, a `pipeline_layout` string when the embedding, the
+       layers, the MTP layers and the loss, one slot each, split exactly evenly over the PP * VPP chunks
+       (at least 2 slots each): DeepSeek-V3's 61 + 3 = 64 slots, Megatron-Bridge's published PP 8 x VPP 4
+       `Et|(tt|)*30mL` and 16-chunk PP 8 x VPP 2 / PP 2 x VPP 8 / PP 4 x VPP 4 layouts.
+    4. (PP 2 with VPP, where 2. would split) the balanced `pipeline_layout` string instead
+       (`pipeline_layout.balanced_layout`, chunks within one slot of each other), or, with under 2 slots per
+       chunk, the string of 2.'s chunks.
     Returns None when an even split works, PP == 1, or no such split exists.
     """
     if pp < 2 or num_layers % (pp * vpp) == 0:
         return None
-    if (num_layers + 2) % pp == 0 and ((num_layers + 2) // pp) % vpp == 0 and (num_layers + 2) // (pp * vpp) >= 2:
+    chunks = pp * vpp
+    if (num_layers + 2) % chunks == 0 and (num_layers + 2) // chunks >= 2:
         return {"embedding_loss_split": True}
     per_stage = -(-num_layers // pp)
     m = -(-per_stage // vpp) * vpp
     rest = num_layers - (pp - 2) * m
     last = (rest // 2) // vpp * vpp
     first = rest - last
-    if not (last < vpp or first < vpp or first % vpp or first > m or (pp == 2 and vpp > 1)):
+    first_last = not (last < vpp or first < vpp or first % vpp or first > m)
+    if first_last and not (pp == 2 and vpp > 1):
         return {"first_stage_layers": first, "last_stage_layers": last}
-    layout = balanced_layout(num_layers, pp, vpp, mtp_layers)
-    return None if layout is None else {"pipeline_layout": layout}
+    slots = num_layers + 2 + mtp_layers
+    if mtp_layers and slots % chunks == 0:
+        layout = balanced_layout(num_layers, pp, vpp, mtp_layers)
+        if layout is not None:
+            return {"pipeline_layout": layout}
+    if first_last:  # PP 2 with VPP
+        layout = balanced_layout(num_layers, pp, vpp, mtp_layers) or layout_from_chunks(
+            [(first if c % 2 == 0 else last) // vpp for c in range(chunks)], mtp_layers)
+        return {"pipeline_layout": layout}
+    return None

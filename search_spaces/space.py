@@ -181,12 +181,17 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     }
 
 
+@lru_cache(maxsize=4096)
+def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> tuple[tuple[str, object], ...]:
+    if num_layers % (pp * (vpp or 1)) == 0:
+        return ()
+    return tuple((pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}).items())
+
+
 def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> dict[str, object]:
     """The split fields of (PP, VPP): {} when num_layers splits evenly (or nothing splits: the rules say
     why), else the one uneven split `pipeline_split_for` offers."""
-    if num_layers % (pp * (vpp or 1)) == 0:
-        return {}
-    return pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}
+    return dict(_pipeline_fields(num_layers, pp, vpp, mtp_layers))
 
 
 def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers: int = 0) -> list[int | None]:
