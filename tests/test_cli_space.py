@@ -226,3 +226,32 @@ def test_module_entry_point_exit_code() -> None:
     result = subprocess.run([sys.executable, "-m", "autotune", "check", "--model", "tiny-gpt", "--layout", "sp=true"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "sp_needs_tp" in result.stdout
+
+
+def test_check_accepts_a_layout_string(capsys) -> None:
+    # Megatron-Bridge v0.3.1's H100 preset for DeepSeek-V3: PP 8 x VPP 4 from the string's 32 stages
+    layout = "tp=2,pp=8,ep=64,etp=1,sp=true,pipeline_layout=Et|(tt|)*30mL"
+    code, out, _ = _run(capsys, "check", "--model", "deepseek-v3", "--nodes", "128", "--global-batch-size", "8192",
+                        "--layout", layout, "--json")
+    obj = json.loads(out)
+    assert code == 0 and obj["valid"]
+    assert obj["layout"]["pipeline_model_parallel_layout"] == "Et|(tt|)*30mL"
+    assert obj["layout"]["virtual_pipeline_model_parallel_size"] == 4
+    assert obj["stage_layers"] == [7] + [8] * 6 + [6]  # rank 0 holds E+t, tt, tt, tt; rank 7 tt, tt, tt, mL
+    assert obj["megatron_core"]["megatron_core_rules"] in ("0.16.1", "0.19.2")
+
+
+def test_check_and_space_say_which_rules_were_applied(capsys) -> None:
+    from search_spaces.megatron_version import version_line
+
+    _, out, _ = _run(capsys, "check", "--model", "tiny-gpt", "--layout", "tp=2")
+    assert version_line() in out.replace("\n", "")
+    _, out, _ = _run(capsys, "space", "--model", "tiny-gpt", "--sample", "0")
+    assert version_line() in out.replace("\n", "")
+
+
+def test_check_marks_a_deliberate_refusal(capsys) -> None:
+    code, out, _ = _run(capsys, "check", "--model", "tiny-gpt", "--layout", "pp=1,embedding_loss_split=true", "--json")
+    (violation,) = json.loads(out)["violations"]
+    assert code == 1 and violation["stricter"] is True
+    assert "megatron-core would accept this layout" in violation["message"]

@@ -342,3 +342,35 @@ def test_split_layer_counts_must_be_positive() -> None:
 def test_non_positive_sizes_are_bad_input() -> None:
     with pytest.raises(ValueError, match="tp > 0"):
         check(make_job("tiny-gpt", 8), Layout(tp=0))
+
+
+# --- the installed megatron-core (search_spaces/megatron_version.py) ---------------------------------------------
+@pytest.mark.parametrize(("installed", "rules", "note"), [
+    ("0.16.1", "0.16.1", None),
+    ("0.19.2", "0.19.2", None),
+    ("0.17.0rc1", "0.19.2", "megatron-core 0.17.0rc1 is installed; autotune has the rules of 0.16.1 and 0.19.2 and "
+                            "applied megatron-core 0.19.2's"),
+    ("0.12.0", "0.16.1", "megatron-core 0.12.0 is installed; autotune has the rules of 0.16.1 and 0.19.2 and "
+                         "applied megatron-core 0.16.1's"),
+    (None, "0.16.1", "megatron-core is not installed; megatron-core 0.16.1's rules were applied"),
+])
+def test_version_info_says_which_rules_apply(monkeypatch, installed, rules, note) -> None:
+    from search_spaces import megatron_version
+
+    monkeypatch.setattr(megatron_version, "installed_version", lambda: installed)
+    assert megatron_version.version_info() == {"megatron_core_installed": installed, "megatron_core_rules": rules,
+                                               "note": note}
+    assert megatron_version.rules_version() == rules
+
+
+def test_the_installed_version_is_read_from_metadata_without_importing_megatron() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from search_spaces.megatron_version import installed_version; "
+            "v = installed_version(); assert 'megatron' not in sys.modules, sorted(sys.modules); print(v)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    from importlib.metadata import version
+
+    assert done.stdout.strip() == version("megatron-core")
