@@ -9,7 +9,7 @@ needs Megatron-Bridge's modules or Transformer Engine, the spec is patched with 
 same parameters:
 - the core attention is `TEStyleCoreAttention`: parameter-free like TE's and megatron-core's (except GPT-OSS's
   learnable `softmax_offset`, one per local head), and without the local `DotProductAttention`'s CPU-only limits
-  (CP 1, query groups divisible by TP, no MLA head dims), which Transformer Engine's attention does not have;
+  (CP 1, no MLA head dims), which Transformer Engine's attention does not have;
 - MLA's down projections are `DuplicatedLinear` (Transformer Engine's `parallel_mode='duplicated'`), or
   megatron-core's column-parallel local ones with `mla_down_proj="column"` (what the CPU proxy builds);
 - Gemma's post norms: `RowParallelLinearPostNorm` for `linear_proj` and `linear_fc2` (Bridge's
@@ -238,8 +238,7 @@ def init_rank(layout: Layout, rank: int, config: Any = None, world: int | None =
     """A fake process group for `rank` of a world of `world` GPUs (default the layout's; no communication),
     then megatron's groups."""
     dist, ps = mc.dist, mc.parallel_state
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+    ps.destroy_model_parallel()  # always: a failed initialize_model_parallel leaves globals (the VPP size) set
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", store=mc.FakeStore(), rank=rank, world_size=world or layout.world_size)
@@ -253,8 +252,7 @@ def init_rank(layout: Layout, rank: int, config: Any = None, world: int | None =
 
 def teardown() -> None:
     dist, ps = mc.dist, mc.parallel_state
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+    ps.destroy_model_parallel()  # always: a failed initialize_model_parallel leaves globals (the VPP size) set
     if dist.is_initialized():
         dist.destroy_process_group()
 

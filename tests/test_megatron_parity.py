@@ -6,7 +6,7 @@ out of this one): `TransformerConfig`, then for every pipeline stage on its firs
 the job's world `initialize_model_parallel`, every virtual chunk's `GPTModel` (on the meta device, so full-size
 models build too) and the pipeline schedule up to its first forward step, then the CP batch split, the SP split,
 `MoELayer.forward`'s guard and the micro-batch calculator. The core attention is a parameter-free stand-in for
-Transformer Engine's (GPU runs use TE; the local one refuses CP and query groups < TP on its own).
+Transformer Engine's (GPU runs use TE; the local one refuses CP and MLA's head dims on its own).
 `data_parallel_size_matches` has no megatron counterpart (megatron derives DP), so sampled layouts carry the
 derived DP; `flex_dispatcher_needs_tp_ep` is checked on the dispatcher itself (`test_flex_dispatcher`), as
 building it further needs DeepEP. Rules that only 0.19 has are not sampled against the installed 0.16.1.
