@@ -54,8 +54,9 @@ def _job(name: str, nodes: int, gbs: int) -> Job:
 def _space_sample(job: Job, n: int, rng: random.Random) -> list[Layout]:
     layouts = list(feasible_space(job).layouts())
     uneven = [x for x in layouts if x.first_stage_layers or x.embedding_loss_split or x.pipeline_layout]
-    step = max(1, len(layouts) // max(1, n - n // 2))
-    return layouts[::step][: n - n // 2] + rng.sample(uneven, min(n // 2, len(uneven)))
+    picked = rng.sample(uneven, min(n // 2, len(uneven)))
+    step = max(1, len(layouts) // max(1, n - len(picked)))  # evenly spread over the rest
+    return layouts[::step][: n - len(picked)] + picked
 
 
 def _random_sample(job: Job, n: int, rng: random.Random) -> list[Layout]:
