@@ -25,8 +25,8 @@ from functools import lru_cache
 from search_spaces.layout import Layout
 from search_spaces.model import VOCAB_DIVISOR, ModelSpec, padded_vocab_size
 
-__all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "padded_vocab_size",
-           "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR"]
+__all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "chunk_mtp_counts",
+           "padded_vocab_size", "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR"]
 
 # (first_stage_layers, last_stage_layers, embedding_loss_split, pipeline_layout); 3-tuples (no layout string)
 # are accepted too
