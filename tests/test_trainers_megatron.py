@@ -130,3 +130,33 @@ def test_crash_and_hang_are_outcomes_and_the_next_trial_gets_fresh_workers(backe
     assert out.status == status, out.reason
     after = _evaluate(backend, "tiny-gpt", "tp=2,pp=2")
     assert after.status == "ok" and after.extra["fresh_workers"] is True
+
+
+def test_each_job_destroys_the_previous_jobs_process_groups() -> None:
+    # megatron-core's destroy_model_parallel only forgets its groups; a reused worker must destroy them, or every
+    # job adds its TP/PP/DP/CP/EP/... groups (gloo threads, NCCL communicators on a GPU) to the ones before
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+    from trainers.megatron_job import destroy_job_groups, init_parallel_state
+
+    assert not dist.is_initialized()
+    apply_cpu_patches()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        layout = parse_layout("tp=1", world_size=1)
+        with cpu_device_mode():
+            init_parallel_state(layout)
+            after_first = len(c10d._world.pg_map)
+            assert after_first > 1  # the world group and megatron's groups
+            for _ in range(3):
+                init_parallel_state(layout)
+                assert len(c10d._world.pg_map) == after_first
+        assert destroy_job_groups() == after_first - 1
+        assert len(c10d._world.pg_map) == 1
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()

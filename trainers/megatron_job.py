@@ -64,12 +64,34 @@ def _reset_process_globals() -> None:
     moe_utils.get_moe_layer_wise_logging_tracker().clear()
 
 
+def destroy_job_groups() -> int:
+    """Destroy every process group but the default one; returns how many.
+
+    megatron-core 0.16.1's `destroy_model_parallel` only forgets its groups (`parallel_state.py:2085-2230` sets
+    them to None), while torch keeps each one registered with its gloo threads, or on a GPU its NCCL communicator
+    and that communicator's device buffers. A reused worker would pile them up job after job: a 20-minute
+    CPU-proxy search left 988 `pt_gloo_runloop` threads in each worker, and on a GPU every later trial would
+    measure its peak memory on top of the earlier trials' communicators. torch has no public list of groups, so
+    this reads `distributed_c10d._world.pg_map` (present since torch 2.0)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return 0
+    default = c10d._get_default_group()
+    groups = [g for g in list(c10d._world.pg_map) if g is not default]
+    for group in groups:
+        dist.destroy_process_group(group)
+    return len(groups)
+
+
 def init_parallel_state(layout: Layout) -> None:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    destroy_job_groups()
     _reset_process_globals()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
