@@ -96,8 +96,8 @@ class Calibration:
     # --- per-step fixed cost ------------------------------------------------------------
     step_overhead_s: float = 0.05  # fitted: data loading, logging, optimizer launch, synchronisation per iteration
     # --- uncertainty --------------------------------------------------------------------
-    band_dense: tuple[float, float] = (-0.113, 0.104)  # measured: 10th / 90th percentile of log(published /
-    band_moe: tuple[float, float] = (-0.215, 0.435)  #   predicted) leaving each model out of the fit (bench --loo)
+    band_dense: tuple[float, float] = (-0.077, 0.095)  # measured: 10th / 90th percentile of log(published /
+    band_moe: tuple[float, float] = (-0.178, 0.382)  #   predicted) leaving each model out of the fit (bench --loo)
 
     def band(self, moe: bool) -> tuple[float, float]:
         """(low, high) log-ratio band around a prediction: tokens/s * exp(low) .. tokens/s * exp(high)."""
@@ -114,21 +114,22 @@ class Calibration:
 
 DEFAULT_CALIBRATION = Calibration(  # python bench/bench_throughput.py --fit --sweeps 3 --trials 1500 (2026-12-01)
     per_arch=(
-        ("ampere", _arch(gemm_bf16=0.822, attention=0.0717, host_op_s=1.2e-5)),
-        ("hopper", _arch(gemm_bf16=0.667, gemm_fp8=(("delayed", 0.547), ("tensorwise", 0.547), ("blockwise", 0.547)),
-                         attention=0.447, host_op_s=9.74e-5)),
-        ("blackwell", _arch(gemm_bf16=0.85, gemm_fp8=(("delayed", 0.58), ("tensorwise", 0.58), ("mxfp8", 0.505),
-                                                      ("blockwise", 0.58)),
-                            attention=0.268, host_op_s=1.0e-4)),
+        ("ampere", _arch(gemm_bf16=0.8283, attention=0.08056, host_op_s=1.2e-5)),
+        ("hopper", _arch(gemm_bf16=0.7013, gemm_fp8=(("delayed", 0.5785), ("tensorwise", 0.5785),
+                                                     ("blockwise", 0.5785)),
+                         attention=0.3868, host_op_s=1.007e-4)),
+        ("blackwell", _arch(gemm_bf16=0.5418, gemm_fp8=(("delayed", 0.5285), ("tensorwise", 0.5285),
+                                                        ("mxfp8", 0.5059), ("blockwise", 0.5285)),
+                            attention=0.3259, host_op_s=1.008e-4)),
     ),
-    gemm_dim_half=52.9,
-    grouped_gemm_fraction=0.618,
-    tp_overlap_exposed=0.0012,
-    ep_overlap_exposed=1.0,
-    cp_overlap_fraction=0.57,
-    pp_p2p_exposed=0.95,
-    pp_step_host_s=3.43e-4,
-    step_overhead_s=0.0206,
+    gemm_dim_half=95.44,
+    grouped_gemm_fraction=0.7626,
+    tp_overlap_exposed=0.0009612,
+    ep_overlap_exposed=0.7299,
+    cp_overlap_fraction=0.342,
+    pp_p2p_exposed=0.6103,
+    pp_step_host_s=3.757e-4,
+    step_overhead_s=7.334e-4,
 )
 
 
