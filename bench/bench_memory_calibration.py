@@ -55,12 +55,12 @@ def main() -> int:
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from autotune.tuning.measured import analytic_proxy_memory
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
     from search_spaces.job import Job
     from search_spaces.layout import parse_layout
     from search_spaces.training import TrainingSpec
-    from autotune.tuning.measured import analytic_proxy_memory
     from trainers.backend import MegatronBackend, ensure_ray
     from trainers.worker_pool import shutdown_pool
 

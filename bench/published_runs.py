@@ -31,8 +31,8 @@ from search_spaces.cluster import ClusterSpec  # noqa: E402
 from search_spaces.gpus import get_gpu, get_link  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout, Recompute, pipeline_split_for  # noqa: E402
-from search_spaces.training import TrainingSpec  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 __all__ = ["CSV_PATH", "MODERN_SOURCES", "int_or", "float_or", "is_modern", "model_of", "job_of", "layout_of"]
 

@@ -11,7 +11,13 @@ from functools import lru_cache
 from typing import Literal
 
 from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings
-from search_spaces.pipeline_layout import LayoutSyntaxError, balanced_layout, chunk_counts, layout_from_chunks, parse_stages
+from search_spaces.pipeline_layout import (
+    LayoutSyntaxError,
+    balanced_layout,
+    chunk_counts,
+    layout_from_chunks,
+    parse_stages,
+)
 
 __all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS"]
 

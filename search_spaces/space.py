@@ -46,8 +46,8 @@ from functools import lru_cache
 from math import prod
 
 from search_spaces.job import Job
-from search_spaces.megatron_version import rules_version
 from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, pipeline_split_for
+from search_spaces.megatron_version import rules_version
 from search_spaces.rules import Rule, Violation, rules_for
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",

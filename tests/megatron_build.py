@@ -107,7 +107,14 @@ def setup() -> Any:
                                             eps=self.config.layernorm_epsilon)
 
     multi_latent_attention.TELinear = DuplicatedLinear  # accepted as 'duplicated' by MLASelfAttention
-    mc = types.SimpleNamespace(**locals())
+    mc = types.SimpleNamespace(
+        torch=torch, dist=dist, F=F, FakeStore=FakeStore, cpu_device_mode=cpu_device_mode,
+        parallel_state=parallel_state, GPTModel=GPTModel, get_gpt_decoder_block_spec=get_gpt_decoder_block_spec,
+        get_gpt_decoder_layer_specs=get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec=get_gpt_mtp_block_spec,
+        MLATransformerConfig=MLATransformerConfig, TransformerConfig=TransformerConfig,
+        TEStyleCoreAttention=TEStyleCoreAttention, DuplicatedLinear=DuplicatedLinear,
+        RowParallelLinearPostNorm=RowParallelLinearPostNorm, FullWidthQKNormSelfAttention=FullWidthQKNormSelfAttention,
+    )
     return mc
 
 

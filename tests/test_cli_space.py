@@ -12,6 +12,7 @@ import pytest
 from autotune.ui.cli import main
 from search_spaces.catalog import get_model
 from search_spaces.space import feasible_layouts
+
 from test_rules import make_job
 
 MEGATRON_KEYS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",

@@ -27,10 +27,11 @@ import pytest
 from search_spaces.catalog import get_model
 from search_spaces.hf_config import model_from_hf_config
 from search_spaces.layout import Layout, parse_layout
-from search_spaces.model import MLASpec, MoESpec, ModelSpec
+from search_spaces.model import MLASpec, ModelSpec, MoESpec
 from search_spaces.pipeline_layout import layout_from_chunks
 from search_spaces.rules import RULE_NAMES, check
 from search_spaces.space import SpaceOptions, dimension_ranges, feasible_space, pipeline_fields
+
 from test_rules import EP_OVERLAP, GQA12, GQA12_FFN198, MOE6, MOE_BIAS, MTP12, make_job
 
 pytestmark = pytest.mark.slow

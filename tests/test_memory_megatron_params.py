@@ -38,8 +38,8 @@ from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.training import TrainingSpec  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 # GPT-3 style: LayerNorm, biases, GeLU, tied embeddings, learned positions, MHA, a vocabulary that needs padding.
 TINY_GPT3 = ModelSpec(name="tiny-gpt3", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=8,

@@ -323,10 +323,10 @@ def _megatron_param_counts(models: list[ModelSpec]) -> list[int]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    import megatron_build as mb
-
     from search_spaces.layout import Layout
     from search_spaces.model import padded_vocab_size
+
+    import megatron_build as mb
 
     mb.setup()
     counts = []

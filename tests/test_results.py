@@ -2,13 +2,13 @@
 
 import json
 
-from search_spaces.measurement import Measurement
 from autotune.outputs.files import result_json, write_outputs
 from autotune.tuning.results import SearchResult, TrialLog, TrialRecord, pareto_front, read_trials
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
+from search_spaces.measurement import Measurement
 from search_spaces.training import TrainingSpec
 
 GIB = 1024**3

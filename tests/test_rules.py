@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
+
+import pytest
 
 from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec
 from search_spaces.gpus import get_gpu, get_link
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.rules import RULE_NAMES, RULES, check, lcm, rules_for
+from search_spaces.training import TrainingSpec
 
 # heads 12 and 4 query groups; ffn 240 divides by every TP up to 16 that the heads allow
 GQA12 = ModelSpec(name="gqa12", num_layers=12, hidden_size=96, ffn_hidden_size=240, num_attention_heads=12,

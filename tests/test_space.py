@@ -10,10 +10,20 @@ import pytest
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, MoESpec
-from search_spaces.rules import RULES, SPLIT_FIELDS, check
-from search_spaces.space import (DIMENSIONS, SHAPE_DIMENSIONS, SpaceOptions, dimension_ranges, feasible_layouts,
-                                 feasible_space, pipeline_fields, rejections, space_rules)
 from search_spaces.pipeline_layout import parse_stages
+from search_spaces.rules import RULES, SPLIT_FIELDS, check
+from search_spaces.space import (
+    DIMENSIONS,
+    SHAPE_DIMENSIONS,
+    SpaceOptions,
+    dimension_ranges,
+    feasible_layouts,
+    feasible_space,
+    pipeline_fields,
+    rejections,
+    space_rules,
+)
+
 from test_rules import EP_OVERLAP, FLEX, GQA12, MOE6, MOE_BIAS, MTP12, make_job
 
 # 14 layers: PP 4 splits (14 + 2) / 4 = 4 with embedding_loss_split; PP 3: 5 + 5 + 4; PP 6: 1 + 4*3 + 1

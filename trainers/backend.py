@@ -24,9 +24,9 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from search_spaces.measurement import Measurement
 from search_spaces.job import Job
 from search_spaces.layout import Layout
+from search_spaces.measurement import Measurement
 from trainers.proxy import ProxyPlan, plan_proxy
 
 __all__ = [
@@ -146,7 +146,7 @@ class MegatronBackend:
             kwargs["resources"] = dict(self.worker_resources)
         return runner(cfg, **kwargs)
 
-    def with_options(self, **changes: Any) -> "MegatronBackend":
+    def with_options(self, **changes: Any) -> MegatronBackend:
         return replace(self, **changes)
 
 

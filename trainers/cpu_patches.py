@@ -51,7 +51,7 @@ class _FakeStream:
     def wait_event(self, event: Any) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> "_FakeEvent":
+    def record_event(self, event: Any = None) -> _FakeEvent:
         return event or _FakeEvent()
 
     def synchronize(self) -> None:
@@ -60,7 +60,7 @@ class _FakeStream:
     def query(self) -> bool:
         return True
 
-    def __enter__(self) -> "_FakeStream":
+    def __enter__(self) -> _FakeStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:

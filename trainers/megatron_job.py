@@ -189,9 +189,8 @@ def build_model_chunks(cfg: JobConfig, tconfig: Any) -> list[Any]:
     """One GPTModel per virtual pipeline stage, bf16-wrapped when asked, each on this rank's device."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.module import Float16Module
-
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+    from megatron.core.transformer.module import Float16Module
 
     m = cfg.model
     spec = _layer_spec(cfg)

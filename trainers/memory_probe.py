@@ -14,7 +14,8 @@ On a GPU the allocator's peak (`torch.cuda.max_memory_allocated`) is reported be
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["SavedTensorTracker", "weights_bytes", "gradient_bytes", "optimizer_bytes", "param_storage_ptrs"]
 
@@ -91,7 +92,7 @@ class _Saved:
 
     __slots__ = ("tensor", "tracker", "key")
 
-    def __init__(self, tensor: Any, tracker: "SavedTensorTracker", key: int | None) -> None:
+    def __init__(self, tensor: Any, tracker: SavedTensorTracker, key: int | None) -> None:
         self.tensor, self.tracker, self.key = tensor, tracker, key
 
     def __del__(self) -> None:

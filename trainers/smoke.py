@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 from search_spaces.layout import Layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
+from search_spaces.training import TrainingSpec
 
 __all__ = ["run_smoke", "format_groups", "CPU_FULL_MODEL_MAX_PARAMS"]
 

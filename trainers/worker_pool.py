@@ -361,8 +361,8 @@ def shutdown_pool() -> None:
 
 def _train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     """Ray Train V2 worker function: run the job, gather every rank's result on rank 0."""
-    import torch
     import ray.train
+    import torch
 
     if not torch.cuda.is_available():
         torch.set_num_threads(_cpu_threads(torch.distributed.get_world_size()))
@@ -382,7 +382,6 @@ def _closed_torch_config(*, backend: str, timeout_s: int) -> Any:
     class _ClosedBackend(_TorchBackend):
         def on_start(self, worker_group: Any, backend_config: Any) -> None:
             import ray
-
             from ray.train.torch import config as torch_config
 
             env_vars = getattr(torch_config, "_set_torch_distributed_env_vars", None)
