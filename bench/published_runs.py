@@ -1,7 +1,7 @@
 """The published runs of /work/shared/data/calibration-runs.csv as autotune specs, for the benchmarks.
 
-One reading of a row serves both the throughput benchmark (bench_throughput.py via throughput_rows.py) and the memory check
-(bench_memory_published.py). What the sources leave unsaid is filled in the way the source's own scripts of that
+One reading of a row serves both the throughput benchmark (bench_throughput.py via throughput_rows.py) and the memory
+check (bench_memory_published.py). What the sources leave unsaid is filled in the way the source's own scripts of that
 time did:
 - micro-batch size 1 and no VPP unless the row gives them; DP from the row, else GPUs / (TP * PP * CP);
 - ETP 1 for the ModelZoo rows that leave it empty (the same recipe's other rows publish ETP=1; megatron-core's

@@ -267,8 +267,8 @@ def _gemma3(c: HFConfig) -> dict[str, Any]:
 
 def _gemma3_multimodal(c: HFConfig) -> dict[str, Any]:
     raise ValueError(f"{c.path}: Gemma3ForConditionalGeneration is not supported: its SigLIP vision tower "
-                     "(vision_config) and multimodal projector are not part of the GPT decoder megatron-core's GPTModel "
-                     "builds. Give the text model's config (text_config, as a Gemma3ForCausalLM config.json).")
+                     "(vision_config) and multimodal projector are not part of the GPT decoder megatron-core's "
+                     "GPTModel builds. Give the text model's config (text_config, as a Gemma3ForCausalLM config.json).")
 
 
 def _gpt_oss(c: HFConfig) -> dict[str, Any]:

@@ -124,7 +124,8 @@ class ModelSpec:
         if self.activation is None:
             object.__setattr__(self, "activation", "silu" if self.gated_linear_unit else "gelu")
         if self.activation not in ("silu", "gelu"):
-            raise ValueError(f"activation must be 'silu' or 'gelu', but got {self.activation!r} for model {self.name!r}.")
+            raise ValueError(f"activation must be 'silu' or 'gelu', but got {self.activation!r} "
+                             f"for model {self.name!r}.")
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
             value = getattr(self, name)
             if value <= 0:
@@ -147,7 +148,8 @@ class ModelSpec:
                 f"({self.moe.first_dense_layers}, {self.num_layers}) for model {self.name!r}."
             )
         if self.mtp_num_layers < 0:
-            raise ValueError(f"`mtp_num_layers >= 0` must hold, but got ({self.mtp_num_layers}) for model {self.name!r}.")
+            raise ValueError(f"`mtp_num_layers >= 0` must hold, but got ({self.mtp_num_layers}) "
+                             f"for model {self.name!r}.")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"`sliding_window > 0` (or unset) must hold, but got ({self.sliding_window}) "
                              f"for model {self.name!r}.")

@@ -227,7 +227,7 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
 
 def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
     """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp), each dimension's options from the earlier choices."""
-    m, world, gpn = job.model, job.world_size, job.cluster.gpus_per_node
+    m, world = job.model, job.world_size
     seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
     ep_overlap = job.training.overlap_moe_expert_parallel_comm
     for tp in _tp_values(job, options):
@@ -328,7 +328,7 @@ class FeasibleSpace:
         if not self.shapes:
             return ()  # an empty space offers nothing, even for the first dimension
         if prefix not in self._children:
-            raise ValueError(f"{dict(zip(DIMENSIONS, prefix))} is not a prefix of any valid layout; "
+            raise ValueError(f"{dict(zip(DIMENSIONS, prefix, strict=False))} is not a prefix of any valid layout; "
                              f"choose each dimension from choices().")
         return self._children[prefix]
 
@@ -353,7 +353,7 @@ class FeasibleSpace:
     def param_name(self, name: str, partial: Mapping[str, object]) -> str:
         """A parameter name unique to the prefix the choices of `name` depend on (for Optuna)."""
         prefix = self._prefix(name, partial) if name in SHAPE_DIMENSIONS else ()
-        return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix))])
+        return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix, strict=False))])
 
     def layouts(self) -> Iterator[Layout]:
         for shape in self.shapes:

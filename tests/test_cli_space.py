@@ -73,7 +73,6 @@ def _independently_valid(obj: dict, model, world: int, gpus_per_node: int, seq: 
         obj["expert_tensor_parallel_size"]
     dp, edp, mbs, sp = obj["dp"], obj["expert_dp"], obj["micro_batch_size"], obj["sequence_parallel"]
     groups = model.num_query_groups or model.num_attention_heads
-    wrong = []
     checks = {
         "world": tp * pp * cp * dp == world,
         "expert grid": tp * cp * dp == ep * etp * edp,

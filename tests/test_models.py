@@ -352,4 +352,4 @@ def test_counts_equal_megatron_core_numel() -> None:
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         built = pool.submit(_megatron_param_counts, models).result(timeout=600)
-    assert dict(zip([m.name for m in models], built)) == {m.name: m.total_params for m in models}
+    assert dict(zip([m.name for m in models], built, strict=True)) == {m.name: m.total_params for m in models}

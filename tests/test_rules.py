@@ -26,7 +26,8 @@ MOE6 = ModelSpec(name="moe6", num_layers=8, hidden_size=128, ffn_hidden_size=512
                  moe=MoESpec(num_experts=6, topk=2, expert_ffn_hidden_size=100, shared_expert_ffn_hidden_size=60,
                              first_dense_layers=1))
 MOE_BIAS = ModelSpec(name="moe-bias", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
-                     vocab_size=1024, add_bias_linear=True, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
+                     vocab_size=1024, add_bias_linear=True,
+                     moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
 # one MTP layer; hidden 100 with 12 heads of 8 channels: TP 3 splits the heads (12 % 3) and the FFN (240 % 3) but not
 # the MTP layer's eh_proj (100 % 3 = 1)
 MTP12 = ModelSpec(name="mtp12", num_layers=12, hidden_size=100, ffn_hidden_size=240, num_attention_heads=12,
@@ -269,7 +270,8 @@ def test_pipeline_split_needs_pp_names_the_field_given(text, field) -> None:
 def test_a_negative_middle_says_so() -> None:
     (violation,) = check(make_job(GQA12, 16), parse_layout("pp=4,first_stage_layers=9,last_stage_layers=9",
                                                            world_size=16))
-    assert "9 + 9 = 18 exceeds num_layers 12" in violation.message and "-6 layers (a negative number)" in violation.message
+    assert "9 + 9 = 18 exceeds num_layers 12" in violation.message
+    assert "-6 layers (a negative number)" in violation.message
 
 
 def test_moe_tp_needs_sp_is_a_hard_error() -> None:

@@ -65,7 +65,7 @@ def _brute_force(job, options):
     rules = sorted(RULES + space_rules(job, options), key=_level)  # stable: RULES order within a dimension
     valid, first = set(), {}
     for values in itertools.product(*ranges.values()):
-        d = dict(zip(ranges, values))
+        d = dict(zip(ranges, values, strict=True))
         model_size = d["tp"] * d["cp"] * d["pp"]
         d["dp"] = job.world_size // model_size if job.world_size % model_size == 0 else 1
         layout = Layout(**d, **pipeline_fields(job.model.num_layers, d["pp"], d["vpp"], job.model.mtp_num_layers))
@@ -170,7 +170,7 @@ def test_choices_are_exactly_the_next_values_of_the_shapes() -> None:
     shapes = space.shapes
     for shape in shapes[:: max(1, len(shapes) // 25)]:
         for k, name in enumerate(SHAPE_DIMENSIONS):
-            prefix = dict(zip(SHAPE_DIMENSIONS[:k], shape[:k]))
+            prefix = dict(zip(SHAPE_DIMENSIONS[:k], shape[:k], strict=True))
             expected = {s[k] for s in shapes if s[:k] == shape[:k]}
             assert set(space.choices(name, prefix)) == expected
 

@@ -154,7 +154,7 @@ class MegatronBackend:
 def _step_times(ranks: list[dict[str, Any]]) -> list[float]:
     """Per timed step, the slowest rank's time (ranks run in lockstep; the slowest sets the pace)."""
     per_rank = [r["step_times_s"] for r in ranks]
-    return [max(times) for times in zip(*per_rank)]
+    return [max(times) for times in zip(*per_rank, strict=True)]  # same steps on every rank
 
 
 def _losses(ranks: list[dict[str, Any]]) -> list[float]:

@@ -132,7 +132,8 @@ def open_store(timeout_s: float) -> tuple[Any, str, int]:
 
 def join_process_group(store: Any, addr: str, port: int, rank: int, world_size: int, backend: str,
                        timeout_s: float) -> Any:
-    """torch.distributed on the store of rank 0 (created here for the other ranks); loopback sockets on a loopback node."""
+    """torch.distributed on the store of rank 0 (created here for the other ranks); loopback sockets on a loopback
+    node."""
     from datetime import timedelta
 
     import torch.distributed as dist
