@@ -259,8 +259,8 @@ def _vpp_options(layers: int, pp: int, options: SpaceOptions, mtp_layers: int = 
     return tuple(vpp_values(layers, pp, options.min_pp_for_vpp, mtp_layers=mtp_layers))
 
 
-def _capped_vpp(vpps: tuple, cap: int | None) -> list:
-    return vpps if cap is None else [v for v in vpps if v is None or v <= cap]
+def _capped_vpp(vpps: tuple[int | None, ...], cap: int | None) -> tuple[int | None, ...]:
+    return vpps if cap is None else tuple(v for v in vpps if v is None or v <= cap)
 
 
 def _sp_values(job: Job, tp: int, cp: int) -> tuple[bool, ...]:
@@ -439,10 +439,14 @@ def rejections(job: Job, options: SpaceOptions = SpaceOptions(), *, version: str
             for value in ranges[name]:
                 values = {**prefix, name: value}
                 if name == "pp":
-                    model_size = values["tp"] * values["cp"] * value
+                    tp, cp = values["tp"], values["cp"]
+                    assert isinstance(tp, int) and isinstance(cp, int) and isinstance(value, int)
+                    model_size = tp * cp * value
                     values["dp"] = world // model_size if world % model_size == 0 else 1
                 if name == "vpp":
-                    values.update(pipeline_fields(job.model.num_layers, values["pp"], value, job.model.mtp_num_layers))
+                    pp = values["pp"]
+                    assert isinstance(pp, int) and (value is None or isinstance(value, int))
+                    values.update(pipeline_fields(job.model.num_layers, pp, value, job.model.mtp_num_layers))
                 broken = _first_broken(job, due[i], values)
                 if broken is None:
                     survivors.append(values)
