@@ -143,7 +143,8 @@ def _patch_torch_norm() -> None:
             norm = original_new(cls, _without_sp(config), hidden_size, eps, **kwargs)
         if config.sequence_parallel:
             for p in norm.parameters():
-                p.sequence_parallel = True
+                # megatron-core's mark of a sequence-parallel parameter: an attribute torch does not declare
+                p.sequence_parallel = True  # type: ignore[attr-defined]
         return norm
 
     torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)

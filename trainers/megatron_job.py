@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, padded_vocab_size
+from search_spaces.training import Dispatcher
 
 __all__ = ["JobConfig", "run_job", "JobRejected"]
 
@@ -43,7 +44,7 @@ class JobConfig:
     warmup_steps: int = 1
     timed_steps: int = 3
     dropout: float = 0.0
-    moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
+    moe_dispatcher: Dispatcher = "alltoall"  # "flex" only on a GPU with DeepEP (the GPU probe)
     measure_memory: bool = True
     lr: float = 1e-3
     fault: Literal["none", "crash", "hang"] = "none"  # injected on rank 0 in the first step (tests of failure handling)

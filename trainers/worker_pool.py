@@ -205,7 +205,8 @@ def _make_worker_class() -> Any:
 def _make_pool_class() -> Any:
     import ray
 
-    @ray.remote(num_cpus=0, max_concurrency=1)
+    # ray.remote's typed keyword overload lists task options only; max_concurrency is an actor option
+    @ray.remote(num_cpus=0, max_concurrency=1)  # type: ignore[call-overload]
     class MegatronPool:
         """Keeps worker groups alive by (world size, device); runs one trial at a time."""
 
@@ -243,7 +244,7 @@ def _make_pool_class() -> Any:
             self.nodes[key] = ray.get([w.node.remote() for w in workers], timeout=timeout_s)
             return workers
 
-        def _kill_group(self, key: tuple[int, bool]) -> None:
+        def _kill_group(self, key: tuple[Any, ...]) -> None:
             import ray
             from ray.util.placement_group import remove_placement_group
 
