@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from search_spaces.cluster import ClusterSpec  # noqa: E402
 from search_spaces.gpus import get_gpu, get_link  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import Layout, Recompute, pipeline_split_for  # noqa: E402
+from search_spaces.layout import Layout, PipelineSplit, Recompute, pipeline_split_for  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
 
@@ -93,7 +93,7 @@ def job_of(r: dict[str, str]) -> Job:
     return Job(model=model_of(r), cluster=cluster, training=training)
 
 
-def _pipeline_split(r: dict[str, str], pp: int, vpp: int | None) -> dict[str, object]:
+def _pipeline_split(r: dict[str, str], pp: int, vpp: int | None) -> PipelineSplit:
     """The published recipe's split when the layers do not divide PP * VPP (see the module docstring)."""
     layers = int(r["num_layers"])
     if layers % (pp * (vpp or 1)) == 0:
@@ -110,7 +110,7 @@ def layout_of(r: dict[str, str], recompute: Recompute) -> Layout:
     vpp = int_or(r["vpp"])
     vpp = vpp if vpp and vpp > 1 else None
     return Layout(
-        **_pipeline_split(r, pp, vpp),  # type: ignore[arg-type]
+        **_pipeline_split(r, pp, vpp),
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=int_or(r["ep"], 1) or 1,
         etp=int_or(r["etp"], 1 if r["source_id"] == "moe-modelzoo" else None),
         dp=int_or(r["dp"]) or int(r["num_gpus"]) // (tp * pp * cp), mbs=int_or(r["micro_batch_size"], 1) or 1,

@@ -64,11 +64,12 @@ class MoESpec:
         if (self.num_groups is None) != (self.group_topk is None):
             raise ValueError(f"group-limited routing needs both num_groups and group_topk, but got "
                              f"(num_groups={self.num_groups}, group_topk={self.group_topk}).")
-        if self.num_groups is not None:  # megatron-core transformer_config.py (__post_init__, moe_router_group_topk)
+        # megatron-core transformer_config.py (__post_init__, moe_router_group_topk); both set, or neither (above)
+        if self.num_groups is not None and self.group_topk is not None:
             if self.num_groups <= 0 or self.num_experts % self.num_groups:
                 raise ValueError(f"num_moe_experts ({self.num_experts}) should be divisible by "
                                  f"moe_router_num_groups ({self.num_groups}).")
-            if not 0 < self.group_topk <= self.num_groups:  # type: ignore[operator]
+            if not 0 < self.group_topk <= self.num_groups:
                 raise ValueError(f"moe_router_group_topk ({self.group_topk}) should be smaller than "
                                  f"moe_router_num_groups ({self.num_groups}).")
         if self.expert_bias and self.score_function != "sigmoid":

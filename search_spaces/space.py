@@ -46,7 +46,7 @@ from functools import lru_cache
 from math import prod
 
 from search_spaces.job import Job
-from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, pipeline_split_for
+from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, PipelineSplit, pipeline_split_for
 from search_spaces.megatron_version import rules_version
 from search_spaces.rules import Rule, Violation, rules_for
 
@@ -182,16 +182,16 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
 
 
 @lru_cache(maxsize=4096)
-def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> tuple[tuple[str, object], ...]:
+def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> PipelineSplit:
     if num_layers % (pp * (vpp or 1)) == 0:
-        return ()
-    return tuple((pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}).items())
+        return {}
+    return pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}
 
 
-def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> dict[str, object]:
+def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> PipelineSplit:
     """The split fields of (PP, VPP): {} when num_layers splits evenly (or nothing splits: the rules say
     why), else the one uneven split `pipeline_split_for` offers."""
-    return dict(_pipeline_fields(num_layers, pp, vpp, mtp_layers))
+    return _pipeline_fields(num_layers, pp, vpp, mtp_layers).copy()  # a copy: the cached dict is shared
 
 
 def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers: int = 0) -> list[int | None]:
@@ -366,7 +366,7 @@ def _layout(job: Job, shape: tuple, dist_opt: object, recompute: object) -> Layo
     tp, cp, pp, vpp, ep, etp, mbs, sp = shape
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
                   dist_opt=dist_opt, recompute=recompute,  # type: ignore[arg-type]
-                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))  # type: ignore[arg-type]
+                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))
 
 
 @lru_cache(maxsize=32)

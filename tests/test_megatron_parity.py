@@ -20,7 +20,9 @@ import dataclasses
 import multiprocessing
 import random
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,7 +59,7 @@ TINY_OSS = ModelSpec(name="tiny-oss", num_layers=6, hidden_size=96, ffn_hidden_s
 
 SEARCHED = SpaceOptions(tp_within_node=False, expert_within_node=False, micro_batch_sizes=(1, 2, 4))
 # (model, world, gpus per node, seq, gbs, training settings, hand-picked layouts besides the random sample)
-JOBS = [
+JOBS: list[tuple[ModelSpec | str, int, int, int, int, Mapping[str, object], tuple[str, ...]]] = [
     (GQA12_FFN198, 12, 4, 36, 24, {}, ("ep=2", "tp=12", "pp=1,vpp=2", "pp=3,vpp=2,mbs=2",
                                        "pp=3,vpp=5,first_stage_layers=2,last_stage_layers=5",  # 2 % 5
                                        "pp=3,vpp=5,first_stage_layers=5,last_stage_layers=2")),
@@ -142,7 +144,8 @@ def _sample(job, hand: tuple[str, ...], rng: random.Random) -> list[Layout]:
     ranges = dimension_ranges(job, SEARCHED)
     by_rule: dict[str, list[Layout]] = {}
     for _ in range(4000):
-        values = {name: rng.choice(options) for name, options in ranges.items()}
+        # one value per dimension, each its own type
+        values: dict[str, Any] = {name: rng.choice(options) for name, options in ranges.items()}
         model_size = values["tp"] * values["cp"] * values["pp"]
         values["dp"] = max(1, job.world_size // model_size)
         layout = Layout(**values, **pipeline_fields(job.model.num_layers, values["pp"], values["vpp"],
@@ -260,6 +263,7 @@ def _flex(tp_ep: list[tuple[int, int]]) -> list[str]:
 
     out = []
     model = get_model("tiny-moe")
+    assert model.moe is not None
     for ep, etp in tp_ep:
         layout = Layout(ep=ep, etp=etp, dp=ep * etp)
         mb.init_rank(layout, 0)

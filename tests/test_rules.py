@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -81,6 +82,7 @@ def test_8_experts_on_ep4_gives_2_per_gpu() -> None:
     job = make_job("tiny-moe", 8)
     layout = parse_layout("ep=4,etp=1", world_size=8)
     assert check(job, layout) == ()
+    assert job.model.moe is not None
     assert job.model.moe.num_experts // layout.ep == 2  # 8 / 4
     assert layout.expert_dp == 2  # 8 / (1 * 4 * 1)
 
@@ -99,7 +101,7 @@ def test_ep_on_a_dense_model_is_rejected() -> None:
 
 
 # --- every rule: a layout that breaks only it ------------------------------------------------------
-BROKEN = [
+BROKEN: list[tuple[ModelSpec | str, int, int, int, int, str, str | None]] = [
     # (model, world, gpus_per_node, seq, gbs, layout, the one rule it breaks)
     (GQA12, 12, 4, 4096, 24, "tp=2,pp=4", "world_size_divisible"),  # 12 % 8 = 4
     (GQA12, 12, 4, 4096, 24, "tp=2,pp=2,dp=2", "data_parallel_size_matches"),  # 12 / 4 = 3, not 2
@@ -176,7 +178,8 @@ BROKEN = [
 
 
 # rules of the training settings (the MoE dispatcher and the EP all-to-all overlap), per megatron-core version
-TRAINING_BROKEN = [
+# training settings by name, each its own type (TrainingSpec checks them)
+TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str | None]] = [
     # (model, world, training, layout, version, the one rule it breaks)
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.16.1", "flex_dispatcher_needs_tp_ep"),  # 1 x 1: nothing to dispatch over
     ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from typing import Any
 
 import pytest
 
@@ -63,9 +64,10 @@ def _brute_force(job, options):
     """Filter the whole naive product through every rule; count each rejection at its first rule."""
     ranges = dimension_ranges(job, options)
     rules = sorted(RULES + space_rules(job, options), key=_level)  # stable: RULES order within a dimension
-    valid, first = set(), {}
+    valid: set[Layout] = set()
+    first: dict[str, int] = {}
     for values in itertools.product(*ranges.values()):
-        d = dict(zip(ranges, values, strict=True))
+        d: dict[str, Any] = dict(zip(ranges, values, strict=True))  # one value per dimension, each its own type
         model_size = d["tp"] * d["cp"] * d["pp"]
         d["dp"] = job.world_size // model_size if job.world_size % model_size == 0 else 1
         layout = Layout(**d, **pipeline_fields(job.model.num_layers, d["pp"], d["vpp"], job.model.mtp_num_layers))
