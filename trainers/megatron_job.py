@@ -23,7 +23,9 @@ from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, padded_vocab_size
 from search_spaces.training import Dispatcher
 
-__all__ = ["JobConfig", "run_job", "JobRejected"]
+__all__ = ["JobConfig", "Fault", "run_job", "JobRejected"]
+
+Fault = Literal["none", "crash", "hang"]  # injected on rank 0 in the first step (tests of failure handling)
 
 SEED = 1234
 
@@ -47,7 +49,7 @@ class JobConfig:
     moe_dispatcher: Dispatcher = "alltoall"  # "flex" only on a GPU with DeepEP (the GPU probe)
     measure_memory: bool = True
     lr: float = 1e-3
-    fault: Literal["none", "crash", "hang"] = "none"  # injected on rank 0 in the first step (tests of failure handling)
+    fault: Fault = "none"
 
 
 def _device() -> Any:
