@@ -15,6 +15,7 @@ On a GPU the allocator's peak (`torch.cuda.max_memory_allocated`) is reported be
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 __all__ = ["SavedTensorTracker", "weights_bytes", "gradient_bytes", "optimizer_bytes", "param_storage_ptrs"]
@@ -25,7 +26,7 @@ def _storage_key(t: Any) -> tuple[int, int]:
     return storage.data_ptr(), storage.nbytes()
 
 
-def _unique_bytes(tensors: Iterable[Any], exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+def _unique_bytes(tensors: Iterable[Any], exclude: AbstractSet[int] = frozenset()) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
         ptr, nbytes = _storage_key(t)
