@@ -55,12 +55,12 @@ def main() -> int:
     args = parser.parse_args()
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from autotune.tuning.measured import analytic_proxy_memory
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
     from search_spaces.job import Job
     from search_spaces.layout import parse_layout
     from search_spaces.training import TrainingSpec
-    from autotune.tuning.measured import analytic_proxy_memory
     from trainers.backend import MegatronBackend, ensure_ray
     from trainers.worker_pool import shutdown_pool
 
@@ -72,7 +72,8 @@ def main() -> int:
     print(f"{'layout':42s} {'stage':>5s} {'term':12s} {'measured B':>12s} {'analytic B':>12s} {'error':>8s}")
     t0 = time.perf_counter()
     for model_name, text in LAYOUTS:
-        job = Job(model=get_model(model_name), cluster=cluster, training=TrainingSpec(seq_length=4096, global_batch_size=64))
+        job = Job(model=get_model(model_name), cluster=cluster,
+                  training=TrainingSpec(seq_length=4096, global_batch_size=64))
         layout = parse_layout(text, world_size=4)
         m = backend.evaluate(job, layout)
         label = f"{model_name} {text}"
@@ -88,8 +89,8 @@ def main() -> int:
                 err = (want - got) / got if want is not None and got else float("nan")
                 if want is not None and got:
                     worst[term] = max(worst[term], abs(err))
-                print(f"{label:42s} {stage:5d} {term:12s} {got:12.0f} {want if want is not None else float('nan'):12.0f} "
-                      f"{err:+8.1%}")
+                shown = want if want is not None else float("nan")
+                print(f"{label:42s} {stage:5d} {term:12s} {got:12.0f} {shown:12.0f} {err:+8.1%}")
     shutdown_pool()
     print(f"\nworst |error| by term (analytic - measured) / measured, {time.perf_counter() - t0:.0f} s:")
     for term in TERMS:

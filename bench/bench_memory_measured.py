@@ -26,6 +26,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,6 +53,24 @@ class MeasuredRun:
     stage: str  # "first" or "last": the pipeline stage the figure was measured on
     trust: str
     source: str
+
+
+class ComparedRow(TypedDict):
+    """One run's line of the table (and of --json): predicted against measured, in GiB."""
+
+    id: str
+    static_predicted_gib: float
+    static_error: float | None
+    model: str
+    gpu: str
+    layout: str
+    stage: int
+    predicted_gib: float
+    measured_gib: float
+    error: float
+    trust: str
+    terms_gib: dict[str, float]
+    activation_terms_gib: dict[str, float]
 
 
 def _model(text: str) -> ModelSpec:
@@ -101,8 +120,8 @@ def predict(run: MeasuredRun) -> MemoryEstimate:
     return stages[-1] if run.stage == "last" else stages[0]
 
 
-def compare(runs: list[MeasuredRun]) -> list[dict[str, object]]:
-    out = []
+def compare(runs: list[MeasuredRun]) -> list[ComparedRow]:
+    out: list[ComparedRow] = []
     for run in runs:
         est = predict(run)
         error = est.allocated_bytes / run.measured_bytes - 1
@@ -117,10 +136,10 @@ def compare(runs: list[MeasuredRun]) -> list[dict[str, object]]:
     return out
 
 
-def summary(rows: list[dict[str, object]]) -> dict[str, float]:
-    errors = [abs(float(r["error"])) for r in rows]  # type: ignore[arg-type]
+def summary(rows: list[ComparedRow]) -> dict[str, float]:
+    errors = [abs(r["error"]) for r in rows]
     return {"rows": len(errors), "mean_abs_error": sum(errors) / len(errors), "max_abs_error": max(errors),
-            "mean_signed_error": sum(float(r["error"]) for r in rows) / len(rows)}  # type: ignore[arg-type]
+            "mean_signed_error": sum(r["error"] for r in rows) / len(rows)}
 
 
 def main() -> int:
@@ -135,12 +154,12 @@ def main() -> int:
     print(f"{'id':<4} {'model':<22} {'gpu':<8} {'layout':<58} {'stage':>5} {'pred GiB':>9} {'meas GiB':>9} {'error':>7}"
           f"  {'static error':>12}")
     for r in rows:
-        static = "" if r["static_error"] is None else f"{float(r['static_error']):+12.1%}"  # type: ignore[arg-type]
+        static = "" if r["static_error"] is None else f"{r['static_error']:+12.1%}"
         print(f"{r['id']:<4} {str(r['model'])[:22]:<22} {r['gpu']:<8} {str(r['layout'])[:58]:<58} {r['stage']:>5} "
-              f"{r['predicted_gib']:9.2f} {r['measured_gib']:9.2f} {float(r['error']):+7.1%}  {static}")  # type: ignore[arg-type]
+              f"{r['predicted_gib']:9.2f} {r['measured_gib']:9.2f} {r['error']:+7.1%}  {static}")
         if args.terms:
-            print("      " + "  ".join(f"{k} {v:.2f}" for k, v in r["terms_gib"].items()))  # type: ignore[union-attr]
-            print("      " + "  ".join(f"{k} {v:.2f}" for k, v in r["activation_terms_gib"].items() if v))  # type: ignore[union-attr]
+            print("      " + "  ".join(f"{k} {v:.2f}" for k, v in r["terms_gib"].items()))
+            print("      " + "  ".join(f"{k} {v:.2f}" for k, v in r["activation_terms_gib"].items() if v))
     for label, subset in (("all rows", rows), ("trust A (exact configs)", [r for r in rows if r["trust"] == "A"])):
         s = summary(subset)
         print(f"{label}: {s['rows']} rows, mean |error| {s['mean_abs_error']:.1%}, worst {s['max_abs_error']:.1%}, "

@@ -22,6 +22,7 @@ import argparse
 import csv
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,7 +33,7 @@ from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, estimat
 from bench.published_runs import CSV_PATH, is_modern, job_of, layout_of  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.layout import Layout, Recompute  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
 
 MODULES = {"norm, act": ("layernorm", "moe_act"), "layernorm, moe": ("layernorm", "moe")}
@@ -50,7 +51,7 @@ class PublishedRun:
     skip_reason: str = ""
 
 
-def _recompute(r: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+def _recompute(r: dict[str, str]) -> tuple[Recompute, tuple[str, ...]]:
     text = r["recompute"].strip()
     if text.startswith("full") or (not text and "includes recompute" in r["flops_convention"]):
         return "full", ()
@@ -70,21 +71,20 @@ def published_runs(path: Path = CSV_PATH) -> list[PublishedRun]:
             recompute, modules = _recompute(r)
             assumptions = MemoryAssumptions(flash_attention=modern, dropout=None if modern else True)
             mem = float(r["mem_gb"]) if r["mem_gb"].strip() else None
-            common = dict(index=i, name=r["model"], source=r["source_id"], assumptions=assumptions,
+            run = partial(PublishedRun, index=i, name=r["model"], source=r["source_id"], assumptions=assumptions,
                           published_mem_gb=mem)
             if not r["tp"].strip():
-                runs.append(PublishedRun(job=None, layout=None, skip_reason="no layout published", **common))
+                runs.append(run(job=None, layout=None, skip_reason="no layout published"))
                 continue
             if "FSDP on" in r["notes"]:
-                runs.append(PublishedRun(job=None, layout=None, skip_reason="Megatron-FSDP (params and grads "
-                                         "sharded) is not a Layout field", **common))
+                runs.append(run(job=None, layout=None, skip_reason="Megatron-FSDP (params and grads "
+                                "sharded) is not a Layout field"))
                 continue
             job = job_of(r)
             # Megatron-LM runs of their time: fp32 main grads (its bf16 default) and the unfused loss
             training = replace(job.training, recompute_modules=modules or ("core_attn",), grad_reduce_in_fp32=True,
                                cross_entropy_fusion="none", fp8_param_gather=False)
-            runs.append(PublishedRun(job=replace(job, training=training), layout=layout_of(r, recompute),
-                                     **common))  # type: ignore[arg-type]
+            runs.append(run(job=replace(job, training=training), layout=layout_of(r, recompute)))
     return runs
 
 

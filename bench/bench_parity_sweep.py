@@ -19,6 +19,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,7 +64,8 @@ def _random_sample(job: Job, n: int, rng: random.Random) -> list[Layout]:
     ranges = dimension_ranges(job, feasible_space(job).options)
     out = []
     for _ in range(n):
-        values = {name: rng.choice(options) for name, options in ranges.items()}
+        # one value per dimension, each its own type
+        values: dict[str, Any] = {name: rng.choice(options) for name, options in ranges.items()}
         model_size = values["tp"] * values["cp"] * values["pp"]
         values["dp"] = max(1, job.world_size // model_size)
         out.append(Layout(**values, **pipeline_fields(job.model.num_layers, values["pp"], values["vpp"],

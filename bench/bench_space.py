@@ -13,15 +13,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.training import TrainingSpec  # noqa: E402
+from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.space import SpaceOptions, feasible_space, rejections  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 CROSS_NODE = SpaceOptions(tp_within_node=False, expert_within_node=False)
 JOBS = [
@@ -34,14 +38,21 @@ JOBS = [
 ]
 
 
-def _best_s(fn, repeat: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeat):
+T = TypeVar("T")
+
+
+def _best_s(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
+    best = float("inf")
+    for _ in range(max(1, repeat)):
         feasible_space.cache_clear()
         start = time.perf_counter()
         result = fn()
         best = min(best, time.perf_counter() - start)
     return best, result
+
+
+def _all_layouts(job: Job, options: SpaceOptions) -> list[Layout]:
+    return list(feasible_space(job, options).layouts())
 
 
 def main() -> None:
@@ -52,9 +63,9 @@ def main() -> None:
           f"{'build_s':>8} {'layouts_s':>9} {'rejections_s':>12}")
     for name, nodes, options, label in JOBS:
         job = Job(model=get_model(name), cluster=build_cluster(nodes=nodes), training=TrainingSpec())
-        build_s, space = _best_s(lambda: feasible_space(job, options), args.repeat)
-        layouts_s, layouts = _best_s(lambda: list(feasible_space(job, options).layouts()), args.repeat)
-        rejections_s, report = _best_s(lambda: rejections(job, options), args.repeat)
+        build_s, space = _best_s(partial(feasible_space, job, options), args.repeat)
+        layouts_s, layouts = _best_s(partial(_all_layouts, job, options), args.repeat)
+        rejections_s, report = _best_s(partial(rejections, job, options), args.repeat)
         assert report.feasible == len(layouts) == space.size
         print(f"{name:<16} {job.world_size:>6} {label:<10} {len(space.shapes):>8,} {len(layouts):>9,} "
               f"{report.candidates:>13,} {build_s:>8.3f} {layouts_s:>9.3f} {rejections_s:>12.3f}")

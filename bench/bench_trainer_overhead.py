@@ -52,11 +52,13 @@ def _run(tune, layouts: list[str], job, backend, storage: str) -> list[dict]:
 
 def _print(title: str, rows: list[dict]) -> list[float]:
     print(f"\n{title}")
-    print(f"  {'layout':22s} {'status':7s} {'Tuner s':>7s} {'wall s':>7s} {'job s':>6s} {'overhead s':>10s} {'fresh':>6s}")
+    print(f"  {'layout':22s} {'status':7s} {'Tuner s':>7s} {'wall s':>7s} {'job s':>6s} {'overhead s':>10s} "
+          f"{'fresh':>6s}")
     overheads = []
     for r in rows:
         overhead = r["wall_s"] - r["job_s"]
-        print(f"  {r['layout']:22s} {r['status']:7s} {r['tune_s']:7.1f} {r['wall_s']:7.1f} {r['job_s']:6.1f} {overhead:10.1f} {str(r['fresh']):>6s}"
+        print(f"  {r['layout']:22s} {r['status']:7s} {r['tune_s']:7.1f} {r['wall_s']:7.1f} {r['job_s']:6.1f} "
+              f"{overhead:10.1f} {str(r['fresh']):>6s}"
               + (f"  {r['reason']}" if r["status"] != "ok" else ""))
         if not r["fresh"]:
             overheads.append(overhead)
@@ -100,7 +102,8 @@ def main() -> int:
         print(f"  first reused trial (pays worker start-up): {rows[0]['wall_s']:.1f} s")
     if overheads:
         print(f"  reused: median overhead {statistics.median(overheads):.1f} s per trial "
-              f"(max {max(overheads):.1f} s; target < 5 s), median wall {statistics.median(r['wall_s'] for r in rows[1:]):.1f} s")
+              f"(max {max(overheads):.1f} s; target < 5 s), "
+              f"median wall {statistics.median(r['wall_s'] for r in rows[1:]):.1f} s")
     if fresh_rows:
         walls = [r["wall_s"] for r in fresh_rows]
         print(f"  fresh:  median wall {statistics.median(walls):.1f} s per trial")

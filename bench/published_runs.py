@@ -1,7 +1,7 @@
 """The published runs of /work/shared/data/calibration-runs.csv as autotune specs, for the benchmarks.
 
-One reading of a row serves both the throughput benchmark (bench_throughput.py via throughput_rows.py) and the memory check
-(bench_memory_published.py). What the sources leave unsaid is filled in the way the source's own scripts of that
+One reading of a row serves both the throughput benchmark (bench_throughput.py via throughput_rows.py) and the memory
+check (bench_memory_published.py). What the sources leave unsaid is filled in the way the source's own scripts of that
 time did:
 - micro-batch size 1 and no VPP unless the row gives them; DP from the row, else GPUs / (TP * PP * CP);
 - ETP 1 for the ModelZoo rows that leave it empty (the same recipe's other rows publish ETP=1; megatron-core's
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from search_spaces.cluster import ClusterSpec  # noqa: E402
 from search_spaces.gpus import get_gpu, get_link  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
-from search_spaces.layout import Layout, Recompute, pipeline_split_for  # noqa: E402
-from search_spaces.training import TrainingSpec  # noqa: E402
+from search_spaces.layout import Layout, PipelineSplit, Recompute, pipeline_split_for  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 __all__ = ["CSV_PATH", "MODERN_SOURCES", "int_or", "float_or", "is_modern", "model_of", "job_of", "layout_of"]
 
@@ -93,7 +93,7 @@ def job_of(r: dict[str, str]) -> Job:
     return Job(model=model_of(r), cluster=cluster, training=training)
 
 
-def _pipeline_split(r: dict[str, str], pp: int, vpp: int | None) -> dict[str, object]:
+def _pipeline_split(r: dict[str, str], pp: int, vpp: int | None) -> PipelineSplit:
     """The published recipe's split when the layers do not divide PP * VPP (see the module docstring)."""
     layers = int(r["num_layers"])
     if layers % (pp * (vpp or 1)) == 0:
@@ -110,7 +110,7 @@ def layout_of(r: dict[str, str], recompute: Recompute) -> Layout:
     vpp = int_or(r["vpp"])
     vpp = vpp if vpp and vpp > 1 else None
     return Layout(
-        **_pipeline_split(r, pp, vpp),  # type: ignore[arg-type]
+        **_pipeline_split(r, pp, vpp),
         tp=tp, pp=pp, vpp=vpp, cp=cp, ep=int_or(r["ep"], 1) or 1,
         etp=int_or(r["etp"], 1 if r["source_id"] == "moe-modelzoo" else None),
         dp=int_or(r["dp"]) or int(r["num_gpus"]) // (tp * pp * cp), mbs=int_or(r["micro_batch_size"], 1) or 1,

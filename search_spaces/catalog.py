@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_spaces.model import MLASpec, MoESpec, ModelSpec
+from search_spaces.model import MLASpec, ModelSpec, MoESpec
 
 __all__ = ["PublishedCounts", "PUBLISHED", "get_model", "list_models", "model_names"]
 

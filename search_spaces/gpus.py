@@ -153,7 +153,7 @@ def default_intra_node(gpu: GPUSpec) -> LinkSpec:
     if link is None:
         raise ValueError(
             f"GPU {gpu.name!r} is not in the catalog, so its NVLink generation is unknown; "
-            f"give intra_node (one of {', '.join(l.name for l in _LINKS)})."
+            f"give intra_node (one of {', '.join(known.name for known in _LINKS)})."
         )
     return link
 

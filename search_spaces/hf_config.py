@@ -12,11 +12,12 @@ HF's `max_position_embeddings` is the RoPE context length, not a learned table, 
 
 from __future__ import annotations
 
+import builtins
 import json
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from search_spaces.hf_families import SUPPORTED_ARCHITECTURES, builder_for
 from search_spaces.model import ModelSpec
@@ -53,19 +54,32 @@ NO_EFFECT_KEYS: dict[str, str] = {
 
 class HFConfig:
     """A config.json mapping whose accessors check type and range and name the file and key on failure.
-    It records which keys were read, so the loader can say which were not."""
+    It records which keys were read, so the loader can say which were not.
+    (Annotations say `builtins.int` etc.: inside the class, `int`, `str`, `bool` and `list` name the accessors.)
+    The overloads say when a value is certain: a required key, or one with a default, is never None."""
 
     def __init__(self, data: Mapping[str, Any], path: Path) -> None:
-        self._data, self.path, self.read = data, path, set()
+        self._data, self.path = data, path
+        self.read: set[builtins.str] = set()
 
-    def _raw(self, key: str) -> Any:
+    def _raw(self, key: builtins.str) -> Any:
         self.read.add(key)
         return self._data.get(key)
 
-    def has(self, key: str) -> bool:
+    def has(self, key: builtins.str) -> builtins.bool:
         return self._data.get(key) is not None
 
-    def int(self, key: str, default: int | None = None, *, minimum: int = 1, required: bool = True) -> int | None:
+    @overload
+    def int(self, key: builtins.str, default: builtins.int | None = None, *, minimum: builtins.int = 1,
+            required: Literal[True] = True) -> builtins.int: ...
+    @overload
+    def int(self, key: builtins.str, default: builtins.int, *, minimum: builtins.int = 1,
+            required: builtins.bool) -> builtins.int: ...
+    @overload
+    def int(self, key: builtins.str, default: None = None, *, minimum: builtins.int = 1,
+            required: builtins.bool) -> builtins.int | None: ...
+    def int(self, key: builtins.str, default: builtins.int | None = None, *, minimum: builtins.int = 1,
+            required: builtins.bool = True) -> builtins.int | None:
         """An integer >= minimum; `default` when absent or null; a missing required key is an error."""
         value = self._raw(key)
         if value is None:
@@ -79,7 +93,11 @@ class HFConfig:
             raise ValueError(f"{self.path}: `{key} >= {minimum}` must hold, but got ({key}={value}).")
         return value
 
-    def number(self, key: str, default: float | None = None) -> float | None:
+    @overload
+    def number(self, key: builtins.str, default: float) -> float: ...
+    @overload
+    def number(self, key: builtins.str, default: None = None) -> float | None: ...
+    def number(self, key: builtins.str, default: float | None = None) -> float | None:
         """A finite number (int or float), `default` when absent or null."""
         value = self._raw(key)
         if value is None:
@@ -89,7 +107,7 @@ class HFConfig:
             raise ValueError(f"{self.path}: {key} must be a number, but got {value!r}.")
         return float(value)
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: builtins.str, default: builtins.bool) -> builtins.bool:
         value = self._raw(key)
         if value is None:
             return default
@@ -97,7 +115,14 @@ class HFConfig:
             raise ValueError(f"{self.path}: {key} must be true or false, but got {value!r}.")
         return value
 
-    def str(self, key: str, default: str | None = None, *, choices: tuple[str, ...] | None = None) -> str | None:
+    @overload
+    def str(self, key: builtins.str, default: builtins.str, *,
+            choices: tuple[builtins.str, ...] | None = None) -> builtins.str: ...
+    @overload
+    def str(self, key: builtins.str, default: None = None, *,
+            choices: tuple[builtins.str, ...] | None = None) -> builtins.str | None: ...
+    def str(self, key: builtins.str, default: builtins.str | None = None, *,
+            choices: tuple[builtins.str, ...] | None = None) -> builtins.str | None:
         value = self._raw(key)
         if value is None:
             return default
@@ -107,19 +132,19 @@ class HFConfig:
             raise ValueError(f"{self.path}: {key}={value!r} is not supported; supported: {', '.join(choices)}.")
         return value
 
-    def list(self, key: str) -> list | None:
+    def list(self, key: builtins.str) -> builtins.list[Any] | None:
         value = self._raw(key)
         if value is not None and not isinstance(value, list):
             raise ValueError(f"{self.path}: {key} must be a list, but got {value!r}.")
         return value
 
-    def refuse(self, key: str, supported: Any, why: str) -> None:
+    def refuse(self, key: builtins.str, supported: Any, why: builtins.str) -> None:
         """Raise when `key` is set to something other than `supported` (absent and null are fine)."""
         value = self._raw(key)
         if value is not None and value != supported:
             raise ValueError(f"{self.path}: {key}={value!r} is not supported ({why}); only {supported!r} is.")
 
-    def unread(self) -> list[str]:
+    def unread(self) -> builtins.list[builtins.str]:
         return sorted(k for k in self._data if k not in self.read and k not in NO_EFFECT_KEYS)
 
 

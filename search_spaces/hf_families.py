@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from search_spaces.model import MLASpec, MoESpec
 
@@ -53,7 +53,7 @@ def _decoder(c: HFConfig, *, tie_default: bool = False) -> dict[str, Any]:
     heads = c.int("num_attention_heads")
     hidden = c.int("hidden_size")
     head_dim = c.int("head_dim", required=False)
-    explicit = head_dim is not None and (hidden % heads or head_dim != hidden // heads)  # type: ignore[operator]
+    explicit = head_dim is not None and (hidden % heads or head_dim != hidden // heads)
     return dict(
         num_layers=c.int("num_hidden_layers"),
         hidden_size=hidden,
@@ -195,7 +195,8 @@ def _deepseek(c: HFConfig) -> dict[str, Any]:
     c.refuse("num_key_value_heads", heads, "MLA has one latent KV per layer; the published configs repeat the heads")
     experts, topk = c.int("n_routed_experts"), c.int("num_experts_per_tok")
     method = c.str("topk_method", "greedy", choices=_TOPK_METHODS)
-    score = c.str("scoring_func", "softmax", choices=("softmax", "sigmoid"))
+    score: Literal["softmax", "sigmoid"] = (
+        "sigmoid" if c.str("scoring_func", "softmax", choices=("softmax", "sigmoid")) == "sigmoid" else "softmax")
     groups, group_topk = c.int("n_group", 1), c.int("topk_group", 1)
     if method == "greedy" and (groups, group_topk) != (1, 1):
         raise ValueError(f"{c.path}: topk_method='greedy' routes without groups, but n_group={groups} and "
@@ -212,9 +213,9 @@ def _deepseek(c: HFConfig) -> dict[str, Any]:
     expert_ffn = c.int("moe_intermediate_size")
     moe = MoESpec(
         num_experts=experts, topk=topk, expert_ffn_hidden_size=expert_ffn,
-        shared_expert_ffn_hidden_size=c.int("n_shared_experts", 0, minimum=0) * expert_ffn,  # type: ignore[operator]
+        shared_expert_ffn_hidden_size=c.int("n_shared_experts", 0, minimum=0) * expert_ffn,
         first_dense_layers=c.int("first_k_dense_replace", 0, minimum=0),
-        score_function=score,  # type: ignore[arg-type]
+        score_function=score,
         pre_softmax=score == "softmax" and not norm_topk,
         num_groups=groups if grouped else None, group_topk=group_topk if grouped else None,
         topk_scaling_factor=scale if scale != 1.0 else None, expert_bias=method == "noaux_tc",
@@ -267,8 +268,8 @@ def _gemma3(c: HFConfig) -> dict[str, Any]:
 
 def _gemma3_multimodal(c: HFConfig) -> dict[str, Any]:
     raise ValueError(f"{c.path}: Gemma3ForConditionalGeneration is not supported: its SigLIP vision tower "
-                     "(vision_config) and multimodal projector are not part of the GPT decoder megatron-core's GPTModel "
-                     "builds. Give the text model's config (text_config, as a Gemma3ForCausalLM config.json).")
+                     "(vision_config) and multimodal projector are not part of the GPT decoder megatron-core's "
+                     "GPTModel builds. Give the text model's config (text_config, as a Gemma3ForCausalLM config.json).")
 
 
 def _gpt_oss(c: HFConfig) -> dict[str, Any]:

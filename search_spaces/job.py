@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from search_spaces.cluster import ClusterSpec
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
+from search_spaces.training import TrainingSpec
 
 __all__ = ["Job"]
 

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, TypedDict
 
 from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings
-from search_spaces.pipeline_layout import LayoutSyntaxError, balanced_layout, chunk_counts, layout_from_chunks, parse_stages
+from search_spaces.pipeline_layout import (
+    LayoutSyntaxError,
+    balanced_layout,
+    chunk_counts,
+    layout_from_chunks,
+    parse_stages,
+)
 
-__all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS"]
+__all__ = ["Layout", "Recompute", "PipelineSplit", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES",
+           "SPLIT_FIELDS"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -307,8 +314,17 @@ def _layout_string(raw: str) -> str | None:
     return None if value.lower() in ("none", "null") else value
 
 
+class PipelineSplit(TypedDict, total=False):
+    """The Layout fields of an uneven pipeline split (`pipeline_split_for` sets one way to split)."""
+
+    first_stage_layers: int
+    last_stage_layers: int
+    embedding_loss_split: bool
+    pipeline_layout: str
+
+
 @lru_cache(maxsize=4096)
-def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: int = 0) -> dict[str, object] | None:
+def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: int = 0) -> PipelineSplit | None:
     """The uneven pipeline split autotune offers when num_layers % (PP * VPP) != 0, as Layout fields.
 
     1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's

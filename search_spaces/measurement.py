@@ -55,6 +55,7 @@ class Measurement:
 class Backend(Protocol):
     """Evaluates layouts of a job. The search does not know which backend it drives."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: a class constant or a frozen field both satisfy it
 
     def evaluate(self, job: Job, layout: Layout) -> Measurement: ...

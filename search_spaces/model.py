@@ -64,11 +64,12 @@ class MoESpec:
         if (self.num_groups is None) != (self.group_topk is None):
             raise ValueError(f"group-limited routing needs both num_groups and group_topk, but got "
                              f"(num_groups={self.num_groups}, group_topk={self.group_topk}).")
-        if self.num_groups is not None:  # megatron-core transformer_config.py (__post_init__, moe_router_group_topk)
+        # megatron-core transformer_config.py (__post_init__, moe_router_group_topk); both set, or neither (above)
+        if self.num_groups is not None and self.group_topk is not None:
             if self.num_groups <= 0 or self.num_experts % self.num_groups:
                 raise ValueError(f"num_moe_experts ({self.num_experts}) should be divisible by "
                                  f"moe_router_num_groups ({self.num_groups}).")
-            if not 0 < self.group_topk <= self.num_groups:  # type: ignore[operator]
+            if not 0 < self.group_topk <= self.num_groups:
                 raise ValueError(f"moe_router_group_topk ({self.group_topk}) should be smaller than "
                                  f"moe_router_num_groups ({self.num_groups}).")
         if self.expert_bias and self.score_function != "sigmoid":
@@ -124,7 +125,8 @@ class ModelSpec:
         if self.activation is None:
             object.__setattr__(self, "activation", "silu" if self.gated_linear_unit else "gelu")
         if self.activation not in ("silu", "gelu"):
-            raise ValueError(f"activation must be 'silu' or 'gelu', but got {self.activation!r} for model {self.name!r}.")
+            raise ValueError(f"activation must be 'silu' or 'gelu', but got {self.activation!r} "
+                             f"for model {self.name!r}.")
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
             value = getattr(self, name)
             if value <= 0:
@@ -147,7 +149,8 @@ class ModelSpec:
                 f"({self.moe.first_dense_layers}, {self.num_layers}) for model {self.name!r}."
             )
         if self.mtp_num_layers < 0:
-            raise ValueError(f"`mtp_num_layers >= 0` must hold, but got ({self.mtp_num_layers}) for model {self.name!r}.")
+            raise ValueError(f"`mtp_num_layers >= 0` must hold, but got ({self.mtp_num_layers}) "
+                             f"for model {self.name!r}.")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ValueError(f"`sliding_window > 0` (or unset) must hold, but got ({self.sliding_window}) "
                              f"for model {self.name!r}.")

@@ -12,6 +12,8 @@ Each message gives megatron-core's own words, then the fields with their values.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.pipeline_layout import LayoutSyntaxError, layout_from_chunks, parse_stages
@@ -20,7 +22,15 @@ from search_spaces.violations import STRICTER, Violation, violation
 __all__ = ["pipeline_rule_checks", "layers_divisible_by_pp_message"]
 
 
-def _split_fields(layout: Layout) -> dict[str, object]:
+class _SplitFields(TypedDict):
+    """The split fields a violation reports (a TypedDict: its keys cannot collide with `violation`'s `stricter`)."""
+
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+    embedding_loss_split: bool
+
+
+def _split_fields(layout: Layout) -> _SplitFields:
     return {"first_stage_layers": layout.first_stage_layers, "last_stage_layers": layout.last_stage_layers,
             "embedding_loss_split": layout.embedding_loss_split}
 
@@ -85,17 +95,17 @@ def pipeline_split_needs_pp(job: Job, layout: Layout) -> Violation | None:
     first, last = layout.first_stage_layers, layout.last_stage_layers
     rest = job.model.num_layers - (first or 0) - (last or 0)
     stages = 1 - (first is not None) - (last is not None)
-    fields = dict(pp=layout.pp, **_split_fields(layout))
     if _uneven(layout) and not layout.embedding_loss_split and bool(rest) != bool(stages):
         return violation("pipeline_split_needs_pp", f"Mismatch: {rest} middle layers remaining but {stages} middle PP "
                          f"stages available ({given}, num_layers {job.model.num_layers}, "
                          f"pipeline_model_parallel_size {layout.pp}): with one stage there is nothing to split; "
-                         "drop the split or raise pp.", **fields)
+                         "drop the split or raise pp.", pp=layout.pp, **_split_fields(layout))
     return violation("pipeline_split_needs_pp", f"{given} splits the layers over pipeline stages, but "
                      f"pipeline_model_parallel_size is {layout.pp}: with one stage there is nothing to split. "
                      f"{STRICTER} at pipeline_model_parallel_size 1 megatron-core ignores these fields or, with "
                      "both first and last set, builds only the last stage's layers (get_num_layers_to_build), "
-                     "which is not the model asked for; drop the split or raise pp.", stricter=True, **fields)
+                     "which is not the model asked for; drop the split or raise pp.",
+                     stricter=True, pp=layout.pp, **_split_fields(layout))
 
 
 # --- even split ---------------------------------------------------------------------------------------------
@@ -136,10 +146,11 @@ def _stage_layers_divisible_by_vpp(which: str, count: int | None, layout: Layout
     if count is None or vpp is None or count % vpp == 0 or layout.pp == 1 or layout.embedding_loss_split \
             or not _classic(layout):
         return None
-    return violation(f"{which}_stage_layers_divisible_by_vpp", f"number of layers at {which} stage: {count} must be "
+    return Violation(rule=f"{which}_stage_layers_divisible_by_vpp",
+                     message=f"number of layers at {which} stage: {count} must be "
                      f"divisible by virtual pipeline parallel degree {vpp} ({which}_stage_layers={count} "
                      f"(num_layers_in_{which}_pipeline_stage), vpp={vpp}).",
-                     **{f"{which}_stage_layers": count, "vpp": vpp})
+                     fields={f"{which}_stage_layers": count, "vpp": vpp})
 
 
 def first_stage_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:

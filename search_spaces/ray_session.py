@@ -175,7 +175,8 @@ def connect(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S, namespace: st
         except ValueError as e:
             raise ValueError(f"--address auto (the cluster recorded on this machine): {e}") from None
     if scheme != "auto":
-        why = _reachable(host, port, timeout_s)  # type: ignore[arg-type]
+        assert port is not None  # check_address gives every scheme but auto a port
+        why = _reachable(host, port, timeout_s)
         if why:
             raise ValueError(f"--address {address}: cannot reach a Ray {'client server' if scheme == 'ray' else 'head'}"
                              f" at {host}:{port}: {why}.")

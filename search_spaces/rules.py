@@ -55,7 +55,8 @@ def data_parallel_size_matches(job: Job, layout: Layout) -> Violation | None:
     return _violation("data_parallel_size_matches",
                       f"data_parallel_size must be world_size / (tp * pp * cp) = {world} / {model_size} = "
                       f"{world // model_size}, but got dp={layout.dp} "
-                      f"(tp({layout.tp}) * pp({layout.pp}) * cp({layout.cp}) * dp({layout.dp}) != world_size({world})).",
+                      f"(tp({layout.tp}) * pp({layout.pp}) * cp({layout.cp}) * dp({layout.dp}) "
+                      f"!= world_size({world})).",
                       world_size=world, tp=layout.tp, pp=layout.pp, cp=layout.cp, dp=layout.dp)
 
 
@@ -70,9 +71,10 @@ def expert_world_size_divisible(job: Job, layout: Layout) -> Violation | None:
     smallest = pp * lcm(layout.tp * layout.cp, ep * etp)
     return _violation("expert_world_size_divisible",
                       f"world_size ({world}) is not divisible by expert_tensor_model_pipeline_parallel size ({size}) "
-                      f"(expert_tensor_parallel_size {etp} * expert_model_parallel_size {ep} * pipeline_model_parallel_size {pp}); "
-                      f"this layout needs a multiple of PP * lcm(TP*CP, EP*ETP) = {pp} * lcm({layout.tp}*{layout.cp}, {ep}*{etp}) "
-                      f"= {smallest} GPUs.",
+                      f"(expert_tensor_parallel_size {etp} * expert_model_parallel_size {ep} "
+                      f"* pipeline_model_parallel_size {pp}); "
+                      f"this layout needs a multiple of PP * lcm(TP*CP, EP*ETP) "
+                      f"= {pp} * lcm({layout.tp}*{layout.cp}, {ep}*{etp}) = {smallest} GPUs.",
                       world_size=world, tp=layout.tp, cp=layout.cp, pp=pp, ep=ep, etp=etp)
 
 
@@ -282,7 +284,8 @@ def _version_checks(version: str):
             return None
         return _violation("ep_overlap_recompute_modules", "disable moe in recompute_modules when enabling "
                           f"overlap_moe_expert_parallel_comm (recompute selective, recompute_modules "
-                          f"{list(t.recompute_modules)}).", recompute="selective", overlap_moe_expert_parallel_comm=True)
+                          f"{list(t.recompute_modules)}).",
+                          recompute="selective", overlap_moe_expert_parallel_comm=True)
 
     def ep_overlap_mtp(job: Job, layout: Layout) -> Violation | None:
         """At most one MTP layer; 0.16.1 also needs PP > 1 with one (dropped in 0.19)."""
@@ -365,7 +368,8 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
     ("first_stage_layers_divisible_by_vpp", _PIPE, _UNEVEN),
     ("last_stage_layers_divisible_by_vpp", _PIPE, _UNEVEN),
     ("middle_stages_match", _PIPE, _UNEVEN),
-    ("first_last_within_num_layers", _PIPE, _UNEVEN + "; autotune is stricter: megatron-core lets a negative middle through"),
+    ("first_last_within_num_layers", _PIPE,
+     _UNEVEN + "; autotune is stricter: megatron-core lets a negative middle through"),
     ("middle_layers_divisible", _PIPE, _UNEVEN),
     ("middle_layers_divisible_by_vpp", _PIPE, _UNEVEN),
     ("first_last_vpp_needs_middle_stage", _PIPE,

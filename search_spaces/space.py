@@ -46,8 +46,8 @@ from functools import lru_cache
 from math import prod
 
 from search_spaces.job import Job
+from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, PipelineSplit, pipeline_split_for
 from search_spaces.megatron_version import rules_version
-from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, pipeline_split_for
 from search_spaces.rules import Rule, Violation, rules_for
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
@@ -182,16 +182,16 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
 
 
 @lru_cache(maxsize=4096)
-def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> tuple[tuple[str, object], ...]:
+def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> PipelineSplit:
     if num_layers % (pp * (vpp or 1)) == 0:
-        return ()
-    return tuple((pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}).items())
+        return {}
+    return pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}
 
 
-def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> dict[str, object]:
+def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> PipelineSplit:
     """The split fields of (PP, VPP): {} when num_layers splits evenly (or nothing splits: the rules say
     why), else the one uneven split `pipeline_split_for` offers."""
-    return dict(_pipeline_fields(num_layers, pp, vpp, mtp_layers))
+    return _pipeline_fields(num_layers, pp, vpp, mtp_layers).copy()  # a copy: the cached dict is shared
 
 
 def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers: int = 0) -> list[int | None]:
@@ -227,7 +227,7 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
 
 def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
     """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp), each dimension's options from the earlier choices."""
-    m, world, gpn = job.model, job.world_size, job.cluster.gpus_per_node
+    m, world = job.model, job.world_size
     seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
     ep_overlap = job.training.overlap_moe_expert_parallel_comm
     for tp in _tp_values(job, options):
@@ -259,8 +259,8 @@ def _vpp_options(layers: int, pp: int, options: SpaceOptions, mtp_layers: int = 
     return tuple(vpp_values(layers, pp, options.min_pp_for_vpp, mtp_layers=mtp_layers))
 
 
-def _capped_vpp(vpps: tuple, cap: int | None) -> list:
-    return vpps if cap is None else [v for v in vpps if v is None or v <= cap]
+def _capped_vpp(vpps: tuple[int | None, ...], cap: int | None) -> tuple[int | None, ...]:
+    return vpps if cap is None else tuple(v for v in vpps if v is None or v <= cap)
 
 
 def _sp_values(job: Job, tp: int, cp: int) -> tuple[bool, ...]:
@@ -328,7 +328,7 @@ class FeasibleSpace:
         if not self.shapes:
             return ()  # an empty space offers nothing, even for the first dimension
         if prefix not in self._children:
-            raise ValueError(f"{dict(zip(DIMENSIONS, prefix))} is not a prefix of any valid layout; "
+            raise ValueError(f"{dict(zip(DIMENSIONS, prefix, strict=False))} is not a prefix of any valid layout; "
                              f"choose each dimension from choices().")
         return self._children[prefix]
 
@@ -353,7 +353,7 @@ class FeasibleSpace:
     def param_name(self, name: str, partial: Mapping[str, object]) -> str:
         """A parameter name unique to the prefix the choices of `name` depend on (for Optuna)."""
         prefix = self._prefix(name, partial) if name in SHAPE_DIMENSIONS else ()
-        return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix))])
+        return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix, strict=False))])
 
     def layouts(self) -> Iterator[Layout]:
         for shape in self.shapes:
@@ -366,7 +366,7 @@ def _layout(job: Job, shape: tuple, dist_opt: object, recompute: object) -> Layo
     tp, cp, pp, vpp, ep, etp, mbs, sp = shape
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
                   dist_opt=dist_opt, recompute=recompute,  # type: ignore[arg-type]
-                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))  # type: ignore[arg-type]
+                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))
 
 
 @lru_cache(maxsize=32)
@@ -439,10 +439,14 @@ def rejections(job: Job, options: SpaceOptions = SpaceOptions(), *, version: str
             for value in ranges[name]:
                 values = {**prefix, name: value}
                 if name == "pp":
-                    model_size = values["tp"] * values["cp"] * value
+                    tp, cp = values["tp"], values["cp"]
+                    assert isinstance(tp, int) and isinstance(cp, int) and isinstance(value, int)
+                    model_size = tp * cp * value
                     values["dp"] = world // model_size if world % model_size == 0 else 1
                 if name == "vpp":
-                    values.update(pipeline_fields(job.model.num_layers, values["pp"], value, job.model.mtp_num_layers))
+                    pp = values["pp"]
+                    assert isinstance(pp, int) and (value is None or isinstance(value, int))
+                    values.update(pipeline_fields(job.model.num_layers, pp, value, job.model.mtp_num_layers))
                 broken = _first_broken(job, due[i], values)
                 if broken is None:
                     survivors.append(values)

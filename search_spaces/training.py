@@ -23,8 +23,8 @@ performance tables, `scripts/performance/`:
   perf overrides `_set_common_perf_overrides`); megatron-core's own default is the unfused loss.
 - MoE: `moe_router_force_load_balancing=False` (megatron-core's default; the performance scripts set True to
   benchmark, `scripts/performance/configs/qwen/qwen3_llm_pretrain.py`, so real training routes less evenly than
-  their published rows), `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"` (the model
-  bridges; the perf presets switch to `flex` with a DeepEP / HybridEP backend on the GPUs that run it).
+  their published rows), `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"`
+  (the model bridges; the perf presets switch to `flex` with a DeepEP / HybridEP backend on the GPUs that run it).
 - recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
   full recompute is `uniform` over every layer unless `recompute_num_layers` gives a `block` of N layers per chunk.
 """
@@ -34,8 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["TrainingSpec", "training_spec", "TRAINING_FIELDS", "Precision", "FP8Recipe", "Dispatcher", "CudaGraphs", "MomentDtype",
-           "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES", "RECOMPUTE_MODULES"]
+__all__ = ["TrainingSpec", "training_spec", "TRAINING_FIELDS", "Precision", "FP8Recipe", "Dispatcher", "CudaGraphs",
+           "MomentDtype", "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES",
+           "RECOMPUTE_MODULES"]
 
 Precision = Literal["bf16", "fp8"]
 FP8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
@@ -96,7 +97,8 @@ class TrainingSpec:
         _one_of("cross_entropy_fusion", self.cross_entropy_fusion, ("te", "native", "none"))
         bad_scope = [s for s in self.cuda_graph_scope if s not in CUDA_GRAPH_SCOPES]
         if bad_scope:
-            raise ValueError(f"cuda_graph_scope must be a subset of {CUDA_GRAPH_SCOPES}, but got {self.cuda_graph_scope!r}.")
+            raise ValueError(f"cuda_graph_scope must be a subset of {CUDA_GRAPH_SCOPES}, "
+                             f"but got {self.cuda_graph_scope!r}.")
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown or not self.recompute_modules:
             raise ValueError(f"recompute_modules must be a non-empty subset of {RECOMPUTE_MODULES}, but got "

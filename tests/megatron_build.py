@@ -107,7 +107,14 @@ def setup() -> Any:
                                             eps=self.config.layernorm_epsilon)
 
     multi_latent_attention.TELinear = DuplicatedLinear  # accepted as 'duplicated' by MLASelfAttention
-    mc = types.SimpleNamespace(**locals())
+    mc = types.SimpleNamespace(
+        torch=torch, dist=dist, F=F, FakeStore=FakeStore, cpu_device_mode=cpu_device_mode,
+        parallel_state=parallel_state, GPTModel=GPTModel, get_gpt_decoder_block_spec=get_gpt_decoder_block_spec,
+        get_gpt_decoder_layer_specs=get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec=get_gpt_mtp_block_spec,
+        MLATransformerConfig=MLATransformerConfig, TransformerConfig=TransformerConfig,
+        TEStyleCoreAttention=TEStyleCoreAttention, DuplicatedLinear=DuplicatedLinear,
+        RowParallelLinearPostNorm=RowParallelLinearPostNorm, FullWidthQKNormSelfAttention=FullWidthQKNormSelfAttention,
+    )
     return mc
 
 
@@ -210,7 +217,8 @@ def build_chunks(model: ModelSpec, layout: Layout, config: Any, *, seq: int = 12
         vp = v if vpp else None
         block = mc.get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=model.normalization,
                                               vp_stage=vp)
-        block = dataclasses.replace(block, layer_specs=[_patch_layer(model, s, mla_down_proj) for s in block.layer_specs])
+        block = dataclasses.replace(block,
+                                    layer_specs=[_patch_layer(model, s, mla_down_proj) for s in block.layer_specs])
         mtp = None
         if model.mtp_num_layers:
             last = mc.get_gpt_decoder_layer_specs(config, use_transformer_engine=False,
@@ -318,7 +326,8 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
 
         get_batch_on_this_cp_rank({"tokens": torch.zeros(1, seq)})  # 3
         if config.sequence_parallel:
-            _split_along_first_dim(torch.zeros(seq // layout.cp, 1), mc.parallel_state.get_tensor_model_parallel_group())
+            _split_along_first_dim(torch.zeros(seq // layout.cp, 1),
+                                   mc.parallel_state.get_tensor_model_parallel_group())
         if model.is_moe:  # 4
             fake = types.SimpleNamespace(training=True, config=config,
                                          attn_tp_group=mc.parallel_state.get_tensor_model_parallel_group())

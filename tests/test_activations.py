@@ -143,6 +143,7 @@ def test_layernorm_recompute_discards_only_unfused_norm_outputs():
 # --- MoE -----------------------------------------------------------------------------------------------------
 def test_moe_expert_activations_scale_with_topk():
     base = get_model("tiny-moe")
+    assert base.moe is not None
     top4 = replace(base, moe=replace(base.moe, topk=4))
     layout = Layout(tp=2, sp=True, ep=2, etp=1)
     e2 = _terms(base, layout, seq=256, assumptions=TE, moe=True)["experts"]

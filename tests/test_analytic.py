@@ -35,24 +35,25 @@ def test_oom_layout_still_has_time_and_memory() -> None:
     # Llama-3-70B on one node with TP=1: about 70e9 * 18 B of weights and states per GPU, far above 80 GiB
     m = AnalyticBackend().evaluate(_job("llama3-70b"), Layout(tp=1, dp=8))
     assert m.status == "oom"
-    assert m.memory_gib > 80
-    assert m.tokens_per_s_per_gpu > 0 and m.mfu is not None
+    assert m.memory_gib is not None and m.memory_gib > 80
+    assert m.tokens_per_s_per_gpu is not None and m.tokens_per_s_per_gpu > 0 and m.mfu is not None
     assert "exceeds" in m.reason
 
 
 def test_ok_layout_fills_every_figure() -> None:
     m = AnalyticBackend().evaluate(_job("llama3-8b"), Layout(tp=2, dp=4, sp=True, dist_opt=True))
     assert m.status == "ok", m.reason
-    assert m.memory_gib < 80
+    assert m.memory_gib is not None and m.memory_gib < 80
     assert sum(m.time.values()) == pytest.approx(m.step_time_s)
     assert sum(m.memory.values()) == pytest.approx(m.memory_bytes)
     assert m.extra["dominant_time"] in m.time
-    assert 0 < m.mfu <= 1
+    assert m.mfu is not None and 0 < m.mfu <= 1
 
 
 def test_headroom_turns_a_tight_fit_into_oom() -> None:
     job, layout = _job("llama3-8b"), Layout(tp=2, dp=4, sp=True, dist_opt=True)
     peak = AnalyticBackend().evaluate(job, layout).memory_bytes
+    assert peak is not None
     spare = job.cluster.gpu.memory_bytes - peak
     assert AnalyticBackend(headroom_bytes=spare * 0.5).evaluate(job, layout).status == "ok"
     assert AnalyticBackend(headroom_bytes=spare + GIB).evaluate(job, layout).status == "oom"

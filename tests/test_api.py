@@ -7,12 +7,12 @@ import json
 import pytest
 
 import autotune.ui.api as api
+from autotune.tuning.results import SearchResult, TrialRecord
 from autotune.ui import clusters, models
 from autotune.ui.cli import build_parser
 from autotune.ui.commands import job_from_args
-from search_spaces.measurement import Measurement
-from autotune.tuning.results import SearchResult, TrialRecord
 from search_spaces.layout import Layout
+from search_spaces.measurement import Measurement
 
 GIB = 1024**3
 

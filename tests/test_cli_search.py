@@ -95,7 +95,8 @@ def test_bad_trial_budget_is_exit_2(tmp_path, capsys):
     assert "--trials must be at least 1" in capsys.readouterr().err
 
 
-def _wait_for_rows(csv_path: Path, rows: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+def _wait_for_rows(csv_path: Path, rows: int, proc: subprocess.Popen[str], timeout_s: float = 180) -> None:
+    assert proc.stderr is not None  # started with stderr=PIPE
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if csv_path.exists() and len(csv_path.read_text().splitlines()) > rows:

@@ -12,6 +12,7 @@ import pytest
 from autotune.ui.cli import main
 from search_spaces.catalog import get_model
 from search_spaces.space import feasible_layouts
+
 from test_rules import make_job
 
 MEGATRON_KEYS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
@@ -72,7 +73,6 @@ def _independently_valid(obj: dict, model, world: int, gpus_per_node: int, seq: 
         obj["expert_tensor_parallel_size"]
     dp, edp, mbs, sp = obj["dp"], obj["expert_dp"], obj["micro_batch_size"], obj["sequence_parallel"]
     groups = model.num_query_groups or model.num_attention_heads
-    wrong = []
     checks = {
         "world": tp * pp * cp * dp == world,
         "expert grid": tp * cp * dp == ep * etp * edp,

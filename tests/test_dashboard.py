@@ -76,7 +76,8 @@ def test_dashboard_lists_the_search_while_it_runs(monkeypatch, tmp_path):
         assert seen_while_running, "no autotune-search actor was listed by /api/v0/actors while the search ran"
         assert seen_while_running[0]["repr_name"].startswith("autotune mixtral")
         # Each evaluated layout is a task named after it (task events reach the dashboard within seconds).
-        deadline, trial_tasks = time.monotonic() + 20, []
+        deadline = time.monotonic() + 20
+        trial_tasks: list[dict] = []
         while not trial_tasks and time.monotonic() < deadline:
             tasks = _get(f"{dash.url}/api/v0/tasks?detail=1&limit=1000")["data"]["result"]["result"]
             trial_tasks = [t for t in tasks if (t.get("name") or "").startswith("trial tp=")]

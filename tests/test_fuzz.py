@@ -130,7 +130,8 @@ CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_k
                "vocab_size", "max_position_embeddings")
 hf_value = st.one_of(st.integers(-4, 10**7), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
                      st.none(), st.text(max_size=5), st.sampled_from(["32", "4096", "32000.5"]),
-                     st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+                     st.lists(st.integers(), max_size=2),
+                     st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
 
 
 @FUZZ

@@ -325,7 +325,8 @@ def expected_megatron_lm(job: Job, layout) -> dict[str, object]:
         "grad_reduce_in_bf16": not t.grad_reduce_in_fp32,
         "accumulate_allreduce_grads_in_fp32": t.grad_reduce_in_fp32,
         # megatron-core runs the precision-aware optimizer (and so bf16 moments) with the distributed optimizer only
-        "use_precision_aware_optimizer": layout.dist_opt and (t.precision_aware_optimizer or t.optimizer_moments == "bf16"),
+        "use_precision_aware_optimizer": (layout.dist_opt
+                                          and (t.precision_aware_optimizer or t.optimizer_moments == "bf16")),
         "exp_avg_dtype": "bf16" if t.optimizer_moments == "bf16" and layout.dist_opt else "fp32",
         "fp8": ({"mxfp8": "e4m3"}.get(recipe or "", "hybrid")) if fp8 else None,
         "fp8_recipe": recipe if fp8 else "delayed",  # Megatron-LM's default when unset

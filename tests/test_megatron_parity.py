@@ -20,17 +20,20 @@ import dataclasses
 import multiprocessing
 import random
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from search_spaces.catalog import get_model
 from search_spaces.hf_config import model_from_hf_config
 from search_spaces.layout import Layout, parse_layout
-from search_spaces.model import MLASpec, MoESpec, ModelSpec
+from search_spaces.model import MLASpec, ModelSpec, MoESpec
 from search_spaces.pipeline_layout import layout_from_chunks
 from search_spaces.rules import RULE_NAMES, check
 from search_spaces.space import SpaceOptions, dimension_ranges, feasible_space, pipeline_fields
+
 from test_rules import EP_OVERLAP, GQA12, GQA12_FFN198, MOE6, MOE_BIAS, MTP12, make_job
 
 pytestmark = pytest.mark.slow
@@ -50,12 +53,13 @@ TINY_GEMMA = ModelSpec(name="tiny-gemma", num_layers=6, hidden_size=96, ffn_hidd
                        num_query_groups=2, kv_channels=32, vocab_size=1000, tied_embeddings=True, activation="gelu",
                        post_norms=True, qk_layernorm=True, sliding_window=64, window_attn_skip_freq=3)
 TINY_OSS = ModelSpec(name="tiny-oss", num_layers=6, hidden_size=96, ffn_hidden_size=96, num_attention_heads=8,
-                     num_query_groups=2, kv_channels=16, vocab_size=1000, add_bias_linear=True, softmax_type="learnable",
-                     sliding_window=32, window_attn_skip_freq=2, moe=MoESpec(num_experts=4, topk=2, expert_ffn_hidden_size=96))
+                     num_query_groups=2, kv_channels=16, vocab_size=1000, add_bias_linear=True,
+                     softmax_type="learnable", sliding_window=32, window_attn_skip_freq=2,
+                     moe=MoESpec(num_experts=4, topk=2, expert_ffn_hidden_size=96))
 
 SEARCHED = SpaceOptions(tp_within_node=False, expert_within_node=False, micro_batch_sizes=(1, 2, 4))
 # (model, world, gpus per node, seq, gbs, training settings, hand-picked layouts besides the random sample)
-JOBS = [
+JOBS: list[tuple[ModelSpec | str, int, int, int, int, Mapping[str, object], tuple[str, ...]]] = [
     (GQA12_FFN198, 12, 4, 36, 24, {}, ("ep=2", "tp=12", "pp=1,vpp=2", "pp=3,vpp=2,mbs=2",
                                        "pp=3,vpp=5,first_stage_layers=2,last_stage_layers=5",  # 2 % 5
                                        "pp=3,vpp=5,first_stage_layers=5,last_stage_layers=2")),
@@ -124,7 +128,7 @@ def _random_layout_string(job, rng: random.Random) -> Layout:
     pp = rng.choice([p for p in (2, 3, 4) if job.world_size % p == 0])
     vpp = rng.choice((1, 2))
     cuts = sorted(rng.randint(0, m.num_layers) for _ in range(pp * vpp - 1))
-    decoders = [b - a for a, b in zip([0] + cuts, cuts + [m.num_layers])]
+    decoders = [b - a for a, b in zip([0] + cuts, cuts + [m.num_layers], strict=True)]
     if rng.random() < 0.3:
         decoders[rng.randrange(len(decoders))] += rng.choice((-1, 1)) if decoders[0] else 1
     decoders = [max(0, n) for n in decoders]
@@ -140,7 +144,8 @@ def _sample(job, hand: tuple[str, ...], rng: random.Random) -> list[Layout]:
     ranges = dimension_ranges(job, SEARCHED)
     by_rule: dict[str, list[Layout]] = {}
     for _ in range(4000):
-        values = {name: rng.choice(options) for name, options in ranges.items()}
+        # one value per dimension, each its own type
+        values: dict[str, Any] = {name: rng.choice(options) for name, options in ranges.items()}
         model_size = values["tp"] * values["cp"] * values["pp"]
         values["dp"] = max(1, job.world_size // model_size)
         layout = Layout(**values, **pipeline_fields(job.model.num_layers, values["pp"], values["vpp"],
@@ -196,7 +201,8 @@ def space_cases() -> list:
 
 @pytest.fixture(scope="module")
 def decisions(cases, space_cases) -> dict[str, list[tuple[bool, str]]]:
-    stricter = [(make_job(m, w, gpus_per_node=8, seq=68, gbs=32), parse_layout(t, world_size=w)) for m, w, t, _ in STRICTER]
+    stricter = [(make_job(m, w, gpus_per_node=8, seq=68, gbs=32), parse_layout(t, world_size=w))
+                for m, w, t, _ in STRICTER]
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         done = pool.submit(_decide, cases + stricter + space_cases).result(timeout=900)
@@ -215,7 +221,7 @@ def test_the_sample_covers_every_rule(cases) -> None:
 def test_same_decision_as_megatron_core(cases, decisions) -> None:
     """A layout broken only by deliberate (stricter) refusals is one megatron-core accepts."""
     mismatches = []
-    for (job, layout), (theirs, reason) in zip(cases, decisions["cases"]):
+    for (job, layout), (theirs, reason) in zip(cases, decisions["cases"], strict=True):
         ours = check(job, layout)
         if theirs != all(v.stricter for v in ours):
             mismatches.append(f"{job.model.name} on {job.world_size}: {layout}: ours={[v.rule for v in ours]} "
@@ -224,7 +230,7 @@ def test_same_decision_as_megatron_core(cases, decisions) -> None:
 
 
 def test_the_pp2_split_crashes_on_rank_1_and_its_string_builds(cases, decisions) -> None:
-    results = {str(x): d for (job, x), d in zip(cases, decisions["cases"]) if job.model.name == "gqa12"}
+    results = {str(x): d for (job, x), d in zip(cases, decisions["cases"], strict=True) if job.model.name == "gqa12"}
     crash = parse_layout("pp=2,vpp=2,first_stage_layers=6,last_stage_layers=6", world_size=16)
     string = parse_layout("pp=2,vpp=2,pipeline_layout=Et*3|t*3|t*3|t*3L", world_size=16)
     assert results[str(crash)][0] is False and results[str(crash)][1].startswith("pp rank 1: ZeroDivisionError")
@@ -242,7 +248,7 @@ def test_stricter_than_megatron_core(decisions, index) -> None:
 
 def test_every_sampled_space_layout_builds(space_cases, decisions) -> None:
     failed = [f"{job.model.name} on {job.world_size}: {x}: {reason}"
-              for (job, x), (ok, reason) in zip(space_cases, decisions["spaces"]) if not ok]
+              for (job, x), (ok, reason) in zip(space_cases, decisions["spaces"], strict=True) if not ok]
     assert not failed, "\n".join(failed)
     assert len(space_cases) >= 50
 
@@ -257,6 +263,7 @@ def _flex(tp_ep: list[tuple[int, int]]) -> list[str]:
 
     out = []
     model = get_model("tiny-moe")
+    assert model.moe is not None
     for ep, etp in tp_ep:
         layout = Layout(ep=ep, etp=etp, dp=ep * etp)
         mb.init_rank(layout, 0)
@@ -279,7 +286,7 @@ def test_flex_dispatcher() -> None:
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         theirs = pool.submit(_flex, pairs).result(timeout=300)
-    for (ep, etp), result in zip(pairs, theirs):
+    for (ep, etp), result in zip(pairs, theirs, strict=True):
         job = make_job("tiny-moe", ep * etp, moe_token_dispatcher="flex")
         ours = {v.rule for v in check(job, Layout(ep=ep, etp=etp, dp=ep * etp))}
         assert ("flex_dispatcher_needs_tp_ep" in ours) == result.startswith("AssertionError"), (ep, etp, result)

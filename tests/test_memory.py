@@ -29,7 +29,6 @@ from search_spaces.model import ModelSpec
 from search_spaces.training import TrainingSpec
 
 GIB = 1024**3
-FP32_GRADS = {"grad_reduce_in_fp32": True}  # Megatron-LM's bf16 default
 
 
 def _job(model: ModelSpec | str, *, seq: int = 2048, gbs: int = 64, nodes: int = 8, gpu: str = "h100",
@@ -48,7 +47,8 @@ def _state_bytes(job: Job, layout: Layout) -> tuple[float, int]:
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2), (8, 4)])
 def test_18_bytes_per_param_without_distributed_optimizer(tp, pp):
     # 2 (bf16 weight) + 4 (fp32 grad) + 12 (fp32 master, Adam m, v) = 18
-    state, params = _state_bytes(_job("llama3-8b", **FP32_GRADS), Layout(tp=tp, pp=pp, dp=4))
+    # fp32 gradients: Megatron-LM's bf16 default
+    state, params = _state_bytes(_job("llama3-8b", grad_reduce_in_fp32=True), Layout(tp=tp, pp=pp, dp=4))
     assert state == 18 * params
 
 
@@ -60,7 +60,7 @@ def test_bf16_gradients_cost_16_bytes_per_param():
 
 @pytest.mark.parametrize("dp", [1, 2, 8, 64])
 def test_distributed_optimizer_costs_6_plus_12_over_dp(dp):
-    state, params = _state_bytes(_job("llama3-8b", **FP32_GRADS), Layout(tp=2, dp=dp, dist_opt=True))
+    state, params = _state_bytes(_job("llama3-8b", grad_reduce_in_fp32=True), Layout(tp=2, dp=dp, dist_opt=True))
     assert state == pytest.approx((6 + 12 / dp) * params)
 
 
@@ -122,7 +122,7 @@ def test_allocated_plus_overhead_is_the_device_total():
     assert est.total_bytes - est.allocated_bytes == pytest.approx(est.overhead_bytes)
     assert sum(v for _, v in est.overhead_terms) == pytest.approx(est.overhead_bytes)
     assert sum(v for _, v in est.activation_terms) == pytest.approx(est.activations_bytes)
-    assert est.dominant == max(parts, key=parts.get)
+    assert est.dominant == max(parts, key=lambda term: parts[term])
 
 
 def test_overhead_is_the_context_and_buffers_plus_the_allocator_reserve():

@@ -38,8 +38,8 @@ from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.training import TrainingSpec  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
+from search_spaces.training import TrainingSpec  # noqa: E402
 
 # GPT-3 style: LayerNorm, biases, GeLU, tied embeddings, learned positions, MHA, a vocabulary that needs padding.
 TINY_GPT3 = ModelSpec(name="tiny-gpt3", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=8,
@@ -87,7 +87,8 @@ ACTIVATION_CASES = [
     ("tiny-gpt", Layout(mbs=2, recompute="full")),
     ("tiny-moe", Layout(mbs=2)),
 ]
-ACTIVATION_TOLERANCE = 0.03  # seen: within 0.6% (RoPE cos/sin caches, the causal mask and router indices are not counted)
+# seen: within 0.6% (RoPE cos/sin caches, the causal mask and router indices are not counted)
+ACTIVATION_TOLERANCE = 0.03
 
 
 def _case_id(case: tuple[str, Layout]) -> str:
@@ -307,7 +308,8 @@ def test_params_per_gpu_match_megatron_core(megatron, index, end):
 def test_weights_grads_optimizer_bytes_match_megatron_core(megatron, index):
     name, layout = STATE_CASES[index]
     job = Job(model=MODELS[name], cluster=build_cluster(nodes=1, gpus_per_node=layout.world_size),
-              training=TrainingSpec(seq_length=SEQ, global_batch_size=64, grad_reduce_in_fp32=True))  # as trainers/megatron_job.py
+              training=TrainingSpec(seq_length=SEQ, global_batch_size=64,
+                                    grad_reduce_in_fp32=True))  # as trainers/megatron_job.py
     est = estimate_memory_per_stage(job, layout, LOCAL_SPEC_ASSUMPTIONS)[0]
     ours = {"weights": est.weights_bytes, "gradients": est.gradients_bytes, "optimizer": est.optimizer_bytes}
     assert ours == megatron["states"][index]

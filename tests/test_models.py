@@ -34,6 +34,7 @@ def test_active_params_match_published(name: str) -> None:
     # DeepSeek-V3: 37.55B counted, "37B" published (truncated); within its last digit (1e9).
     published = PUBLISHED[name]
     model = _without_mtp(get_model(name))
+    assert published.active_params is not None
     assert abs(model.active_params - published.active_params) <= published.tolerance(published.active_params)
 
 
@@ -311,8 +312,9 @@ def _fewer_experts(model: ModelSpec, experts: int = 16) -> ModelSpec:
     if model.moe is None or model.moe.num_experts <= experts:
         return model
     groups = model.moe.num_groups and min(model.moe.num_groups, 8)
+    group_topk = model.moe.group_topk  # set exactly when num_groups is (MoESpec checks)
     moe = dataclasses.replace(model.moe, num_experts=experts, num_groups=groups,
-                              group_topk=groups and min(model.moe.group_topk, groups))
+                              group_topk=groups and group_topk and min(group_topk, groups))
     return dataclasses.replace(model, moe=moe)
 
 
@@ -323,10 +325,10 @@ def _megatron_param_counts(models: list[ModelSpec]) -> list[int]:
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    import megatron_build as mb
-
     from search_spaces.layout import Layout
     from search_spaces.model import padded_vocab_size
+
+    import megatron_build as mb
 
     mb.setup()
     counts = []
@@ -352,4 +354,4 @@ def test_counts_equal_megatron_core_numel() -> None:
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
         built = pool.submit(_megatron_param_counts, models).result(timeout=600)
-    assert dict(zip([m.name for m in models], built)) == {m.name: m.total_params for m in models}
+    assert dict(zip([m.name for m in models], built, strict=True)) == {m.name: m.total_params for m in models}

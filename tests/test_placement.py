@@ -10,7 +10,8 @@ from search_spaces.catalog import get_model
 from search_spaces.layout import Layout
 
 
-@pytest.mark.parametrize("vocab,tp,padded", [(50257, 1, 50304), (50257, 8, 51200), (1024, 8, 1024), (128256, 8, 129024)])
+@pytest.mark.parametrize("vocab,tp,padded",
+                         [(50257, 1, 50304), (50257, 8, 51200), (1024, 8, 1024), (128256, 8, 129024)])
 def test_vocab_padded_to_multiple_of_128_tp(vocab, tp, padded):
     assert padded_vocab_size(vocab, tp) == padded
 
@@ -19,7 +20,8 @@ def test_vocab_padded_to_multiple_of_128_tp(vocab, tp, padded):
     (8, 2, 1, (None, None, False), (4, 4)),
     (8, 2, 2, (None, None, False), (2, 2, 2, 2)),
     (94, 8, 4, (None, None, True), (2,) + (3,) * 30 + (2,)),  # (94 + 2) / 32 = 3, embedding and loss count as a layer
-    (61, 16, 1, (3, 2, False), (3,) + (4,) * 14 + (2,)),  # 3 + 14 * 4 + 2 = 61 (num_layers_in_first/last_pipeline_stage)
+    # 3 + 14 * 4 + 2 = 61 (num_layers_in_first/last_pipeline_stage)
+    (61, 16, 1, (3, 2, False), (3,) + (4,) * 14 + (2,)),
     (126, 8, 2, (16, 14, False), (8,) * 7 + (7,) + (8,) * 7 + (7,)),  # each stage's layers split over its 2 chunks
 ])
 def test_chunk_layer_counts(layers, pp, vpp, split, counts):

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -41,7 +42,7 @@ def _listening(root: psutil.Process) -> list[tuple[str, str, int]]:
     return found
 
 
-def _watch(proc: subprocess.Popen, until: callable, timeout_s: float) -> list[tuple[str, str, int]]:
+def _watch(proc: subprocess.Popen, until: Callable[[], bool], timeout_s: float) -> list[tuple[str, str, int]]:
     """Sample the sockets of the run every 0.5 s until `until()` or the run ends; every sample, together."""
     seen: set[tuple[str, str, int]] = set()
     root = psutil.Process(proc.pid)
@@ -128,6 +129,7 @@ def test_the_token_file_is_made_0600_and_an_open_one_tightened(tmp_path, monkeyp
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(key, raising=False)
     path = ensure_token_file()
+    assert path is not None
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_text()) == 64
     path.chmod(0o644)
     token = path.read_text()

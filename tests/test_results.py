@@ -2,20 +2,20 @@
 
 import json
 
-from search_spaces.measurement import Measurement
 from autotune.outputs.files import result_json, write_outputs
 from autotune.tuning.results import SearchResult, TrialLog, TrialRecord, pareto_front, read_trials
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
+from search_spaces.measurement import Measurement, Status
 from search_spaces.training import TrainingSpec
 
 GIB = 1024**3
 CAP = 70 * GIB
 
 
-def _record(n: int, text: str, tps: float | None, mem_gib: float | None, status: str = "ok") -> TrialRecord:
+def _record(n: int, text: str, tps: float | None, mem_gib: float | None, status: Status = "ok") -> TrialRecord:
     m = Measurement(layout=parse_layout(text), status=status, source="analytic",
                     tokens_per_s_per_gpu=tps, memory_bytes=None if mem_gib is None else mem_gib * GIB,
                     memory={"weights": 1.5 * GIB}, time={"compute": 0.25}, mfu=0.4, extra={"dominant_time": "compute"},
@@ -45,6 +45,7 @@ def test_pareto_front_keeps_non_dominated_feasible_layouts():
 def test_best_is_fastest_feasible_not_fastest():
     result = SearchResult(job=_job(), records=tuple(RECORDS), capacity_bytes=CAP, headroom_bytes=0, mode="search",
                           backend="analytic", seed=0, space_size=5)
+    assert result.best is not None
     assert result.best.layout == RECORDS[1].layout  # 1200 tok/s; the 1500 one needs 80 > 70 GiB
 
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
-
 import dataclasses
+from typing import Any
+
+import pytest
 
 from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec
 from search_spaces.gpus import get_gpu, get_link
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.rules import RULE_NAMES, RULES, check, lcm, rules_for
+from search_spaces.training import TrainingSpec
 
 # heads 12 and 4 query groups; ffn 240 divides by every TP up to 16 that the heads allow
 GQA12 = ModelSpec(name="gqa12", num_layers=12, hidden_size=96, ffn_hidden_size=240, num_attention_heads=12,
@@ -26,7 +27,8 @@ MOE6 = ModelSpec(name="moe6", num_layers=8, hidden_size=128, ffn_hidden_size=512
                  moe=MoESpec(num_experts=6, topk=2, expert_ffn_hidden_size=100, shared_expert_ffn_hidden_size=60,
                              first_dense_layers=1))
 MOE_BIAS = ModelSpec(name="moe-bias", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
-                     vocab_size=1024, add_bias_linear=True, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
+                     vocab_size=1024, add_bias_linear=True,
+                     moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
 # one MTP layer; hidden 100 with 12 heads of 8 channels: TP 3 splits the heads (12 % 3) and the FFN (240 % 3) but not
 # the MTP layer's eh_proj (100 % 3 = 1)
 MTP12 = ModelSpec(name="mtp12", num_layers=12, hidden_size=100, ffn_hidden_size=240, num_attention_heads=12,
@@ -80,6 +82,7 @@ def test_8_experts_on_ep4_gives_2_per_gpu() -> None:
     job = make_job("tiny-moe", 8)
     layout = parse_layout("ep=4,etp=1", world_size=8)
     assert check(job, layout) == ()
+    assert job.model.moe is not None
     assert job.model.moe.num_experts // layout.ep == 2  # 8 / 4
     assert layout.expert_dp == 2  # 8 / (1 * 4 * 1)
 
@@ -98,7 +101,7 @@ def test_ep_on_a_dense_model_is_rejected() -> None:
 
 
 # --- every rule: a layout that breaks only it ------------------------------------------------------
-BROKEN = [
+BROKEN: list[tuple[ModelSpec | str, int, int, int, int, str, str | None]] = [
     # (model, world, gpus_per_node, seq, gbs, layout, the one rule it breaks)
     (GQA12, 12, 4, 4096, 24, "tp=2,pp=4", "world_size_divisible"),  # 12 % 8 = 4
     (GQA12, 12, 4, 4096, 24, "tp=2,pp=2,dp=2", "data_parallel_size_matches"),  # 12 / 4 = 3, not 2
@@ -175,7 +178,8 @@ BROKEN = [
 
 
 # rules of the training settings (the MoE dispatcher and the EP all-to-all overlap), per megatron-core version
-TRAINING_BROKEN = [
+# training settings by name, each its own type (TrainingSpec checks them)
+TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str | None]] = [
     # (model, world, training, layout, version, the one rule it breaks)
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.16.1", "flex_dispatcher_needs_tp_ep"),  # 1 x 1: nothing to dispatch over
     ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),
@@ -276,7 +280,8 @@ def test_pipeline_split_needs_pp_names_the_field_given(text, field) -> None:
 def test_a_negative_middle_says_so() -> None:
     (violation,) = check(make_job(GQA12, 16), parse_layout("pp=4,first_stage_layers=9,last_stage_layers=9",
                                                            world_size=16))
-    assert "9 + 9 = 18 exceeds num_layers 12" in violation.message and "-6 layers (a negative number)" in violation.message
+    assert "9 + 9 = 18 exceeds num_layers 12" in violation.message
+    assert "-6 layers (a negative number)" in violation.message
 
 
 def test_moe_tp_needs_sp_is_a_hard_error() -> None:

@@ -5,15 +5,26 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from typing import Any
 
 import pytest
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, MoESpec
-from search_spaces.rules import RULES, SPLIT_FIELDS, check
-from search_spaces.space import (DIMENSIONS, SHAPE_DIMENSIONS, SpaceOptions, dimension_ranges, feasible_layouts,
-                                 feasible_space, pipeline_fields, rejections, space_rules)
 from search_spaces.pipeline_layout import parse_stages
+from search_spaces.rules import RULES, SPLIT_FIELDS, check
+from search_spaces.space import (
+    DIMENSIONS,
+    SHAPE_DIMENSIONS,
+    SpaceOptions,
+    dimension_ranges,
+    feasible_layouts,
+    feasible_space,
+    pipeline_fields,
+    rejections,
+    space_rules,
+)
+
 from test_rules import EP_OVERLAP, FLEX, GQA12, MOE6, MOE_BIAS, MTP12, make_job
 
 # 14 layers: PP 4 splits (14 + 2) / 4 = 4 with embedding_loss_split; PP 3: 5 + 5 + 4; PP 6: 1 + 4*3 + 1
@@ -53,9 +64,10 @@ def _brute_force(job, options):
     """Filter the whole naive product through every rule; count each rejection at its first rule."""
     ranges = dimension_ranges(job, options)
     rules = sorted(RULES + space_rules(job, options), key=_level)  # stable: RULES order within a dimension
-    valid, first = set(), {}
+    valid: set[Layout] = set()
+    first: dict[str, int] = {}
     for values in itertools.product(*ranges.values()):
-        d = dict(zip(ranges, values))
+        d: dict[str, Any] = dict(zip(ranges, values, strict=True))  # one value per dimension, each its own type
         model_size = d["tp"] * d["cp"] * d["pp"]
         d["dp"] = job.world_size // model_size if job.world_size % model_size == 0 else 1
         layout = Layout(**d, **pipeline_fields(job.model.num_layers, d["pp"], d["vpp"], job.model.mtp_num_layers))
@@ -160,7 +172,7 @@ def test_choices_are_exactly_the_next_values_of_the_shapes() -> None:
     shapes = space.shapes
     for shape in shapes[:: max(1, len(shapes) // 25)]:
         for k, name in enumerate(SHAPE_DIMENSIONS):
-            prefix = dict(zip(SHAPE_DIMENSIONS[:k], shape[:k]))
+            prefix = dict(zip(SHAPE_DIMENSIONS[:k], shape[:k], strict=True))
             expected = {s[k] for s in shapes if s[:k] == shape[:k]}
             assert set(space.choices(name, prefix)) == expected
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,6 +15,9 @@ from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
 from search_spaces.training import TrainingSpec
+
+if TYPE_CHECKING:
+    from trainers.megatron_job import Fault
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +117,7 @@ def test_smoke_verb_prints_the_groups_and_passes(backend, capsys: pytest.Capture
     assert "TP=2 PP=2 DP=1" in out and "step 3: loss" in out
 
 
-def _tiny_job_config(fault: str):
+def _tiny_job_config(fault: Fault):
     from trainers.megatron_job import JobConfig
     from trainers.proxy import plan_proxy
 
@@ -123,7 +127,8 @@ def _tiny_job_config(fault: str):
 
 
 @pytest.mark.parametrize(("fault", "status"), [("crash", "failed"), ("hang", "timeout")])
-def test_crash_and_hang_are_outcomes_and_the_next_trial_gets_fresh_workers(backend, fault: str, status: str) -> None:
+def test_crash_and_hang_are_outcomes_and_the_next_trial_gets_fresh_workers(backend, fault: Fault,
+                                                                           status: str) -> None:
     from trainers.worker_pool import run_pooled
 
     out = run_pooled(_tiny_job_config(fault), world_size=WORLD, use_gpu=False, timeout_s=15)

@@ -92,4 +92,5 @@ def test_proxy_keeps_the_kind_of_pipeline_split(text: str, layers: int, split: t
 
 def test_moe_with_a_leading_dense_layer_keeps_a_moe_layer() -> None:
     plan = plan_proxy(get_model("tiny-mla"), parse_layout("ep=2,dp=2"), TRAINING, max_workers=4)
+    assert plan.model.moe is not None
     assert plan.model.num_layers == 2 and plan.model.moe.first_dense_layers == 1  # 1 dense + 1 MoE

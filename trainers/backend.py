@@ -24,9 +24,9 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from search_spaces.measurement import Measurement
 from search_spaces.job import Job
 from search_spaces.layout import Layout
+from search_spaces.measurement import Measurement, Source, Status
 from trainers.proxy import ProxyPlan, plan_proxy
 
 __all__ = [
@@ -123,7 +123,7 @@ class MegatronBackend:
     def evaluate(self, job: Job, layout: Layout) -> Measurement:
         ensure_ray(self.ray_temp_dir)
         use_gpu, max_workers = self._device(layout)
-        source = "megatron-gpu" if use_gpu else "megatron-cpu-proxy"
+        source: Source = "megatron-gpu" if use_gpu else "megatron-cpu-proxy"
         folding = expert_folding_violation(layout)
         if folding:
             return Measurement(layout=layout, status="invalid", source=source, reason=folding, violations=(folding,))
@@ -146,7 +146,7 @@ class MegatronBackend:
             kwargs["resources"] = dict(self.worker_resources)
         return runner(cfg, **kwargs)
 
-    def with_options(self, **changes: Any) -> "MegatronBackend":
+    def with_options(self, **changes: Any) -> MegatronBackend:
         return replace(self, **changes)
 
 
@@ -154,7 +154,7 @@ class MegatronBackend:
 def _step_times(ranks: list[dict[str, Any]]) -> list[float]:
     """Per timed step, the slowest rank's time (ranks run in lockstep; the slowest sets the pace)."""
     per_rank = [r["step_times_s"] for r in ranks]
-    return [max(times) for times in zip(*per_rank)]
+    return [max(times) for times in zip(*per_rank, strict=True)]  # same steps on every rank
 
 
 def _losses(ranks: list[dict[str, Any]]) -> list[float]:
@@ -172,7 +172,7 @@ def _group_mismatch(ranks: list[dict[str, Any]], layout: Layout) -> str:
     return ""
 
 
-def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, source: str,
+def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, source: Source,
                              precision: str) -> Measurement:
     extra: dict[str, Any] = {
         "proxy": plan.describe(), "run_layout": str(plan.layout), "dp_reduction": plan.dp_reduction,
@@ -190,7 +190,8 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
     extra.update(groups=ranks[0]["groups"], losses=losses, step_times_s=steps,
                  memory_per_rank=[{"rank": r["rank"], "pp_rank": r["pp_rank"], **r["memory"]} for r in ranks],
                  build_s=max(r["build_s"] for r in ranks), job_s=max(r.get("job_s", 0.0) for r in ranks))
-    status, reason = "ok", _group_mismatch(ranks, plan.layout)
+    status: Status = "ok"
+    reason = _group_mismatch(ranks, plan.layout)
     if reason:
         status = "failed"
     elif not losses or not all(math.isfinite(x) for x in losses):

@@ -13,7 +13,7 @@ taken with it are CPU stand-in figures, not a model of TE's overlap.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from megatron.core import parallel_state
@@ -55,8 +55,8 @@ class ContextParallelCoreAttention(MegatronModule):
     """Drop-in `core_attention` for the local layer spec (same constructor and forward as DotProductAttention)."""
 
     def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
-                 attention_dropout: Optional[float] = None, softmax_scale: Optional[float] = None,
-                 cp_comm_type: Optional[str] = None, pg_collection: Any = None, **kwargs: Any) -> None:
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 cp_comm_type: str | None = None, pg_collection: Any = None, **kwargs: Any) -> None:
         super().__init__(config=config)
         tp = parallel_state.get_tensor_model_parallel_world_size()
         projection_size = config.kv_channels * config.num_attention_heads

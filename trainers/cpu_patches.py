@@ -8,7 +8,8 @@ answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1 (see
   get_rng_state / set_rng_state / manual_seed / empty_cache` are called unconditionally by the
   pipeline p2p code, DDP grad buffers, the MoE alltoall dispatcher and the RNG tracker: shims.
 - Literal `device="cuda"` allocations, `.cuda()` calls and `pin_memory=True` (optimizer loss scale,
-  grad clipping, causal masks, MoE counters, the CP split of rotary embeddings): `CudaToCpuMode`, a `TorchFunctionMode` that sends them to the CPU.
+  grad clipping, causal masks, MoE counters, the CP split of rotary embeddings): `CudaToCpuMode`, a
+  `TorchFunctionMode` that sends them to the CPU.
   Function modes are thread-local, so `cpu_device_mode()` must be entered by the thread that runs
   the job (Ray Train runs the training function in its own thread).
 - `tensor_parallel.random` CUDA RNG get/set: routed to the CPU generator (else every attention
@@ -51,7 +52,7 @@ class _FakeStream:
     def wait_event(self, event: Any) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> "_FakeEvent":
+    def record_event(self, event: Any = None) -> _FakeEvent:
         return event or _FakeEvent()
 
     def synchronize(self) -> None:
@@ -60,7 +61,7 @@ class _FakeStream:
     def query(self) -> bool:
         return True
 
-    def __enter__(self) -> "_FakeStream":
+    def __enter__(self) -> _FakeStream:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -142,7 +143,8 @@ def _patch_torch_norm() -> None:
             norm = original_new(cls, _without_sp(config), hidden_size, eps, **kwargs)
         if config.sequence_parallel:
             for p in norm.parameters():
-                p.sequence_parallel = True
+                # megatron-core's mark of a sequence-parallel parameter: an attribute torch does not declare
+                p.sequence_parallel = True  # type: ignore[attr-defined]
         return norm
 
     torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)
@@ -191,7 +193,7 @@ def _patch_uneven_collectives() -> None:
         padded[: input_.shape[0]] = input_
         parts = [torch.empty_like(padded) for _ in output_split_sizes]
         torch.distributed.all_gather(parts, padded.contiguous(), group=group)
-        return torch.cat([part[:n] for part, n in zip(parts, output_split_sizes)], dim=0)
+        return torch.cat([part[:n] for part, n in zip(parts, output_split_sizes, strict=True)], dim=0)
 
     def reduce_scatter_along_first_dim(input_, group, input_split_sizes=None, use_global_buffer=False):  # noqa: ANN001
         if input_split_sizes is None or len(set(input_split_sizes)) <= 1 or group.size() == 1:
@@ -249,7 +251,9 @@ def _make_mode() -> Any:
                 kwargs["pin_memory"] = False
             if name == "type" and len(args) == 1 and not kwargs:
                 result = func(*args)
-                return result.replace("torch.", "torch.cuda.", 1) if result.startswith("torch.") and "cuda" not in result else result
+                if result.startswith("torch.") and "cuda" not in result:
+                    return result.replace("torch.", "torch.cuda.", 1)
+                return result
             if "device" in kwargs and _is_cuda_device(kwargs["device"]):
                 kwargs["device"] = cpu
             if name == "to" and args and len(args) > 1 and _is_cuda_device(args[1]) and not isinstance(args[1], bool):

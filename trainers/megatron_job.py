@@ -21,8 +21,11 @@ from typing import Any, Literal
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, padded_vocab_size
+from search_spaces.training import Dispatcher
 
-__all__ = ["JobConfig", "run_job", "JobRejected"]
+__all__ = ["JobConfig", "Fault", "run_job", "JobRejected"]
+
+Fault = Literal["none", "crash", "hang"]  # injected on rank 0 in the first step (tests of failure handling)
 
 SEED = 1234
 
@@ -43,10 +46,10 @@ class JobConfig:
     warmup_steps: int = 1
     timed_steps: int = 3
     dropout: float = 0.0
-    moe_dispatcher: Literal["alltoall", "allgather"] = "alltoall"
+    moe_dispatcher: Dispatcher = "alltoall"  # "flex" only on a GPU with DeepEP (the GPU probe)
     measure_memory: bool = True
     lr: float = 1e-3
-    fault: Literal["none", "crash", "hang"] = "none"  # injected on rank 0 in the first step (tests of failure handling)
+    fault: Fault = "none"
 
 
 def _device() -> Any:
@@ -211,9 +214,8 @@ def build_model_chunks(cfg: JobConfig, tconfig: Any) -> list[Any]:
     """One GPTModel per virtual pipeline stage, bf16-wrapped when asked, each on this rank's device."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer.module import Float16Module
-
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+    from megatron.core.transformer.module import Float16Module
 
     m = cfg.model
     spec = _layer_spec(cfg)

@@ -14,7 +14,9 @@ On a GPU the allocator's peak (`torch.cuda.max_memory_allocated`) is reported be
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+from typing import Any
 
 __all__ = ["SavedTensorTracker", "weights_bytes", "gradient_bytes", "optimizer_bytes", "param_storage_ptrs"]
 
@@ -24,7 +26,7 @@ def _storage_key(t: Any) -> tuple[int, int]:
     return storage.data_ptr(), storage.nbytes()
 
 
-def _unique_bytes(tensors: Iterable[Any], exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+def _unique_bytes(tensors: Iterable[Any], exclude: AbstractSet[int] = frozenset()) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
         ptr, nbytes = _storage_key(t)
@@ -91,7 +93,7 @@ class _Saved:
 
     __slots__ = ("tensor", "tracker", "key")
 
-    def __init__(self, tensor: Any, tracker: "SavedTensorTracker", key: int | None) -> None:
+    def __init__(self, tensor: Any, tracker: SavedTensorTracker, key: int | None) -> None:
         self.tensor, self.tracker, self.key = tensor, tracker, key
 
     def __del__(self) -> None:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from math import lcm
 
 from search_spaces.layout import Layout
+from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.pipeline_layout import compress, parse_stages
 from search_spaces.training import TrainingSpec
-from search_spaces.model import ModelSpec, MoESpec
 
 __all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel", "proxy_pipeline_split"]
 

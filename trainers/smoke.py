@@ -12,8 +12,8 @@ import math
 from typing import Any
 
 from search_spaces.layout import Layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec
+from search_spaces.training import TrainingSpec
 
 __all__ = ["run_smoke", "format_groups", "CPU_FULL_MODEL_MAX_PARAMS"]
 
@@ -47,7 +47,8 @@ def run_smoke(model: ModelSpec, layout: Layout, training: TrainingSpec, *, worke
     cfg = JobConfig(**{**_fields(backend.job_config(plan)), "warmup_steps": 0, "measure_memory": False})
     device = "GPU (NCCL)" if use_gpu else "CPU (gloo)"
     print(f"smoke: {model.name}{' (proxy)' if scale else ''} layout {plan.layout} on {plan.world_size} workers, "
-          f"{device} {dtype}, GBS {plan.training.global_batch_size} MBS {plan.layout.mbs} seq {plan.training.seq_length}, "
+          f"{device} {dtype}, GBS {plan.training.global_batch_size} MBS {plan.layout.mbs} "
+          f"seq {plan.training.seq_length}, "
           f"{cfg.num_microbatches} micro-batches, {iterations} iterations"
           + (f"; {plan.dp_reduction}" if plan.dp_reduction else ""), flush=True)
     try:
@@ -70,8 +71,9 @@ def _report(ranks: list[dict], want: dict[str, int]) -> int:
     print(format_groups(groups))
     last = min((r for r in ranks if any(x is not None for x in r["losses"])), key=lambda r: r["rank"], default=None)
     losses = [] if last is None else last["losses"]
-    steps = [max(t) for t in zip(*(r["step_times_s"] for r in ranks))]
-    for i, (loss, step_s) in enumerate(zip(losses, steps), start=1):
+    steps = [max(t) for t in zip(*(r["step_times_s"] for r in ranks), strict=True)]  # same steps on every rank
+    # losses is empty when no rank reported one: nothing printed here, the check below fails the smoke
+    for i, (loss, step_s) in enumerate(zip(losses, steps, strict=False), start=1):
         print(f"step {i}: loss {loss:.4f}  time {step_s:.2f} s")
     mismatched = [r["rank"] for r in ranks if r["groups"] != want]
     if mismatched:

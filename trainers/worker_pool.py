@@ -132,7 +132,8 @@ def open_store(timeout_s: float) -> tuple[Any, str, int]:
 
 def join_process_group(store: Any, addr: str, port: int, rank: int, world_size: int, backend: str,
                        timeout_s: float) -> Any:
-    """torch.distributed on the store of rank 0 (created here for the other ranks); loopback sockets on a loopback node."""
+    """torch.distributed on the store of rank 0 (created here for the other ranks); loopback sockets on a loopback
+    node."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -204,7 +205,8 @@ def _make_worker_class() -> Any:
 def _make_pool_class() -> Any:
     import ray
 
-    @ray.remote(num_cpus=0, max_concurrency=1)
+    # ray.remote's typed keyword overload lists task options only; max_concurrency is an actor option
+    @ray.remote(num_cpus=0, max_concurrency=1)  # type: ignore[call-overload]
     class MegatronPool:
         """Keeps worker groups alive by (world size, device); runs one trial at a time."""
 
@@ -242,7 +244,7 @@ def _make_pool_class() -> Any:
             self.nodes[key] = ray.get([w.node.remote() for w in workers], timeout=timeout_s)
             return workers
 
-        def _kill_group(self, key: tuple[int, bool]) -> None:
+        def _kill_group(self, key: tuple[Any, ...]) -> None:
             import ray
             from ray.util.placement_group import remove_placement_group
 
@@ -361,8 +363,8 @@ def shutdown_pool() -> None:
 
 def _train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, Any]] | None:
     """Ray Train V2 worker function: run the job, gather every rank's result on rank 0."""
-    import torch
     import ray.train
+    import torch
 
     if not torch.cuda.is_available():
         torch.set_num_threads(_cpu_threads(torch.distributed.get_world_size()))
@@ -382,7 +384,6 @@ def _closed_torch_config(*, backend: str, timeout_s: int) -> Any:
     class _ClosedBackend(_TorchBackend):
         def on_start(self, worker_group: Any, backend_config: Any) -> None:
             import ray
-
             from ray.train.torch import config as torch_config
 
             env_vars = getattr(torch_config, "_set_torch_distributed_env_vars", None)

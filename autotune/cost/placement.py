@@ -186,7 +186,8 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
     norm = h * _norm_params_per_dim(model)
     # an MTP layer's transformer layer has the spec of the decoder's last layer: MoE when the model is MoE
     mtp_mlp = "moe_dense" if model.moe is not None else "dense_mlp"
-    mtp_mlp_gemm = blocks["moe_dense_gemm"] + blocks["experts_gemm"] if model.moe is not None else blocks["dense_mlp_gemm"]
+    mtp_mlp_gemm = (blocks["moe_dense_gemm"] + blocks["experts_gemm"] if model.moe is not None
+                    else blocks["dense_mlp_gemm"])
     embedding_gpu = vocab // tp * h + model.max_position_embeddings * h  # VocabParallelEmbedding + positions
     embedding_all = vocab * h + model.max_position_embeddings * h
     # the decoder's final norm: on the post-process chunk, or with MTP on the chunk of the last decoder layer
