@@ -196,3 +196,18 @@ def test_the_scorer_imports_nothing_heavy() -> None:
             "'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_time_only_for_the_rows_that_fit() -> None:
+    job = CASES[4][1]  # mixtral-8x7b on 2 nodes: some layouts do not fit
+    table = LayoutTable.from_space(feasible_space(job))
+    every = score_layouts(job, table)
+    fitting = score_layouts(job, table, time_for="fits")
+    assert not every.fits.all() and every.fits.any()
+    np.testing.assert_array_equal(fitting.total_bytes, every.total_bytes)
+    np.testing.assert_array_equal(fitting.tokens_per_s_per_gpu[every.fits], every.tokens_per_s_per_gpu[every.fits])
+    for key in TIME_KEYS:
+        np.testing.assert_array_equal(fitting.breakdown[key][every.fits], every.breakdown[key][every.fits])
+    assert np.isnan(fitting.step_time_s[~every.fits]).all()
+    with pytest.raises(ValueError, match="time_for"):
+        score_layouts(job, table, time_for="some")

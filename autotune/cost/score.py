@@ -159,13 +159,40 @@ class Scores:
 
 
 def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CALIBRATION,
-                  assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS, headroom_bytes: float = 0.0) -> Scores:
-    """Every row of `table` scored as the scalar models score it (see the module docstring)."""
+                  assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS, headroom_bytes: float = 0.0,
+                  time_for: str = "all") -> Scores:
+    """Every row of `table` scored as the scalar models score it (see the module docstring).
+
+    `time_for="fits"` computes the step time only for the rows that fit (memory first; the others' time figures
+    are NaN): most of a large space does not fit, and the per-layer terms are the costly part."""
+    if time_for not in ("all", "fits"):
+        raise ValueError(f"time_for must be 'all' or 'fits', but got {time_for!r}.")
+    capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)
     t = _Rows(table)
-    time = _time(job, t, cal)
     memory = _memory(job, t, assumptions)
-    return Scores(job=job, table=table, capacity_bytes=job.cluster.gpu.memory_bytes - float(headroom_bytes),
-                  **time, **memory)
+    if time_for == "all" or len(table) == 0:
+        time = _time(job, t, cal)
+    else:
+        rows = np.flatnonzero(memory["total_bytes"] <= capacity)
+        time = _spread(_time(job, _Rows(table.take(rows)), cal) if len(rows) else None, rows, len(table))
+    return Scores(job=job, table=table, capacity_bytes=capacity, **time, **memory)
+
+
+def _spread(part: dict[str, Any] | None, rows: np.ndarray, n: int) -> dict[str, Any]:
+    """Time figures of `rows` placed into full-length arrays (NaN elsewhere; dominant term 0)."""
+    def full(values: np.ndarray | None, fill: float = np.nan, dtype: type = np.float64) -> np.ndarray:
+        out = np.full(n, fill, dtype=dtype)
+        if values is not None:
+            out[rows] = values
+        return out
+
+    get = (lambda k: part[k]) if part is not None else (lambda k: None)
+    breakdown = {k: full(None if part is None else part["breakdown"][k]) for k in TIME_KEYS}
+    flops = part["model_flops_per_step"] if part is not None else float("nan")
+    return {**{k: full(get(k)) for k in ("step_time_s", "tokens_per_s_per_gpu", "tokens_per_s_per_gpu_low",
+                                          "tokens_per_s_per_gpu_high", "tflops_per_gpu", "mfu")},
+            "breakdown": breakdown, "model_flops_per_step": flops,
+            "dominant_time_index": full(get("dominant_time_index"), 0, np.int64)}
 
 
 class _Rows:
