@@ -48,7 +48,8 @@ SEARCH_MIXTRAL = [
     new_code_cell("result.trials.groupby(\"status\").size()"),
     new_markdown_cell(
         "## Pareto front\n\nThroughput against memory: every feasible layout as a dot, infeasible ones as crosses, "
-        "the GPU's memory as the dashed line. Layouts on the front trade memory for speed; anything below it is beaten."
+        "the usable memory (the GPU's minus the search's headroom) as the orange line and the GPU's memory as the "
+        "dashed line. Layouts on the front trade memory for speed; anything below it is beaten."
     ),
     new_code_cell("result.plot_pareto()"),
     new_code_cell("result.pareto[columns]"),
@@ -56,7 +57,8 @@ SEARCH_MIXTRAL = [
     new_code_cell("result.plot_time_breakdown(k=5)"),
     new_code_cell("result.plot_memory_breakdown(k=5)"),
     new_code_cell("result.plot_progress()"),
-    new_markdown_cell("## Launch the winner\n\nThe same layout as Megatron-Bridge overrides and as Megatron-LM arguments."),
+    new_markdown_cell("## Launch the winner\n\nThe same layout as Megatron-Bridge overrides and as Megatron-LM arguments, "
+                      "with every switch the prediction assumes (overlap, dispatcher, precision, recompute)."),
     new_code_cell(
         "print(result.launch[\"megatron_bridge\"])\n"
         "print()\n"
@@ -85,7 +87,10 @@ SEARCH_MIXTRAL = [
         "print(m.status, m.reason)\n"
         "{k: round(v, 4) for k, v in m.time.items()}"
     ),
-    new_markdown_cell("## Report\n\nThe self-contained HTML report (tables and plots, no server needed) the CLI writes into its output folder."),
+    new_markdown_cell("## Report\n\nThe self-contained HTML report (tables, plots and the launch lines with copy buttons; no server "
+                      "needed). `autotune.search` already wrote one, with trials.csv and best.json, into its own "
+                      "temporary folder (`result.output_dir`; give `output_dir=` to choose it): nothing lands in the "
+                      "notebook's folder."),
     new_code_cell(
         "import tempfile\n\n"
         "path = result.write_report(tempfile.mkdtemp(prefix=\"autotune-report-\"))\n"
@@ -175,6 +180,8 @@ COMPARE_RECIPE = [
 
 def write(name: str, cells: list) -> Path:
     nb = new_notebook(cells=cells)
+    for i, cell in enumerate(nb.cells):  # stable ids: regenerating changes only what was edited
+        cell.id = f"{Path(name).stem}-{i}"
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     path = HERE / name

@@ -9,28 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
+from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings
+
 __all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
 
-# short name -> megatron-core field name (dp / expert_dp are derived, never set there)
-MEGATRON_NAMES: dict[str, str] = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "etp": "expert_tensor_parallel_size",
-    "sp": "sequence_parallel",
-    "mbs": "micro_batch_size",
-    "dist_opt": "use_distributed_optimizer",
-    "recompute": "recompute_granularity",
-    "first_stage_layers": "num_layers_in_first_pipeline_stage",
-    "last_stage_layers": "num_layers_in_last_pipeline_stage",
-    # one switch for both account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split
-    "embedding_loss_split": "account_for_embedding_in_pipeline_split",
-}
+# short name -> the megatron-core field(s) it sets (dp / expert_dp are derived, never set there); the one table of
+# megatron's names, with the Megatron-LM flags and Megatron-Bridge keys, is `search_spaces.megatron_names`
+MEGATRON_NAMES: dict[str, tuple[str, ...]] = LAYOUT_NAMES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,11 +112,9 @@ class Layout:
         return global_batch_size // (self.mbs * self.dp)
 
     def to_megatron(self) -> dict[str, object]:
-        """megatron-core field names and values, plus the derived `dp` and `expert_dp`."""
-        out: dict[str, object] = {MEGATRON_NAMES[k]: v for k, v in self.short_dict().items() if k in MEGATRON_NAMES}
-        out["expert_tensor_parallel_size"] = self.expert_tp
-        out["recompute_granularity"] = None if self.recompute == "none" else self.recompute
-        out["account_for_loss_in_pipeline_split"] = self.embedding_loss_split
+        """megatron-core field names and values (`search_spaces.megatron_names`), plus the derived `dp` and
+        `expert_dp`."""
+        out = layout_settings(self)
         out["dp"] = self.dp
         out["expert_dp"] = self.expert_dp
         return out

@@ -110,6 +110,16 @@ class TrainingSpec:
     def fp8(self) -> bool:
         return self.precision == "fp8"
 
+    def precision_aware(self, dist_opt: bool) -> bool:
+        """Whether the precision-aware optimizer runs: megatron-core supports it with the distributed optimizer
+        only ("--use-precision-aware-optimizer only supported with distributed optimizer", `optimizer_config.py`),
+        and bf16 moments are its feature."""
+        return dist_opt and (self.precision_aware_optimizer or self.optimizer_moments == "bf16")
+
+    def moments(self, dist_opt: bool) -> MomentDtype:
+        """The Adam moments' dtype in effect: bf16 only with the precision-aware optimizer (so dist opt)."""
+        return "bf16" if self.optimizer_moments == "bf16" and dist_opt else "fp32"
+
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:

@@ -48,3 +48,27 @@ def test_table_output_names_verdict_and_terms(capsys) -> None:
     assert code == 0
     for word in ("verdict", "feasible", "activations", "tp_comm", "MFU"):
         assert word in out
+
+
+def test_default_headroom_is_the_searchs(capsys) -> None:
+    # no headroom by default (the memory model counts the CUDA context, NCCL and the allocator's reserve itself):
+    # an 80 GB H100 shows 81,559 MiB = 79.65 GiB, all usable
+    _, out, _ = _run(capsys, "estimate", "--model", "mixtral", "--nodes", "4", "--layout", "tp=2,ep=8,etp=1,sp=true",
+                     "--json")
+    obj = json.loads(out)
+    assert obj["usable_gib"] == pytest.approx(81559 / 1024) and obj["headroom_gib"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("layout", ["tp=2,pp=2,ep=8,etp=1,sp=true", "tp=1,ep=8,dist_opt=true",
+                                    "tp=8,pp=4,ep=8,etp=1,sp=true,mbs=4"])
+def test_estimate_and_check_agree_on_what_fits(capsys, layout) -> None:
+    _, est, _ = _run(capsys, "estimate", "--model", "mixtral", "--nodes", "4", "--layout", layout, "--json")
+    _, chk, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", layout, "--json")
+    est_obj, chk_obj = json.loads(est), json.loads(chk)
+    assert est_obj["memory_gib"] == pytest.approx(chk_obj["memory_gib"])
+    assert est_obj["feasible"] is chk_obj["fits_in_memory"]
+
+
+def test_headroom_beyond_the_gpu_is_a_usage_error(capsys) -> None:
+    code, _, err = _run(capsys, "estimate", "--model", "llama3-8b", "--layout", "tp=1", "--headroom-gib", "90")
+    assert code == 2 and "--headroom-gib" in err

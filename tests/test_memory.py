@@ -175,7 +175,10 @@ def test_distributed_optimizer_never_raises_memory(name, layout):
 @pytest.mark.parametrize("name", ["llama3-70b", "deepseek-v3"])
 def test_full_recompute_lowers_activations(name, layout):
     job = _job(name, seq=4096, gbs=256)
-    by = {r: estimate_memory(job, replace(layout, recompute=r)).activations_bytes for r in ("none", "selective", "full")}
+    # with the distributed optimizer (so the precision-aware one) the peak is the activation phase; without it the
+    # optimizer step's fp32 gradient copies can be the peak, where recompute changes nothing
+    by = {r: estimate_memory(job, replace(layout, recompute=r, dist_opt=True)).activations_bytes
+          for r in ("none", "selective", "full")}
     assert by["full"] < by["selective"] <= by["none"]
 
 

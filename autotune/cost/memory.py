@@ -112,7 +112,7 @@ def optimizer_bytes_per_param(training: TrainingSpec, *, dist_opt: bool, shard_s
     optimizer shards over. Megatron-LM: `6 + 12 / DP` with it, 18 without (2 + 4 + 12). megatron-core shards
     dense parameters over the data-parallel group *with* context parallel (`intra_dp_cp_group`, DP * CP) and
     expert parameters over the expert data-parallel group (`intra_expt_dp_group`): `optimizer/__init__.py`."""
-    moments = 2 * (2.0 if training.optimizer_moments == "bf16" else 4.0)
+    moments = 2 * (2.0 if training.moments(dist_opt) == "bf16" else 4.0)
     per_param = 4.0 + moments
     return per_param / shard_size if dist_opt else per_param
 
@@ -197,7 +197,7 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
     `optimizer/distrib_optimizer.py`), a new 4 B copy per parameter of this GPU's shard when the grad buffer is
     bf16; none when it is fp32 already or with the precision-aware optimizer (`use_precision_aware_optimizer`:
     the bf16 gradients are handed to TE's FusedAdam as they are, `decoupled_grad`)."""
-    if job.training.grad_reduce_in_fp32 or job.training.precision_aware_optimizer:
+    if job.training.grad_reduce_in_fp32 or job.training.precision_aware(layout.dist_opt):
         return 0.0
     if not layout.dist_opt:
         return 4.0 * sp.params_per_gpu

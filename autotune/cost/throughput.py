@@ -236,10 +236,10 @@ def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StagePar
     4 B) and write the model weight (2 B, FP8 primary weights 1 B); without the precision-aware optimizer an fp32
     copy of the gradient is written and read too (8 B). megatron-core `optimizer/distrib_optimizer.py`."""
     t = job.training
-    moments = 2 * 2 * (2.0 if t.optimizer_moments == "bf16" else 4.0)
+    moments = 2 * 2 * (2.0 if t.moments(layout.dist_opt) == "bf16" else 4.0)
     grad = 4.0 if t.grad_reduce_in_fp32 else 2.0
     weight = 1.0 if (t.fp8 and t.fp8_param_gather) else 2.0
-    copy = 0.0 if (t.precision_aware_optimizer or t.grad_reduce_in_fp32) else 8.0
+    copy = 0.0 if (t.precision_aware(layout.dist_opt) or t.grad_reduce_in_fp32) else 8.0
     per_param = 8.0 + moments + grad + weight + copy
     dense, expert = float(heavy.dense_params_per_gpu), float(heavy.expert_params_per_gpu)
     if layout.dist_opt:
@@ -273,8 +273,8 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     bwd_window = dense_layers * lt.dense_bwd_s + pace.moe_layers * lt.moe_bwd_s
     fwd_window = dense_layers * lt.dense_fwd_s + pace.moe_layers * lt.moe_fwd_s
     breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-                            + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt,
-                                            params, cal))
+                            + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
+                                            and training.overlap_grad_reduce, params, cal))
     breakdown["optimizer"] = optimizer_step_s(job, layout, cal, heavy)
     breakdown["overhead"] = cal.step_overhead_s
 

@@ -17,14 +17,14 @@ Columns the plots read (missing ones are tolerated where they can be):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from search_spaces.measurement import Measurement
     from autotune.tuning.results import TrialRecord
+    from search_spaces.measurement import Measurement
 
 __all__ = [
     "trials_frame",
@@ -75,7 +75,7 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
 
     rows = []
     for i, item in enumerate(trials):
-        m = getattr(item, "measurement", item)
+        m = cast("Measurement", getattr(item, "measurement", item))
         row: dict[str, object] = {
             "trial": getattr(item, "number", i), "origin": getattr(item, "origin", ""), "layout": str(m.layout),
             "status": m.status, "ok": m.ok, "feasible": bool(getattr(item, "feasible", m.ok)),
@@ -88,6 +88,9 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
             tflops_per_gpu=m.tflops_per_gpu,
             mfu=m.mfu,
             reason=m.reason,
+            rules=",".join(v.split(":", 1)[0] for v in m.violations),  # the broken rules' names
+            dominant_time=m.extra.get("dominant_time"),
+            dominant_memory=m.extra.get("dominant_memory"),
             source=m.source,
         )
         row.update({f"time.{k}": v for k, v in m.time.items()})
@@ -105,22 +108,33 @@ def feasible_mask(df: pd.DataFrame) -> pd.Series:
 
 
 def pareto_mask(df: pd.DataFrame) -> pd.Series:
-    """True for feasible trials no other feasible trial beats on both axes.
-
-    Dominance: higher tokens/s per GPU and lower memory per GPU (one strictly better).
-    Sorting by memory then scanning keeps it O(n log n).
-    """
+    """True for the rows of `autotune.tuning.results.pareto_front`: feasible layouts no other feasible one beats
+    on both tokens/s per GPU (higher) and memory per GPU (lower), one row per layout (its first), equal figures
+    kept together. The one Pareto rule of the search, the CLI, the notebook and these plots."""
     import pandas as pd
 
-    mask = pd.Series(False, index=df.index)
+    from autotune.tuning.results import pareto_front
+
     feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu", "memory_gib"])
-    order = feasible.sort_values(["memory_gib", "tokens_per_s_per_gpu"], ascending=[True, False])
-    best = float("-inf")
-    for idx, tps in order["tokens_per_s_per_gpu"].items():
-        if tps > best:
-            mask[idx] = True
-            best = tps
+    rows = [_FrontRow(idx, layout, tps, mem * GIB) for idx, layout, tps, mem in
+            zip(feasible.index, feasible["layout"], feasible["tokens_per_s_per_gpu"], feasible["memory_gib"],
+                strict=True)]
+    mask = pd.Series(False, index=df.index)
+    front = cast("list[_FrontRow]", pareto_front(cast("list[TrialRecord]", rows)))  # duck-typed TrialRecords
+    for row in front:
+        mask[row.index] = True
     return mask
+
+
+class _FrontRow:
+    """A trials-table row as `pareto_front` reads a TrialRecord: feasible, layout, measurement figures."""
+
+    feasible = True
+
+    def __init__(self, index: object, layout: str, tokens_per_s_per_gpu: float, memory_bytes: float) -> None:
+        self.index, self.layout = index, layout
+        self.measurement = self  # tokens_per_s_per_gpu and memory_bytes live here too
+        self.tokens_per_s_per_gpu, self.memory_bytes = float(tokens_per_s_per_gpu), float(memory_bytes)
 
 
 def top_feasible(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
@@ -138,8 +152,10 @@ def _figure(width_in: float = 7.0, height_in: float = 4.2) -> Figure:
     return Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
 
 
-def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, title: str = "") -> Figure:
-    """Tokens/s per GPU against memory per GPU: feasible dots, infeasible crosses, the front, the capacity line."""
+def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, usable_gib: float | None = None,
+           title: str = "") -> Figure:
+    """Tokens/s per GPU against memory per GPU: feasible dots, infeasible crosses, the front, and two lines: the
+    usable memory (capacity minus the search's headroom: what "feasible" means) and the GPU's capacity."""
     fig = _figure()
     ax = fig.add_subplot()
     measured = df.dropna(subset=["memory_gib"]) if "memory_gib" in df else df.iloc[0:0]
@@ -160,6 +176,9 @@ def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, title: str = 
         best = front.loc[front[y_col].idxmax()]
         ax.scatter([best["memory_gib"]], [best[y_col]], s=120, marker="*", color="gold",
                    edgecolor="black", zorder=5, label="best")
+    if usable_gib is not None and usable_gib != capacity_gib:
+        ax.axvline(usable_gib, color="tab:orange", linestyle="-", linewidth=1.5,
+                   label=f"usable ({usable_gib:.1f} GiB: GPU minus headroom)")
     if capacity_gib is not None:
         ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1,
                    label=f"GPU memory ({capacity_gib:.0f} GiB)")
@@ -168,7 +187,7 @@ def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, title: str = 
     ax.set_ylabel("tokens/s per GPU")
     ax.set_title(title or "Throughput against memory")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    fig.legend(loc="outside lower center", ncols=3, fontsize="small")  # below the axes: no point hidden
     return fig
 
 
@@ -202,18 +221,21 @@ def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float,
     y = np.arange(len(rows))
     left = np.zeros(len(rows))
     colors = _colors(len(terms))
-    for term, color in zip(terms, colors):
+    for term, color in zip(terms, colors, strict=True):
         values = rows[prefix + term].fillna(0.0).to_numpy(dtype=float) * scale
         if not values.any():
             continue
         ax.barh(y, values, left=left, color=color, label=(labels or {}).get(term, term))
         left += values
-    ax.set_yticks(y, [_short(s) for s in rows["layout"]], fontsize="x-small")
+    ax.set_yticks(y, [f"#{i}  {_short(s)}" for i, s in enumerate(rows["layout"], 1)], fontsize="small")
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
+
+
+def _legend_below(ax) -> None:
     handles, names = ax.get_legend_handles_labels()
     if handles:
-        ax.figure.legend(handles, names, loc="outside lower center", ncols=min(len(handles), 5), fontsize="x-small")
+        ax.figure.legend(handles, names, loc="outside lower center", ncols=min(len(handles), 6), fontsize="x-small")
 
 
 def _colors(n: int) -> list:
@@ -223,36 +245,44 @@ def _colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-_ABBREVIATIONS = {"sp=true": "sp", "dist_opt=true": "distopt", "recompute=selective": "rc=sel", "recompute=full": "rc=full",
-                  "embedding_loss_split=true": "emb+loss"}
-_DEFAULTS = {"sp=false", "dist_opt=false", "recompute=none", "cp=1", "ep=1", "etp=1", "embedding_loss_split=false"}
-
-
 def _short(layout: str) -> str:
-    """A tick label: defaults dropped, long flags abbreviated (`tp=2,pp=4,vpp=2,ep=8,dp=4,mbs=1,sp,distopt,rc=sel`)."""
-    parts = [p for p in layout.split(",") if p not in _DEFAULTS]
-    return ",".join(_ABBREVIATIONS.get(p, p) for p in parts)
+    """A tick label on two short lines: the sizes, then the flags (`tp2 pp4 vpp2 ep8 dp4 mbs1` / `sp dopt rc=sel`),
+    so that the label does not squeeze the bars."""
+    from autotune.outputs.tables import layout_flags
+    from search_spaces.layout import parse_layout
+
+    lay = parse_layout(layout)
+    sizes = [f"tp{lay.tp}", f"pp{lay.pp}"] + ([f"vpp{lay.vpp}"] if lay.vpp else []) + \
+        ([f"cp{lay.cp}"] if lay.cp > 1 else []) + ([f"ep{lay.ep}"] if lay.ep > 1 else []) + \
+        ([f"etp{lay.etp}"] if lay.etp is not None else []) + [f"dp{lay.dp}", f"mbs{lay.mbs}"]
+    flags = layout_flags(lay)
+    return " ".join(sizes) + ("" if flags == "-" else "\n" + flags)
 
 
 def time_breakdown(df: pd.DataFrame, *, k: int = 5) -> Figure:
     """Stacked step time of the top-k feasible layouts: compute, TP, PP bubble, DP, EP, CP, optimizer."""
     rows = top_feasible(df, k)
-    fig = _figure(9.0, 1.6 + 0.5 * max(len(rows), 1))
+    fig = _figure(9.0, 1.8 + 0.65 * max(len(rows), 1))
     ax = fig.add_subplot()
     _stacked_bars(ax, rows, "time.", 1.0, TIME_TERMS)
+    _legend_below(ax)
     ax.set_xlabel("time per step (s)")
     ax.set_title(f"Where the step time goes (top {len(rows)} layouts)")
     return fig
 
 
-def memory_breakdown(df: pd.DataFrame, *, k: int = 5, capacity_gib: float | None = None) -> Figure:
-    """Stacked memory per GPU of the top-k feasible layouts, with the GPU's capacity as a line."""
+def memory_breakdown(df: pd.DataFrame, *, k: int = 5, capacity_gib: float | None = None,
+                     usable_gib: float | None = None) -> Figure:
+    """Stacked memory per GPU of the top-k feasible layouts, with the usable memory and the capacity as lines."""
     rows = top_feasible(df, k)
-    fig = _figure(9.0, 1.6 + 0.5 * max(len(rows), 1))
+    fig = _figure(9.0, 1.8 + 0.65 * max(len(rows), 1))
     ax = fig.add_subplot()
     _stacked_bars(ax, rows, "memory.", 1.0 / GIB)
+    if usable_gib is not None and usable_gib != capacity_gib:
+        ax.axvline(usable_gib, color="tab:orange", linewidth=1.5, label=f"usable ({usable_gib:.1f} GiB)")
     if capacity_gib is not None:
-        ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1)
+        ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1, label=f"GPU ({capacity_gib:.0f} GiB)")
+    _legend_below(ax)
     ax.set_xlabel("memory per GPU (GiB)")
     ax.set_title(f"Memory per GPU (top {len(rows)} layouts)")
     return fig
@@ -274,24 +304,26 @@ def progress(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def figures(df: pd.DataFrame, *, capacity_gib: float | None = None, k: int = 5) -> dict[str, Figure]:
+def figures(df: pd.DataFrame, *, capacity_gib: float | None = None, usable_gib: float | None = None,
+            k: int = 5) -> dict[str, Figure]:
     """The four plots, by name (the keys of PLOT_FILES)."""
     return {
-        "pareto": pareto(df, capacity_gib=capacity_gib),
+        "pareto": pareto(df, capacity_gib=capacity_gib, usable_gib=usable_gib),
         "time_breakdown": time_breakdown(df, k=k),
-        "memory_breakdown": memory_breakdown(df, k=k, capacity_gib=capacity_gib),
+        "memory_breakdown": memory_breakdown(df, k=k, capacity_gib=capacity_gib, usable_gib=usable_gib),
         "progress": progress(df),
     }
 
 
-def save_all(df: pd.DataFrame, folder, *, capacity_gib: float | None = None, k: int = 5) -> dict[str, str]:
+def save_all(df: pd.DataFrame, folder, *, capacity_gib: float | None = None, usable_gib: float | None = None,
+             k: int = 5) -> dict[str, str]:
     """Write the four plots as PNG files into `folder`; returns plot name -> file path."""
     from pathlib import Path
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, fig in figures(df, capacity_gib=capacity_gib, k=k).items():
+    for name, fig in figures(df, capacity_gib=capacity_gib, usable_gib=usable_gib, k=k).items():
         path = folder / PLOT_FILES[name]
         fig.savefig(path)
         paths[name] = str(path)

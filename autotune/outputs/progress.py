@@ -1,4 +1,5 @@
-"""The progress bar of a search: trials done out of the budget, feasible count, best so far (stderr).
+"""The progress bar of a search: trials done out of the budget, feasible count, best so far (stderr), the best
+layout written short (`tp2 pp2 vpp2 ep8 dp8 mbs1 sp dopt`) so that the bar fits its line.
 
 `make_progress(spec, ...)` gives None (no progress), a rich bar (`"on"`, or `"auto"` when stderr is a
 terminal), or a wrapper around the caller's own `callable(record, done, total)`. The object is a
@@ -30,8 +31,18 @@ class CallbackProgress:
         return None
 
 
+def _compact(layout: Any) -> str:
+    """`tp2 pp2 vpp2 ep8 dp8 mbs1 sp dopt`: the layout short enough for the bar's line."""
+    from autotune.outputs.tables import layout_cells
+
+    cells = layout_cells(layout)
+    sizes = [f"{k}{cells[k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "dp", "mbs") if cells[k] not in ("-", "1")
+             or k in ("tp", "pp", "dp", "mbs")]
+    return " ".join(sizes + ([] if cells["flags"] == "-" else [cells["flags"]]))
+
+
 class RichProgress:
-    """A transient rich bar: `trials 12/64  feasible 9  best 3,120 tok/s/GPU tp=2,pp=4,...`."""
+    """A transient rich bar: `trials 12/64  feasible 9  best 3,120 tok/s/GPU tp2 pp4 dp4 mbs1 sp`."""
 
     def __init__(self, *, total: int, done: int, records: Sequence[TrialRecord]) -> None:
         from rich.console import Console
@@ -51,7 +62,7 @@ class RichProgress:
                     (self._best.measurement.tokens_per_s_per_gpu or 0.0):
                 self._best = record
         best = "" if self._best is None else \
-            f"  best {self._best.measurement.tokens_per_s_per_gpu or 0:,.0f} tok/s/GPU {self._best.layout}"
+            f"  best {self._best.measurement.tokens_per_s_per_gpu or 0:,.0f} tok/s/GPU {_compact(self._best.layout)}"
         self._progress.update(self._task, completed=done, total=total,
                               description=f"feasible {self._feasible}{best}")
 

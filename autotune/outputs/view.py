@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Result"]
 
+GIB = 1024**3
+
 
 class Result:
     """A search's outcome for people: the best layout, the Pareto front, every trial, launch forms, plots.
@@ -57,6 +59,15 @@ class Result:
     def capacity_gib(self) -> float:
         """The GPU's memory (the line on the plots); feasibility also keeps the search's headroom free."""
         return self.job.cluster.gpu.memory_gib
+
+    @property
+    def usable_gib(self) -> float:
+        """The GPU's memory minus the search's headroom: what "feasible" means (the second line on the plots)."""
+        return self.raw.capacity_bytes / GIB
+
+    @property
+    def headroom_gib(self) -> float:
+        return self.raw.headroom_bytes / GIB
 
     @property
     def output_dir(self) -> str | None:
@@ -99,7 +110,8 @@ class Result:
     # --- launch forms ----------------------------------------------------------------------
     @property
     def launch(self) -> dict[str, str]:
-        """The winner as launch text: `megatron_bridge` (Megatron-Bridge overrides), `megatron_lm` (Megatron-LM arguments)."""
+        """The winner as launch text: `megatron_bridge` (Megatron-Bridge overrides), `megatron_lm` (Megatron-LM
+        arguments), each one shell line."""
         return self.launch_forms()
 
     def launch_forms(self) -> dict[str, str]:
@@ -109,22 +121,25 @@ class Result:
         return {} if best is None else launch_forms(self.job, best)
 
     def job_summary(self) -> dict[str, object]:
-        j, c = self.job, self.job.cluster
+        j, c, t = self.job, self.job.cluster, self.job.training
+        precision = t.precision if j.fp8_recipe is None else f"{t.precision} ({j.fp8_recipe} scaling)"
         return {
             "model": j.model.name,
-            "parameters (B)": round(j.model.total_params / 1e9, 2),
+            "parameters": f"{j.model.total_params / 1e9:,.1f} B",
             "cluster": f"{c.nodes} nodes x {c.gpus_per_node} {c.gpu.name} ({c.gpu.memory_gib:.0f} GiB)",
+            "usable memory per GPU": f"{self.usable_gib:.1f} GiB ({self.headroom_gib:.1f} GiB kept free)",
             "links": f"{c.intra_node.name} inside a node, {c.inter_node.name} between nodes",
-            "sequence length": j.training.seq_length,
-            "global batch size": j.training.global_batch_size,
-            "precision": j.training.precision,
+            "sequence length": f"{t.seq_length:,}",
+            "global batch size": f"{t.global_batch_size:,}",
+            "precision": precision,
+            "backend": getattr(self.raw, "backend", "-"),
         }
 
     # --- plots and report ------------------------------------------------------------------
     def plot_pareto(self) -> Figure:
         from autotune.outputs import plots
 
-        return plots.pareto(self.trials, capacity_gib=self.capacity_gib)
+        return plots.pareto(self.trials, capacity_gib=self.capacity_gib, usable_gib=self.usable_gib)
 
     def plot_time_breakdown(self, k: int = 5) -> Figure:
         from autotune.outputs import plots
@@ -134,7 +149,7 @@ class Result:
     def plot_memory_breakdown(self, k: int = 5) -> Figure:
         from autotune.outputs import plots
 
-        return plots.memory_breakdown(self.trials, k=k, capacity_gib=self.capacity_gib)
+        return plots.memory_breakdown(self.trials, k=k, capacity_gib=self.capacity_gib, usable_gib=self.usable_gib)
 
     def plot_progress(self) -> Figure:
         from autotune.outputs import plots
@@ -155,4 +170,5 @@ class Result:
 
     def __repr__(self) -> str:
         feasible = int(self.trials["feasible"].sum()) if len(self.trials) else 0
-        return f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, best {self.best}>"
+        return (f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, "
+                f"best {self.best}>")

@@ -170,8 +170,8 @@ def run_search(
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C).
 
-    `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU (default 5%
-    of its memory). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `exhaustive_threshold`:
+    `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
+    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `exhaustive_threshold`:
     evaluate the whole feasible space when it has at most this many layouts (default: the budget).
     `address`: an existing Ray cluster (`"auto"` or `ray://...`); without it a local Ray is started and
     shut down. `progress`: a `ProgressFactory` (called once with the trial totals; the UI passes a rich bar,

@@ -110,9 +110,10 @@ def search(
 
     The job is `model` itself when it is a `Job`, else `make_job(model, ...)` with the cluster and
     training keywords. `trials`, `seed`, `backend` (`"auto"`: megatron where GPUs are visible, else
-    analytic) and `headroom_gib` (default 0: the memory model keeps its own allowance) mean what the CLI's flags mean; with the
-    same inputs the ranking is the same. The search writes the CLI's output folder (`output_dir`, default
-    `autotune_runs/<model>-<nodes>n-<time>`): trials.csv, best.json, launch files, plots, `report.html`.
+    analytic) and `headroom_gib` (default 0: the memory model keeps its own allowance) mean what the CLI's flags
+    mean; with the same inputs the ranking is the same. The search writes its files (trials.csv, best.json, launch
+    files, plots, `report.html`) into `output_dir`, by default a new temporary folder (`tempfile.mkdtemp`, kept
+    after the call; `result.output_dir` says where), never into the notebook's or script's own folder.
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.ui.dashboard`);
@@ -136,6 +137,10 @@ def search(
     from autotune.outputs.progress import progress_factory
 
     options["progress"] = progress_factory(options.get("progress"))
+    if output_dir is None and options.get("resume") is None:
+        import tempfile
+
+        output_dir = tempfile.mkdtemp(prefix=f"autotune-{job.model.name}-{job.cluster.nodes}n-")
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
                             output_dir=output_dir, **options)
     if raw.output_dir is not None:
@@ -174,14 +179,14 @@ def estimate(
     global_batch_size: int | None = None,
     precision: str | None = None,
     training: Mapping[str, Any] | None = None,
-    headroom_gib: float = 0.0,
+    headroom_gib: float | None = None,
 ) -> Measurement:
     """The analytic estimate of one layout: memory and time breakdowns, tokens/s per GPU, MFU, status.
 
     `layout` is a `Layout` or its text form (`"tp=2,pp=4,ep=8,sp=true"`, dp derived from the world size).
     A layout that breaks a rule or does not fit comes back with `status` "invalid" or "oom" and the
     reasons, never as an exception. `headroom_gib` is kept free on each GPU when judging out-of-memory
-    (the CLI's `estimate --headroom-gib`).
+    (the CLI's `estimate --headroom-gib`; default the search's, 0).
 
         >>> m = estimate("mixtral", "tp=2,pp=2,ep=8,sp=true", nodes=4)   # doctest: +SKIP
         >>> m.status, round(m.memory_gib, 1), m.time["pp_bubble"]        # doctest: +SKIP
@@ -195,7 +200,8 @@ def estimate(
     parsed = layout if isinstance(layout, Layout) else parse_layout(layout, world_size=job.world_size)
     from autotune.cost.analytic import AnalyticBackend
 
-    return AnalyticBackend(headroom_bytes=headroom_gib * GIB).evaluate(job, parsed)
+    headroom = _driver().default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
+    return AnalyticBackend(headroom_bytes=headroom).evaluate(job, parsed)
 
 
 class RaySession:

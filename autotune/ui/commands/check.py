@@ -1,8 +1,10 @@
 """`python -m autotune check --model mixtral --nodes 4 --layout "tp=2,pp=2,ep=8"`: one layout vs every rule.
 
 Says valid (with the derived DP, expert DP, experts per GPU and micro-batches), or lists every
-violation with megatron-core's message and exits with code 1. With --json one object:
-valid, layout (megatron-core names plus dp and expert_dp), violations [{rule, fields, message}], notes.
+violation with megatron-core's message and exits with code 1. A valid layout's peak memory is said beside it,
+against the GPU's memory minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown);
+the exit code is the rules' alone. With --json one object: valid, layout (megatron-core names plus dp and
+expert_dp), stage_layers, violations [{rule, fields, message}], notes, memory_gib, usable_gib, fits_in_memory.
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ import argparse
 import json
 
 from autotune.ui.commands import add_layout_argument
+from autotune.ui.commands.estimate import add_headroom_argument, headroom_bytes
+
+GIB = 1024**3
 
 __all__ = ["add_arguments", "run", "check_object", "notes"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_layout_argument(parser)
+    add_headroom_argument(parser)
 
 
 def stage_layers_text(layout, num_layers: int) -> str:
@@ -42,14 +48,24 @@ def notes(job, layout) -> list[str]:
     return out
 
 
-def check_object(job, layout, violations) -> dict[str, object]:
+def check_object(job, layout, violations, memory: dict[str, object] | None = None) -> dict[str, object]:
     return {
         "valid": not violations,
         "layout": layout.to_megatron(),
         "stage_layers": list(layout.stage_layer_counts(job.model.num_layers)),
         "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message} for v in violations],
         "notes": notes(job, layout),
+        **(memory or {"memory_gib": None, "usable_gib": None, "fits_in_memory": None}),
     }
+
+
+def memory_fit(job, layout, headroom: float) -> dict[str, object]:
+    """The analytic peak memory per GPU against the GPU's memory minus the headroom (a valid layout only)."""
+    from autotune.cost.memory import estimate_memory
+
+    peak = estimate_memory(job, layout).total_bytes
+    usable = job.cluster.gpu.memory_bytes - headroom
+    return {"memory_gib": peak / GIB, "usable_gib": usable / GIB, "fits_in_memory": peak <= usable}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,20 +74,23 @@ def run(args: argparse.Namespace) -> int:
     from search_spaces.rules import check
 
     job = job_from_args(args)
+    headroom = headroom_bytes(args, job)
     layout = parse_layout(args.layout, world_size=job.world_size)
     violations = check(job, layout)
+    memory = None if violations else memory_fit(job, layout, headroom)
     if args.json:
-        print(json.dumps(check_object(job, layout, violations), default=str))
+        print(json.dumps(check_object(job, layout, violations, memory), default=str))
         return 1 if violations else 0
-    _print_rich(job, layout, violations)
+    _print_rich(job, layout, violations, memory)
     return 1 if violations else 0
 
 
-def _print_rich(job, layout, violations) -> None:
-    from rich.console import Console
+def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> None:
     from rich.markup import escape
 
-    console = Console()
+    from autotune.outputs.tables import make_console
+
+    console = make_console()
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"({job.world_size} GPUs), seq {job.training.seq_length}, GBS {job.training.global_batch_size}")
     console.print(f"layout: {escape(str(layout))}")
@@ -83,10 +102,15 @@ def _print_rich(job, layout, violations) -> None:
         facts = [f"DP {layout.dp}"]
         if job.model.moe is not None:
             facts.append(f"expert DP {layout.expert_dp}")
-            facts.append(f"{job.model.moe.num_experts // layout.ep} experts per GPU")
+            per_gpu = job.model.moe.num_experts // layout.ep
+            facts.append(f"{per_gpu} expert{'s' if per_gpu != 1 else ''} per GPU")
         facts.append(f"{layout.num_microbatches(job.training.global_batch_size)} micro-batches per step")
         if layout.pp > 1:
             facts.append(f"layers per stage {stage_layers_text(layout, job.model.num_layers)}")
         console.print(f"[green]valid[/green]: {', '.join(facts)}")
+        if memory is not None:
+            fits = "fits" if memory["fits_in_memory"] else "[red]does not fit[/red]"
+            console.print(f"memory: peak {memory['memory_gib']:.1f} GiB per GPU, {fits} in {memory['usable_gib']:.1f} "
+                          f"GiB usable (GPU memory minus headroom; `estimate` for the breakdown)")
     for note in notes(job, layout):
         console.print(f"  note: {escape(note)}")

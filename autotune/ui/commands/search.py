@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["add_arguments", "run", "render", "explain_impossible"]
+__all__ = ["add_arguments", "run", "render", "explain_impossible", "memory_hints"]
 
 GIB = 1024**3
 
@@ -26,9 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--trials", type=int, default=64, help="trial budget, seeds included (default 64)")
     g.add_argument("--headroom-gib", type=float, default=None,
-                   help="GPU memory kept free per GPU beyond the memory model's own allowance (CUDA context, NCCL, the allocator's reserve); a layout above capacity minus this is infeasible (default 0)")
+                   help="GPU memory kept free per GPU beyond the memory model's own allowance (CUDA context, "
+                        "NCCL, the allocator's reserve); a layout above capacity minus this is infeasible (default 0)")
     g.add_argument("--backend", choices=("auto", "analytic", "megatron"), default="auto",
-                   help="analytic cost models, or megatron-core profiling (default auto: megatron where GPUs are visible)")
+                   help="analytic cost models, or megatron-core profiling jobs (default auto = analytic: real jobs "
+                        "start only with --backend megatron, also where GPUs are visible)")
     g.add_argument("--output", metavar="DIR", default=None,
                    help="output folder (default autotune_runs/<model>-<nodes>n-<timestamp>)")
     g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
@@ -41,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exhaustive-threshold", type=int, default=None, metavar="N",
                    help="evaluate the whole feasible space when it has at most N layouts (default: the trial budget)")
     g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
+    g.add_argument("--wide", action="store_true",
+                   help="every column of the tables, however wide (default: the columns that fit COLUMNS)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
     from autotune.ui import dashboard
@@ -63,11 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from autotune.ui import dashboard
-    from autotune.ui.commands import job_from_args
     from autotune.outputs.files import write_outputs
     from autotune.outputs.progress import progress_factory
     from autotune.tuning.driver import run_search
+    from autotune.ui import dashboard
+    from autotune.ui.commands import job_from_args
 
     if args.trials < 1:
         raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
@@ -99,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
             payload["impossible"] = explain_impossible(result, as_text=False)
         print(json.dumps(payload, default=str))
     else:
-        render(result, top=args.top)
+        render(result, top=args.top, wide=args.wide)
     timings = result.stats.setdefault("timings", {})
     timings["output_s"] = time.perf_counter() - t_out
     timings["total_s"] = time.perf_counter() - t0
@@ -138,26 +142,13 @@ def _timing_line(t: dict[str, float]) -> str:
     return "time: " + ", ".join(parts)
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = False) -> None:
+    """The ranked table, the Pareto front and the winner's launch forms (stdout), fitted to the terminal width
+    (`autotune.outputs.tables`); `wide` shows every column."""
+    from autotune.outputs.tables import FLAGS_LEGEND, make_console, pareto_table, ranked_table
 
-
-def _fmt_bytes(value: float | None) -> str:
-    """GiB, or MiB / KiB for the small figures of CPU-proxy jobs (which would all read 0.0 GiB)."""
-    if value is None:
-        return "-"
-    for unit, size in (("GiB", GIB), ("MiB", 1024**2)):
-        if value >= 0.1 * size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value / 1024:.1f} KiB"
-
-
-def render(result: Any, *, top: int = 10, console: Any = None) -> None:
-    """The ranked table, the Pareto front and the winner's launch forms (stdout)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console(width=None if sys.stdout.isatty() else 180)
+    console = console or make_console(wide=wide)
+    width = console.width
     j, c = result.job, result.job.cluster
     console.print(f"[bold]{j.model.name}[/] on {c.nodes} x {c.gpus_per_node} {c.gpu.name} "
                   f"({c.gpu.memory_gib:.0f} GiB; {result.capacity_bytes / GIB:.1f} GiB usable after "
@@ -165,50 +156,29 @@ def render(result: Any, *, top: int = 10, console: Any = None) -> None:
                   f"GBS {j.training.global_batch_size}, {j.training.precision}")
     _summary_line(console, result)
     if result.best is None:
-        console.print(explain_impossible(result, as_text=True))
+        console.print(explain_impossible(result, as_text=True), markup=False, highlight=False)
         return
-    table = Table(title=f"Best layouts (of {len(result.records)} trials)", title_justify="left")
+    moe = j.model.moe is not None
     ranked = result.ranked[:top]
-    # megatron backend: the analytic model's figures for the real model, beside what the job measured
-    predicted = any("analytic_prediction" in r.measurement.extra for r in ranked)
-    columns = [("#", "right"), ("layout", "left"), ("tok/s/GPU", "right"), ("MFU", "right"), ("mem", "right"),
-               ("free GiB", "right")]
-    if predicted:
-        columns += [("predicted tok/s/GPU", "right"), ("predicted GiB", "right")]
-    columns += [("step time dominated by", "left"), ("from", "left")]
-    for name, justify in columns:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for i, r in enumerate(ranked, 1):
-        m = r.measurement
-        row = [str(i), str(r.layout), _fmt(m.tokens_per_s_per_gpu, ",.0f"), _fmt(m.mfu, ".1%"),
-               _fmt_bytes(m.memory_bytes), _fmt(r.headroom_gib, ".1f")]
-        if predicted:
-            p = m.extra.get("analytic_prediction") or {}
-            mem = p.get("memory_bytes")
-            row += [_fmt(p.get("tokens_per_s_per_gpu"), ",.0f"), _fmt(None if mem is None else mem / GIB, ".1f")]
-        table.add_row(*row, str(m.extra.get("dominant_time", "-")), r.origin)
-    console.print(table)
+    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide,
+                               title=f"Best layouts (of {len(result.records)} trials)"))
+    console.print(FLAGS_LEGEND, markup=False, highlight=False, style="dim")
     if any(r.measurement.source == "megatron-cpu-proxy" for r in ranked):
         console.print("measured columns are CPU-proxy figures (a scaled-down model with the same parallel structure, "
                       "on gloo): they prove the layout builds and trains and rank layouts on this machine; they are "
-                      "not GPU predictions. 'predicted' is the analytic model for the real model on this cluster.",
+                      "not GPU predictions. 'pred.' is the analytic model for the real model on this cluster.",
                       markup=False, highlight=False)
-    pareto = Table(title="Pareto front (tokens/s per GPU vs memory per GPU)", title_justify="left")
-    for name in ("layout", "tok/s/GPU", "mem GiB"):
-        pareto.add_column(name, justify="left" if name == "layout" else "right")
-    for r in result.pareto:
-        pareto.add_row(str(r.layout), _fmt(r.measurement.tokens_per_s_per_gpu, ",.0f"), _fmt(r.measurement.memory_gib, ".1f"))
-    console.print(pareto)
+    console.print(pareto_table(result.pareto, moe=moe, width=width, wide=wide))
     from autotune.outputs.files import launch_of
+    from autotune.outputs.launch import launch_header
 
     launch = launch_of(result)
     console.print("[bold]Winner[/] " + str(result.best.layout))
-    console.print("Megatron-Bridge overrides:")
-    console.print(launch["megatron_bridge"], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
-    console.print("Megatron-LM arguments:")
-    console.print(launch["megatron_lm"], markup=False, highlight=False, soft_wrap=True)
-    console.print(f"Results: {result.output_dir} (trials.csv, best.json, study.db)", markup=False, highlight=False,
-                  soft_wrap=True)
+    for form in ("megatron_bridge", "megatron_lm"):
+        console.print(launch_header(j, form) + ":", markup=False, highlight=False)
+        console.print(launch[form], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
+    console.print(f"Results: {result.output_dir} (trials.csv, best.json, report.html, study.db)", markup=False,
+                  highlight=False, soft_wrap=True)
 
 
 def _summary_line(console: Any, result: Any) -> None:
@@ -223,35 +193,68 @@ def _summary_line(console: Any, result: Any) -> None:
 
 
 def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
-    """Why nothing fits: the layouts closest to fitting and what ruled each out, plus what to try."""
+    """Why nothing fits: the layouts closest to fitting and what ruled each out, plus what to try (the hints
+    follow the largest memory term of the closest misses)."""
     cap = result.capacity_bytes / GIB
-    closest = result.closest_misses(5)
-    hints = ["add nodes (--nodes) or use GPUs with more memory (--gpu)",
-             "shorten --seq-length or lower --headroom-gib",
-             "allow TP/EP across nodes (--allow-cross-node-tp)"]
     if result.space_size == 0:
         from search_spaces.space import rejections
 
         report = rejections(result.job)
         top = sorted(report.rejected_by.items(), key=lambda kv: -kv[1])[:5]
-        data = {"reason": "no valid layout exists for this job", "rejected_by": dict(top), "try": hints}
+        data: dict[str, Any] = {"reason": "no valid layout exists for this job", "rejected_by": dict(top),
+                                "try": _space_hints(result)}
     else:
         rows = [{"layout": str(r.layout), "memory_gib": r.measurement.memory_gib,
                  "over_by_gib": (r.measurement.memory_bytes or 0.0) / GIB - cap,
                  "largest_memory_term": r.measurement.extra.get("dominant_memory") or _largest(r.measurement.memory),
-                 "reason": r.measurement.reason or r.measurement.status} for r in closest]
+                 "reason": r.measurement.reason or r.measurement.status} for r in result.closest_misses(5)]
         data = {"reason": f"no layout fits in {cap:.1f} GiB per GPU (GPU memory minus headroom)",
-                "closest": rows, "try": hints}
+                "closest": rows, "try": memory_hints(result, [row["largest_memory_term"] for row in rows])}
     if not as_text:
         return data
-    lines = [f"[bold red]No layout fits.[/] {data['reason']}."]
-    if "rejected_by" in data:
-        lines += [f"  ruled out by {rule}: {n} candidates" for rule, n in data["rejected_by"].items()]
+    lines = [data["reason"][0].upper() + data["reason"][1:] + "."]
+    lines += [f"  ruled out by {rule}: {n} candidates" for rule, n in data.get("rejected_by", {}).items()]
+    if data.get("closest"):
+        lines.append("Closest to fitting:")
     for row in data.get("closest", []):
         lines.append(f"  {row['layout']}: {row['memory_gib']:.1f} GiB, {row['over_by_gib']:.1f} GiB over "
-                     f"(largest term: {row['largest_memory_term']}); {row['reason']}")
-    lines.append("Try: " + "; ".join(hints) + ".")
+                     f"(largest term: {row['largest_memory_term']})")
+    lines.append("Try: " + "; ".join(data["try"]) + ".")
     return "\n".join(lines)
+
+
+# What shrinks each memory term of `autotune.cost.memory.TERMS`, as flags a user can change.
+_TERM_HINTS = {
+    "activations": "fewer saved activations: a shorter --seq-length, a smaller --global-batch-size, or more "
+                   "--recompute-modules (e.g. core_attn,mlp)",
+    "optimizer": "a smaller optimizer state per GPU: more GPUs to shard it over (--nodes), or Adam's moments in "
+                 "bf16 (--optimizer-moments bf16)",
+    "weights": "more GPUs to spread the weights over (--nodes), or GPUs with more memory (--gpu)",
+    "gradients": "more GPUs to spread the gradients over (--nodes)",
+    "overhead": "a smaller --headroom-gib",
+}
+
+
+def memory_hints(result: Any, terms: list[str]) -> list[str]:
+    """What to try, the largest term of the closest misses first, then the general moves."""
+    hints = []
+    for term in sorted(set(terms), key=lambda t: -terms.count(t)):
+        if term in _TERM_HINTS and _TERM_HINTS[term] not in hints:
+            hints.append(_TERM_HINTS[term])
+    if "gradients" in terms and result.job.training.grad_reduce_in_fp32:
+        hints.append("bf16 gradients (--no-grad-reduce-in-fp32)")
+    general = ["add nodes (--nodes) or use GPUs with more memory (--gpu)"]
+    closest = result.closest_misses(1)
+    over = (closest[0].measurement.memory_bytes or 0.0) - result.capacity_bytes if closest else 0.0
+    if 0 < over <= result.headroom_bytes:  # the nearest miss would fit in the GPU's whole memory
+        general.append(f"a smaller --headroom-gib (now {result.headroom_bytes / GIB:.1f} GiB; the closest layout is "
+                       f"{over / GIB:.1f} GiB over)")
+    return hints + [h for h in general if h not in hints] + _space_hints(result)[1:]
+
+
+def _space_hints(result: Any) -> list[str]:
+    return ["a cluster shape the model divides into (--nodes, --gpus-per-node) or another --global-batch-size",
+            "allow TP/EP across nodes (--allow-cross-node-tp)"]
 
 
 def _largest(memory: dict[str, float]) -> str:

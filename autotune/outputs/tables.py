@@ -1,0 +1,211 @@
+"""The terminal tables: ranked layouts, the Pareto front, and one layout's memory and time breakdowns.
+
+A layout is shown as short columns (`tp pp vpp cp ep etp dp mbs`, then its flags) so that a row reads at 80
+columns and two rows never look alike; the table keeps the columns that fit the width, most important first
+(80: the layout, tokens/s per GPU, MFU, memory, free memory; 120: also what bounds the step time, where the
+layout came from and the megatron backend's predictions). `wide=True` shows every column and the layout text.
+The width is the terminal's, `COLUMNS` when set (also when piped), else 120 when piped. rich is imported inside
+the functions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from search_spaces.layout import Layout
+
+__all__ = ["terminal_width", "make_console", "layout_cells", "layout_flags", "ranked_table", "pareto_table",
+           "breakdown_table", "FLAGS_LEGEND", "PIPED_WIDTH", "WIDE_WIDTH"]
+
+GIB = 1024**3
+PIPED_WIDTH = 120  # piped without COLUMNS: complete rows
+WIDE_WIDTH = 100_000  # --wide: no column is dropped, no cell is wrapped
+FLAGS_LEGEND = ("flags: sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), "
+                "split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss count as layers)")
+_GAP = 1  # columns are separated by one space (box.SIMPLE_HEAD without padding)
+_FLAGS_NARROW = 16  # the flags column wraps onto a second line beyond this, unless wide ("sp dopt rc=full" is 15)
+
+
+def terminal_width(stream: Any = None) -> int:
+    """`COLUMNS` when set (a shell exports it; set it when piping), the terminal's width, else PIPED_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    stream = stream or sys.stdout
+    if hasattr(stream, "isatty") and stream.isatty():
+        return shutil.get_terminal_size((PIPED_WIDTH, 24)).columns
+    return PIPED_WIDTH
+
+
+def make_console(*, wide: bool = False, width: int | None = None, stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(width=WIDE_WIDTH if wide else (width or terminal_width()), stderr=stderr, highlight=False)
+
+
+def layout_flags(layout: Layout) -> str:
+    """`sp dopt rc=sel split=3|..|2`: the layout's switches in a few characters (FLAGS_LEGEND says them in words)."""
+    flags = [name for name, on in (("sp", layout.sp), ("dopt", layout.dist_opt)) if on]
+    if layout.recompute != "none":
+        flags.append("rc=" + {"selective": "sel"}.get(layout.recompute, layout.recompute))
+    if layout.embedding_loss_split:
+        flags.append("split=emb+loss")
+    elif layout.first_stage_layers is not None or layout.last_stage_layers is not None:
+        first, last = layout.first_stage_layers, layout.last_stage_layers
+        flags.append(f"split={'' if first is None else first}|..|{'' if last is None else last}")
+    pipeline_layout = getattr(layout, "pipeline_layout", None)
+    if pipeline_layout:
+        flags.append(f"layout={pipeline_layout}")
+    return " ".join(flags) or "-"
+
+
+def layout_cells(layout: Layout) -> dict[str, str]:
+    """The layout's short columns: tp pp vpp cp ep etp dp mbs flags (vpp '-' when not interleaved)."""
+    return {"tp": str(layout.tp), "pp": str(layout.pp), "vpp": str(layout.vpp or "-"), "cp": str(layout.cp),
+            "ep": str(layout.ep), "etp": str(layout.expert_tp), "dp": str(layout.dp), "mbs": str(layout.mbs),
+            "flags": layout_flags(layout)}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _bytes(value: float | None) -> str:
+    """GiB, or MiB / KiB for the small figures of CPU-proxy jobs (which would all read 0.0 GiB)."""
+    if value is None:
+        return "-"
+    for unit, size in (("", GIB), (" MiB", 1024**2)):
+        if value >= 0.1 * size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value / 1024:.1f} KiB"
+
+
+def _time_term(name: object) -> str:
+    from autotune.outputs.plots import TIME_TERMS
+
+    return "-" if not name else TIME_TERMS.get(str(name), str(name))
+
+
+@dataclass(frozen=True, slots=True)
+class _Column:
+    header: str
+    cell: Callable[[Any], str]  # a TrialRecord -> text
+    priority: int  # 0 always; higher ones go first when the width is short
+    justify: str = "right"
+    wide_only: bool = False
+
+
+def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]:
+    def m(r: Any) -> Any:
+        return r.measurement
+
+    predicted = any("analytic_prediction" in r.measurement.extra for r in records)
+    cols = [_Column("#", lambda r: str(r._rank), 0)] if ranks else []
+    for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
+        if key in ("ep", "etp") and not moe:
+            continue
+        cols.append(_Column(key, _layout_cell(key), 0))
+    cols += [
+        _Column("flags", lambda r: layout_flags(r.layout), 0, "left"),
+        _Column("tok/s/GPU", lambda r: _fmt(m(r).tokens_per_s_per_gpu, ",.0f"), 0),
+        _Column("MFU", lambda r: _fmt(m(r).mfu, ".1%"), 1),
+        _Column("GiB", lambda r: _bytes(m(r).memory_bytes), 1),
+        _Column("free", lambda r: _fmt(r.headroom_gib, ".1f"), 2),
+    ]
+    if predicted:
+        def pred(r: Any) -> dict[str, Any]:
+            return r.measurement.extra.get("analytic_prediction") or {}
+
+        cols += [_Column("pred. tok/s", lambda r: _fmt(pred(r).get("tokens_per_s_per_gpu"), ",.0f"), 3),
+                 _Column("pred. GiB", lambda r: _bytes(pred(r).get("memory_bytes")), 3)]
+    cols += [
+        _Column("bound by", lambda r: _time_term(m(r).extra.get("dominant_time")), 4, "left"),
+        _Column("from", lambda r: str(r.origin), 5, "left"),
+        _Column("step s", lambda r: _fmt(m(r).step_time_s, ".3f"), 6, wide_only=True),
+        _Column("TFLOP/s", lambda r: _fmt(m(r).tflops_per_gpu, ".0f"), 6, wide_only=True),
+        _Column("layout", lambda r: str(r.layout), 6, "left", wide_only=True),
+    ]
+    return cols
+
+
+def _layout_cell(key: str) -> Callable[[Any], str]:
+    return lambda r: layout_cells(r.layout)[key]
+
+
+class _Ranked:
+    """A record with its rank, for the '#' column."""
+
+    def __init__(self, record: Any, rank: int) -> None:
+        self._record, self._rank = record, rank
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._record, name)
+
+
+def _fit(columns: list[_Column], rows: list[Any], width: int, wide: bool) -> list[_Column]:
+    """The columns to show: all with `wide`, else by priority while the row still fits in `width`."""
+    if wide:
+        return columns
+    columns = [c for c in columns if not c.wide_only]
+    sizes = {id(c): max([len(c.header)] + [len(c.cell(r)) for r in rows]) for c in columns}
+    sizes = {k: (min(v, _FLAGS_NARROW) if k == id(_flags(columns)) else v) for k, v in sizes.items()}
+    keep, used = [], -_GAP
+    for c in sorted(columns, key=lambda c: c.priority):  # stable: table order inside a priority
+        need = sizes[id(c)] + _GAP
+        if c.priority > 0 and used + need > width:
+            break  # the columns after it matter less: leave them out too
+        keep.append(c)
+        used += need
+    return [c for c in columns if c in keep]
+
+
+def _flags(columns: list[_Column]) -> _Column | None:
+    return next((c for c in columns if c.header == "flags"), None)
+
+
+def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width: int, wide: bool) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    rows = [_Ranked(r, i) for i, r in enumerate(records, 1)]
+    shown = _fit(_columns(records, moe=moe, ranks=ranks), rows, width, wide)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
+                  show_edge=False)
+    for c in shown:  # only the flags wrap (at spaces), and only when the width is short
+        table.add_column(c.header, justify=c.justify, no_wrap=wide or c.header != "flags",  # type: ignore[arg-type]
+                         overflow="fold")
+    for r in rows:
+        table.add_row(*(c.cell(r) for c in shown))
+    return table
+
+
+def ranked_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, title: str = "") -> Any:
+    """The ranked layouts (TrialRecords, best first) as a rich Table that fits `width`."""
+    return _table(title or "Best layouts", records, moe=moe, ranks=True, width=width, wide=wide)
+
+
+def pareto_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False) -> Any:
+    """The Pareto front (least memory first) as a rich Table that fits `width`."""
+    return _table("Pareto front (tokens/s per GPU vs memory per GPU)", records, moe=moe, ranks=False, width=width,
+                  wide=wide)
+
+
+def breakdown_table(unit: str, terms: dict[str, float], total: float, value_spec: str, share_spec: str) -> Any:
+    """Named terms with their share of the total (estimate's memory and time tables); terms at 0 are left out."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+    table.add_column("term")
+    table.add_column(unit, justify="right")
+    table.add_column("share", justify="right")
+    for name, value in terms.items():
+        if value:
+            table.add_row(name, format(value, value_spec), format(value / total, share_spec) if total else "-")
+    table.add_row("total", format(total, value_spec), format(1.0, share_spec), style="bold")
+    return table

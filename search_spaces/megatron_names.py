@@ -1,0 +1,284 @@
+"""The one mapping from autotune's fields to megatron's names: the megatron-core field, the Megatron-LM flag and
+the Megatron-Bridge override key of every switch a prediction assumes.
+
+`Layout.to_megatron()`, the launch lines (`autotune.outputs.launch`) and the tests read this table; nothing else
+spells megatron's names. Targets (the versions autotune's rules and cost models follow):
+
+- megatron-core 0.16.1: `TransformerConfig` / `ModelParallelConfig` (owner "transformer"),
+  `DistributedDataParallelConfig` ("ddp"), `OptimizerConfig` ("optimizer"). Megatron-LM arguments with no
+  megatron-core field (micro/global batch, sequence length) have owner "training".
+- Megatron-LM `megatron/training/arguments.py` at tag core_v0.16.1 (commit 55ac7082517c), the flags.
+- Megatron-Bridge v0.3.1 (commit 9c9dd848966, the release that pins megatron-core 0.16.1), the
+  `ConfigContainer` keys of `scripts/training/run_recipe.py`'s Hydra overrides. A key `comm_overlap:<field>` or
+  `mixed_precision:<field>` is a keyword of the `CommOverlapConfig` / `MixedPrecisionConfig` object the launch line
+  builds: both objects overwrite the model's, DDP's and the optimizer's fields of the same names
+  (`training/comm_overlap.py` `setup`, `training/mixed_precision.py` `update_config_with_precision_overrides`), so
+  a switch set only on `model.` / `ddp.` would be undone by them.
+
+`job_settings(job, layout)` gives every setting by megatron-core name with the value the cost models assume, the
+effective one (`tp_comm_overlap` only with TP > 1 and SP on, as Megatron-LM asserts; `overlap_param_gather` only
+with the distributed optimizer; FP8 fields only in FP8; MoE fields only for MoE models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from search_spaces.job import Job
+    from search_spaces.layout import Layout
+
+__all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARALLEL_STATE", "layout_settings",
+           "job_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format"]
+
+Owner = Literal["transformer", "ddp", "optimizer", "training"]
+Kind = Literal["int", "bool", "str", "list", "dtype"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Name:
+    """How one megatron-core setting is spelled in each form."""
+
+    core: str
+    owner: Owner
+    kind: Kind
+    lm: str | None  # Megatron-LM flag; None: no flag (the form says it another way)
+    lm_false: str | None = None  # a flag that sets False (Megatron-LM's own default would be True)
+    bridge: tuple[str, ...] = ()  # Megatron-Bridge override keys
+
+
+def _n(core: str, owner: Owner, kind: Kind, lm: str | None, *bridge: str, lm_false: str | None = None) -> Name:
+    return Name(core=core, owner=owner, kind=kind, lm=lm, lm_false=lm_false, bridge=bridge)
+
+
+_T: Owner = "transformer"
+_D: Owner = "ddp"
+_O: Owner = "optimizer"
+_R: Owner = "training"
+NAMES: dict[str, Name] = {n.core: n for n in (
+    # --- the layout ---------------------------------------------------------------------------
+    _n("tensor_model_parallel_size", _T, "int", "--tensor-model-parallel-size", "model.tensor_model_parallel_size"),
+    _n("pipeline_model_parallel_size", _T, "int", "--pipeline-model-parallel-size",
+       "model.pipeline_model_parallel_size"),
+    # Megatron-LM names the chunks per stage (`--num-virtual-stages-per-pipeline-rank`, which also works with an
+    # uneven split); it derives VPP itself from a pipeline layout string and refuses both (arguments.py L503-527).
+    _n("virtual_pipeline_model_parallel_size", _T, "int", "--num-virtual-stages-per-pipeline-rank",
+       "model.virtual_pipeline_model_parallel_size"),
+    _n("context_parallel_size", _T, "int", "--context-parallel-size", "model.context_parallel_size"),
+    _n("expert_model_parallel_size", _T, "int", "--expert-model-parallel-size", "model.expert_model_parallel_size"),
+    _n("expert_tensor_parallel_size", _T, "int", "--expert-tensor-parallel-size",
+       "model.expert_tensor_parallel_size"),
+    _n("sequence_parallel", _T, "bool", "--sequence-parallel", "model.sequence_parallel"),
+    _n("micro_batch_size", _R, "int", "--micro-batch-size", "train.micro_batch_size"),
+    _n("use_distributed_optimizer", _D, "bool", "--use-distributed-optimizer", "ddp.use_distributed_optimizer",
+       "optimizer.use_distributed_optimizer"),
+    _n("recompute_granularity", _T, "str", "--recompute-granularity", "model.recompute_granularity"),
+    _n("num_layers_in_first_pipeline_stage", _T, "int", "--decoder-first-pipeline-num-layers",
+       "model.num_layers_in_first_pipeline_stage"),
+    _n("num_layers_in_last_pipeline_stage", _T, "int", "--decoder-last-pipeline-num-layers",
+       "model.num_layers_in_last_pipeline_stage"),
+    _n("account_for_embedding_in_pipeline_split", _T, "bool", "--account-for-embedding-in-pipeline-split",
+       "model.account_for_embedding_in_pipeline_split"),
+    _n("account_for_loss_in_pipeline_split", _T, "bool", "--account-for-loss-in-pipeline-split",
+       "model.account_for_loss_in_pipeline_split"),
+    _n("pipeline_model_parallel_layout", _T, "str", "--pipeline-model-parallel-layout",
+       "model.pipeline_model_parallel_layout"),
+    # --- the training recipe ------------------------------------------------------------------
+    _n("recompute_method", _T, "str", "--recompute-method", "model.recompute_method"),
+    _n("recompute_num_layers", _T, "int", "--recompute-num-layers", "model.recompute_num_layers"),
+    _n("recompute_modules", _T, "list", "--recompute-modules", "model.recompute_modules"),
+    # Bridge: GPT pretraining datasets name it `sequence_length` (megatron-core's GPTDatasetConfig field; the
+    # `seq_length` property is no dataclass field, so the Hydra override `dataset.seq_length` is refused).
+    _n("seq_length", _R, "int", "--seq-length", "model.seq_length", "dataset.sequence_length"),
+    _n("global_batch_size", _R, "int", "--global-batch-size", "train.global_batch_size"),
+    _n("bf16", _T, "bool", "--bf16", "mixed_precision:bf16"),
+    _n("fp8", _T, "str", "--fp8-format", "mixed_precision:fp8"),
+    _n("fp8_recipe", _T, "str", "--fp8-recipe", "mixed_precision:fp8_recipe"),
+    _n("fp8_param_gather", _D, "bool", "--fp8-param-gather", "mixed_precision:fp8_param_gather"),
+    # MXFP8 primary weights gather through the gradient buffer; Bridge asserts it (`MixedPrecisionConfig.finalize`)
+    _n("reuse_grad_buf_for_mxfp8_param_ag", _D, "bool", "--reuse-grad-buf-for-mxfp8-param-ag",
+       "mixed_precision:reuse_grad_buf_for_mxfp8_param_ag"),
+    # Megatron-LM reduces bf16 gradients in fp32 unless told `--grad-reduce-in-bf16` (arguments.py L715-723).
+    _n("grad_reduce_in_fp32", _D, "bool", "--accumulate-allreduce-grads-in-fp32", "ddp.grad_reduce_in_fp32",
+       "mixed_precision:grad_reduce_in_fp32", lm_false="--grad-reduce-in-bf16"),
+    _n("use_precision_aware_optimizer", _O, "bool", "--use-precision-aware-optimizer",
+       "optimizer.use_precision_aware_optimizer"),
+    _n("exp_avg_dtype", _O, "dtype", "--exp-avg-dtype", "optimizer.exp_avg_dtype"),
+    _n("exp_avg_sq_dtype", _O, "dtype", "--exp-avg-sq-dtype", "optimizer.exp_avg_sq_dtype"),
+    _n("overlap_grad_reduce", _D, "bool", "--overlap-grad-reduce", "ddp.overlap_grad_reduce",
+       "comm_overlap:overlap_grad_reduce"),
+    _n("overlap_param_gather", _D, "bool", "--overlap-param-gather", "ddp.overlap_param_gather",
+       "comm_overlap:overlap_param_gather"),
+    _n("tp_comm_overlap", _T, "bool", "--tp-comm-overlap", "model.tp_comm_overlap", "comm_overlap:tp_comm_overlap"),
+    _n("overlap_moe_expert_parallel_comm", _T, "bool", "--overlap-moe-expert-parallel-comm",
+       "model.overlap_moe_expert_parallel_comm", "comm_overlap:overlap_moe_expert_parallel_comm"),
+    _n("moe_token_dispatcher_type", _T, "str", "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type"),
+    _n("moe_grouped_gemm", _T, "bool", "--moe-grouped-gemm", "model.moe_grouped_gemm"),
+    _n("moe_permute_fusion", _T, "bool", "--moe-permute-fusion", "model.moe_permute_fusion"),
+    _n("moe_router_force_load_balancing", _T, "bool", "--moe-router-force-load-balancing",
+       "model.moe_router_force_load_balancing"),
+    _n("cross_entropy_loss_fusion", _T, "bool", "--cross-entropy-loss-fusion", "model.cross_entropy_loss_fusion"),
+    _n("cross_entropy_fusion_impl", _T, "str", "--cross-entropy-fusion-impl", "model.cross_entropy_fusion_impl"),
+    _n("cuda_graph_impl", _T, "str", "--cuda-graph-impl", "model.cuda_graph_impl"),
+    _n("cuda_graph_scope", _T, "list", "--cuda-graph-scope", "model.cuda_graph_scope"),
+    # CUDA graphs need Transformer Engine's RNG tracker (Bridge `scripts/performance/utils/overrides.py`
+    # `_set_cuda_graph_overrides` sets both keys).
+    _n("use_te_rng_tracker", _T, "bool", "--te-rng-tracker", "model.use_te_rng_tracker", "rng.te_rng_tracker"),
+)}
+
+# Layout field -> the megatron-core settings it decides (`dp` and `expert_dp` are derived, never set).
+LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
+    "tp": ("tensor_model_parallel_size",),
+    "pp": ("pipeline_model_parallel_size",),
+    "vpp": ("virtual_pipeline_model_parallel_size",),
+    "cp": ("context_parallel_size",),
+    "ep": ("expert_model_parallel_size",),
+    "etp": ("expert_tensor_parallel_size",),
+    "dp": (),
+    "mbs": ("micro_batch_size",),
+    "sp": ("sequence_parallel",),
+    "dist_opt": ("use_distributed_optimizer",),
+    "recompute": ("recompute_granularity",),
+    "first_stage_layers": ("num_layers_in_first_pipeline_stage",),
+    "last_stage_layers": ("num_layers_in_last_pipeline_stage",),
+    "embedding_loss_split": ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"),
+    "pipeline_layout": ("pipeline_model_parallel_layout",),
+}
+
+# TrainingSpec field -> the megatron-core settings it decides.
+TRAINING_NAMES: dict[str, tuple[str, ...]] = {
+    "seq_length": ("seq_length",),
+    "global_batch_size": ("global_batch_size",),
+    "precision": ("bf16", "fp8"),
+    "fp8_recipe": ("fp8_recipe",),
+    "fp8_param_gather": ("fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"),
+    "grad_reduce_in_fp32": ("grad_reduce_in_fp32",),
+    "optimizer_moments": ("use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype"),
+    "precision_aware_optimizer": ("use_precision_aware_optimizer",),
+    "overlap_grad_reduce": ("overlap_grad_reduce",),
+    "overlap_param_gather": ("overlap_param_gather",),
+    "tp_comm_overlap": ("tp_comm_overlap",),
+    "overlap_moe_expert_parallel_comm": ("overlap_moe_expert_parallel_comm",),
+    "moe_token_dispatcher": ("moe_token_dispatcher_type",),
+    "moe_grouped_gemm": ("moe_grouped_gemm",),
+    "moe_permute_fusion": ("moe_permute_fusion",),
+    "moe_router_force_load_balancing": ("moe_router_force_load_balancing",),
+    "cross_entropy_fusion": ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl"),
+    "cuda_graphs": ("cuda_graph_impl", "use_te_rng_tracker"),
+    "cuda_graph_scope": ("cuda_graph_scope",),
+    "recompute_modules": ("recompute_modules",),
+    "recompute_num_layers": ("recompute_method", "recompute_num_layers"),
+}
+
+# Settings that exist only for MoE models (a dense model's launch line leaves them out).
+MOE_ONLY = frozenset({"expert_model_parallel_size", "expert_tensor_parallel_size", "overlap_moe_expert_parallel_comm",
+                      "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_permute_fusion",
+                      "moe_router_force_load_balancing"})
+
+
+def layout_settings(layout: Layout) -> dict[str, object]:
+    """The layout alone, by megatron-core name. The pipeline layout string appears only when the layout has one."""
+    out: dict[str, object] = {
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": layout.pp,
+        "virtual_pipeline_model_parallel_size": layout.vpp,
+        "context_parallel_size": layout.cp,
+        "expert_model_parallel_size": layout.ep,
+        "expert_tensor_parallel_size": layout.expert_tp,  # None in the Layout means ETP = TP
+        "sequence_parallel": layout.sp,
+        "micro_batch_size": layout.mbs,
+        "use_distributed_optimizer": layout.dist_opt,
+        "recompute_granularity": None if layout.recompute == "none" else layout.recompute,
+        "num_layers_in_first_pipeline_stage": layout.first_stage_layers,
+        "num_layers_in_last_pipeline_stage": layout.last_stage_layers,
+        "account_for_embedding_in_pipeline_split": layout.embedding_loss_split,
+        "account_for_loss_in_pipeline_split": layout.embedding_loss_split,
+    }
+    pipeline_layout = getattr(layout, "pipeline_layout", None)
+    if pipeline_layout is not None:
+        out["pipeline_model_parallel_layout"] = pipeline_layout
+    return out
+
+
+# `megatron.core.parallel_state.initialize_model_parallel` keywords (the same names as TransformerConfig's)
+PARALLEL_STATE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")
+
+
+def transformer_kwargs(layout: Layout) -> dict[str, object]:
+    """The layout's `TransformerConfig` keywords: parallel sizes, SP, the uneven split, the pipeline layout and
+    recompute (full recompute as megatron's usual `uniform` over 1 layer), for code that builds megatron-core
+    objects itself (the trainers, the parity tests)."""
+    out = {k: v for k, v in layout_settings(layout).items() if NAMES[k].owner == "transformer"}
+    full = layout.recompute == "full"
+    out["recompute_method"] = "uniform" if full else None
+    out["recompute_num_layers"] = 1 if full else None
+    return out
+
+
+def parallel_state_kwargs(layout: Layout) -> dict[str, object]:
+    """`initialize_model_parallel` keywords of the layout."""
+    settings = layout_settings(layout)
+    return {k: settings[k] for k in PARALLEL_STATE}
+
+
+def fp8_format(recipe: str) -> str:
+    """Megatron-Bridge's FP8 format per recipe (`training/mixed_precision.py`): E4M3 everywhere for MXFP8
+    (`bf16_with_mxfp8_mixed`), hybrid (E4M3 forward, E5M2 gradients) for delayed, tensorwise and blockwise."""
+    return "e4m3" if recipe == "mxfp8" else "hybrid"
+
+
+def job_settings(job: Job, layout: Layout) -> dict[str, object]:
+    """Every megatron setting the step-time and memory predictions assume, by megatron-core name.
+
+    None means "unset" (megatron's default: no VPP, no uneven split, no recompute method). The values are the
+    effective ones: a switch megatron would refuse or ignore in this layout is off here too.
+    """
+    t, moe = job.training, job.model.moe is not None
+    out = layout_settings(layout)
+    if not moe:
+        for name in MOE_ONLY:
+            out.pop(name, None)
+    out["pipeline_model_parallel_layout"] = getattr(layout, "pipeline_layout", None)
+    full = layout.recompute == "full"
+    # full recompute: every layer of each chunk (`uniform`, 1 layer per group) unless N layers per chunk (`block`)
+    out["recompute_method"] = None if not full else ("uniform" if t.recompute_num_layers is None else "block")
+    out["recompute_num_layers"] = None if not full else (t.recompute_num_layers or 1)
+    if layout.recompute == "selective":
+        out["recompute_modules"] = list(t.recompute_modules)
+    out["seq_length"] = t.seq_length
+    out["global_batch_size"] = t.global_batch_size
+    out["bf16"] = True  # both precisions keep bf16 parameters and activations outside the FP8 GEMMs
+    recipe = job.fp8_recipe
+    out["fp8"] = None if recipe is None else fp8_format(recipe)
+    out["fp8_recipe"] = recipe
+    # FP8 primary weights need the distributed optimizer (arguments.py: "--fp8-param-gather only supported with
+    # distributed optimizer ...")
+    out["fp8_param_gather"] = recipe is not None and t.fp8_param_gather and layout.dist_opt
+    out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8"
+    out["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
+    # bf16 moments are the precision-aware optimizer's, which megatron-core runs with the distributed optimizer
+    # only ("--use-precision-aware-optimizer only supported with distributed optimizer", optimizer_config.py)
+    out["use_precision_aware_optimizer"] = t.precision_aware(layout.dist_opt)
+    out["exp_avg_dtype"] = out["exp_avg_sq_dtype"] = t.moments(layout.dist_opt)
+    out["overlap_grad_reduce"] = t.overlap_grad_reduce
+    # "--overlap-param-gather only supported with distributed optimizer" and "Must use --overlap-param-gather with
+    # --overlap-grad-reduce" (arguments.py L597-603)
+    out["overlap_param_gather"] = t.overlap_param_gather and layout.dist_opt and t.overlap_grad_reduce
+    # "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled" (L915)
+    out["tp_comm_overlap"] = t.tp_comm_overlap and layout.tp > 1 and layout.sp
+    if moe:
+        out["overlap_moe_expert_parallel_comm"] = t.overlap_moe_expert_parallel_comm and layout.ep > 1
+        out["moe_token_dispatcher_type"] = t.moe_token_dispatcher
+        out["moe_grouped_gemm"] = t.moe_grouped_gemm
+        out["moe_permute_fusion"] = t.moe_permute_fusion
+        out["moe_router_force_load_balancing"] = t.moe_router_force_load_balancing
+    out["cross_entropy_loss_fusion"] = t.cross_entropy_fusion != "none"
+    out["cross_entropy_fusion_impl"] = "native" if t.cross_entropy_fusion == "none" else t.cross_entropy_fusion
+    out["cuda_graph_impl"] = t.cuda_graphs
+    # TE graphs capture the scoped parts (megatron-core `CudaGraphScope`); empty: the whole layer (its default)
+    if t.cuda_graphs == "transformer_engine" and t.cuda_graph_scope:
+        out["cuda_graph_scope"] = list(t.cuda_graph_scope)
+    out["use_te_rng_tracker"] = t.cuda_graphs != "none"
+    return out
