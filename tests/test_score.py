@@ -56,6 +56,8 @@ CASES = [
     ("te-cuda-graphs", _job("qwen3-30b-a3b", 1, cuda_graphs="transformer_engine",
                             cuda_graph_scope=("attn", "moe_router", "moe_preprocess"), global_batch_size=64),
      SpaceOptions()),
+    ("no-grad-overlap-bf16-moments", _job("qwen3-8b", 1, overlap_grad_reduce=False, optimizer_moments="bf16",
+                                          grad_reduce_in_fp32=True, global_batch_size=32), SpaceOptions()),
     ("gb200-cross-node-tp", _job("llama3-70b", 4, gpu="gb200", global_batch_size=64),
      SpaceOptions(tp_within_node=False)),
 ]

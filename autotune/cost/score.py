@@ -290,7 +290,8 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     bwd_window = pace["dense"] * per_layer(lambda lt: lt.dense_bwd_s) + pace["moe"] * per_layer(lambda lt: lt.moe_bwd_s)
     fwd_window = pace["dense"] * per_layer(lambda lt: lt.dense_fwd_s) + pace["moe"] * per_layer(lambda lt: lt.moe_fwd_s)
     breakdown["dp_comm"] = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-                            + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt, params, cal))
+                            + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
+                                       & training.overlap_grad_reduce, params, cal))
     breakdown["optimizer"] = optimizer
     breakdown["overhead"] = np.full(n, cal.step_overhead_s)
     breakdown = {k: breakdown[k] for k in TIME_KEYS}
