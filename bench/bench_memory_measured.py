@@ -13,7 +13,8 @@ userbuffers, the allocator's reserve) is not in "max allocated" and is left out 
 
 Model fields the CSV names follow megatron's defaults where the run's arguments are silent (docs in the CSV
 notes); where the source also logs what stays allocated after the optimizer step (`mem-allocated-bytes`), the
-static terms (weights + gradients + optimizer + workspaces) are compared with it ("static error"). `spec=local` rows ran megatron-core's local spec (no Transformer Engine), `attention=unfused` rows
+static terms (weights + gradients + optimizer + workspaces) are compared with it ("static error"). `spec=local`
+rows ran megatron-core's local spec (no Transformer Engine), `attention=unfused` rows
 TE's or the local spec's unfused attention (s x s scores kept).
 """
 
@@ -86,9 +87,11 @@ def measured_runs(path: Path = CSV_PATH) -> list[MeasuredRun]:
                                      **json.loads(row["training"]))
             job = Job(model=_model(row["model"]), cluster=cluster, training=training)
             runs.append(MeasuredRun(
-                id=row["id"], job=job, layout=parse_layout(row["layout"], world_size=gpus), assumptions=_assumptions(row),
+                id=row["id"], job=job, layout=parse_layout(row["layout"], world_size=gpus),
+                assumptions=_assumptions(row),
                 measured_bytes=float(row["measured"]) * UNITS[row["unit"]], stage=row["measured_stage"],
-                after_step_bytes=float(row["measured_after_step_gib"]) * GIB if row["measured_after_step_gib"] else None,
+                after_step_bytes=(float(row["measured_after_step_gib"]) * GIB
+                                  if row["measured_after_step_gib"] else None),
                 trust=row["trust"], source=row["source"]))
     return runs
 
@@ -105,7 +108,8 @@ def compare(runs: list[MeasuredRun]) -> list[dict[str, object]]:
         error = est.allocated_bytes / run.measured_bytes - 1
         static = est.weights_bytes + est.gradients_bytes + est.optimizer_bytes + est.workspace_bytes
         static_error = None if run.after_step_bytes is None else static / run.after_step_bytes - 1
-        out.append({"id": run.id, "static_predicted_gib": static / GIB, "static_error": static_error, "model": run.job.model.name, "gpu": run.job.cluster.gpu.name, "layout": str(run.layout),
+        out.append({"id": run.id, "static_predicted_gib": static / GIB, "static_error": static_error,
+                    "model": run.job.model.name, "gpu": run.job.cluster.gpu.name, "layout": str(run.layout),
                     "stage": est.stage, "predicted_gib": est.allocated_bytes / GIB,
                     "measured_gib": run.measured_bytes / GIB, "error": error, "trust": run.trust,
                     "terms_gib": {k: v / GIB for k, v in est.as_dict().items() if k != "overhead"},

@@ -73,7 +73,8 @@ def main() -> int:
             continue
         verdict = "fits" if r["fits"] else "PREDICTED OOM"
         print(f"{head} {r['device_gib']:7.1f} {r['allocated_gib']:6.1f} {r['capacity_gib']:5.0f}  {verdict}")
-    print(f"\n{len(scored)} published layouts scored, {len(rows) - len(scored)} skipped; predicted out of memory: {len(oom)}")
+    print(f"\n{len(scored)} published layouts scored, {len(rows) - len(scored)} skipped; "
+          f"predicted out of memory: {len(oom)}")
     return 1 if oom else 0
 
 

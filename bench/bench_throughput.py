@@ -27,6 +27,7 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,7 +44,8 @@ FITTED: tuple[tuple[str, float, float], ...] = (
     ("blackwell.attention", 0.2, 0.95), ("blackwell.host_op_s", 2e-6, 2e-4), ("blackwell.fp8.delayed", 0.2, 0.95),
     ("ampere.gemm_bf16", 0.3, 0.95), ("ampere.attention", 0.05, 0.95),
     ("gemm_dim_half", 16.0, 512.0), ("grouped_gemm_fraction", 0.2, 1.0), ("tp_overlap_exposed", 0.0, 1.0),
-    ("ep_overlap_exposed", 0.0, 1.0), ("cp_overlap_fraction", 0.0, 1.0), ("pp_p2p_exposed", 0.0, 1.0), ("pp_step_host_s", 1e-5, 5e-3),
+    ("ep_overlap_exposed", 0.0, 1.0), ("cp_overlap_fraction", 0.0, 1.0), ("pp_p2p_exposed", 0.0, 1.0),
+    ("pp_step_host_s", 1e-5, 5e-3),
     ("step_overhead_s", 0.0, 1.0),
 )
 
@@ -66,13 +68,15 @@ def get_value(cal: Calibration, name: str) -> float:
 def set_value(cal: Calibration, name: str, value: float) -> Calibration:
     parts = name.split(".")
     if len(parts) == 1:
-        return replace(cal, **{name: value})
+        fields: dict[str, Any] = {name: value}
+        return replace(cal, **fields)
     fr = _arch(cal, parts[0])
     if parts[1] == "fp8":
         fp8 = tuple((r, value if r == parts[2] else v) for r, v in fr.gemm_fp8)
         fr = replace(fr, gemm_fp8=fp8)
     else:
-        fr = replace(fr, **{parts[1]: value})
+        arch_fields: dict[str, Any] = {parts[1]: value}
+        fr = replace(fr, **arch_fields)
     return replace(cal, per_arch=tuple((a, fr if a == parts[0] else f) for a, f in cal.per_arch))
 
 
@@ -89,7 +93,7 @@ def weights(rows: list[Row]) -> list[float]:
 
 
 def objective(rows: list[Row], w: list[float], cal: Calibration) -> float:
-    return sum(wi * abs(log_ratio(r, cal)) for r, wi in zip(rows, w)) / sum(w)
+    return sum(wi * abs(log_ratio(r, cal)) for r, wi in zip(rows, w, strict=False)) / sum(w)
 
 
 def fit(rows: list[Row], cal: Calibration = DEFAULT_CALIBRATION, sweeps: int = 4, trials: int = 0,
@@ -148,10 +152,12 @@ def pair_agreement(rows: list[Row], predicted: list[float], same_source: bool = 
     by more than 5%: within one source (one release, one software stack) by default, or across sources (then the
     geometric mean over releases stands for a run, and release-to-release software changes count as errors)."""
     runs: dict[tuple[object, ...], list[tuple[float, float]]] = defaultdict(list)
-    for r, p in zip(rows, predicted):
+    for r, p in zip(rows, predicted, strict=False):
         runs[((r.source,) if same_source else ()) + r.config].append((r.published, p))
-    merged = [(cfg, math.exp(sum(math.log(a) for a, _ in v) / len(v)), math.exp(sum(math.log(b) for _, b in v) / len(v)))
-              for cfg, v in runs.items()]
+    def geomean(values: list[float]) -> float:
+        return math.exp(sum(map(math.log, values)) / len(values))
+
+    merged = [(cfg, geomean([a for a, _ in v]), geomean([b for _, b in v])) for cfg, v in runs.items()]
     key = 3 if same_source else 2  # (source,) model, gpu
     good = total = 0
     for i, (ci, pi, qi) in enumerate(merged):
@@ -163,10 +169,10 @@ def pair_agreement(rows: list[Row], predicted: list[float], same_source: bool = 
     return good, total
 
 
-def summary(rows: list[Row], predicted: list[float]) -> dict[str, object]:
-    errors = [p / r.published - 1 for r, p in zip(rows, predicted)]
+def summary(rows: list[Row], predicted: list[float]) -> dict[str, Any]:
+    errors = [p / r.published - 1 for r, p in zip(rows, predicted, strict=False)]
     by_gpu: dict[str, list[float]] = defaultdict(list)
-    for r, e in zip(rows, errors):
+    for r, e in zip(rows, errors, strict=False):
         by_gpu[r.gpu].append(abs(e))
     good, total = pair_agreement(rows, predicted)
     good_all, total_all = pair_agreement(rows, predicted, same_source=False)
@@ -182,7 +188,7 @@ def summary(rows: list[Row], predicted: list[float]) -> dict[str, object]:
 
 def print_rows(rows: list[Row], predicted: list[float], cal: Calibration) -> None:
     print(f"{'source':16} {'model':20} {'gpu':9} {'layout':62} {'pub':>7} {'pred':>7} {'err':>6}  largest terms")
-    for r, p in zip(rows, predicted):
+    for r, p in zip(rows, predicted, strict=False):
         est = estimate_time(r.job, r.layout, cal)
         top = sorted(est.breakdown.items(), key=lambda kv: -kv[1])[:3]
         terms = " ".join(f"{k} {v / est.step_time_s:.0%}" for k, v in top)
@@ -190,11 +196,11 @@ def print_rows(rows: list[Row], predicted: list[float], cal: Calibration) -> Non
               f"{p / r.published - 1:+6.0%}  {terms}")
 
 
-def print_summary(title: str, s: dict[str, object]) -> None:
+def print_summary(title: str, s: dict[str, Any]) -> None:
     print(f"\n{title}: {s['rows']} rows, mean |error| {s['mean_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}; "
           f"pairs ordered as published {s['pairs_ordered']}/{s['pairs']} within a release, "
           f"{s['pairs_ordered_across_releases']}/{s['pairs_across_releases']} across releases")
-    for g, v in s["by_gpu"].items():  # type: ignore[union-attr]
+    for g, v in s["by_gpu"].items():
         print(f"  {g:10} {v['rows']:3} rows  mean {v['mean']:.1%}  worst {v['worst']:.1%}")
 
 
@@ -212,7 +218,7 @@ def leave_one_model_out(rows: list[Row], cal: Calibration) -> tuple[list[float],
               file=sys.stderr)
     band = {}
     for kind, moe in (("dense", False), ("moe", True)):
-        logs = sorted(math.log(r.published / p) for r, p in zip(rows, predicted) if r.moe == moe)
+        logs = sorted(math.log(r.published / p) for r, p in zip(rows, predicted, strict=False) if r.moe == moe)
         if logs:
             band[kind] = (logs[int(0.1 * (len(logs) - 1))], logs[int(math.ceil(0.9 * (len(logs) - 1)))])
     return predicted, band
@@ -235,7 +241,7 @@ def main() -> int:
             if "." not in name or name.split(".")[0] in dict(cal.per_arch):
                 print(f"  {name:28} {get_value(DEFAULT_CALIBRATION, name):10.4g} -> {get_value(cal, name):10.4g}")
     predicted = [estimate_time(r.job, r.layout, cal).tokens_per_s_per_gpu for r in rows]
-    result: dict[str, object] = {"in_sample": summary(rows, predicted)}
+    result: dict[str, Any] = {"in_sample": summary(rows, predicted)}
     if args.loo:
         held, band = leave_one_model_out(rows, cal)
         result["leave_one_model_out"] = summary(rows, held)
@@ -244,13 +250,13 @@ def main() -> int:
         print(json.dumps(result, indent=1))
         return 0
     print_rows(rows, predicted, cal)
-    print_summary("in sample", result["in_sample"])  # type: ignore[arg-type]
+    print_summary("in sample", result["in_sample"])
     if args.loo:
-        print_summary("leave one model out", result["leave_one_model_out"])  # type: ignore[arg-type]
+        print_summary("leave one model out", result["leave_one_model_out"])
         print(f"  band (10th, 90th percentile of log(published / predicted)): {result['band']}")
     s = result["leave_one_model_out" if args.loo else "in_sample"]
-    ok = (s["mean_abs_error"] <= TARGET_MEAN and s["worst_abs_error"] <= TARGET_WORST  # type: ignore[index,operator]
-          and (s["pair_agreement"] or 0) >= TARGET_PAIRS)  # type: ignore[index,operator]
+    ok = (s["mean_abs_error"] <= TARGET_MEAN and s["worst_abs_error"] <= TARGET_WORST
+          and (s["pair_agreement"] or 0) >= TARGET_PAIRS)
     print(f"\ntargets (mean <= {TARGET_MEAN:.0%}, worst <= {TARGET_WORST:.0%}, pairs >= {TARGET_PAIRS:.0%}): "
           f"{'met' if ok else 'MISSED'}")
     return 0

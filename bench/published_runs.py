@@ -111,9 +111,9 @@ def layout_of(r: dict[str, str], recompute: Recompute) -> Layout:
     vpp = vpp if vpp and vpp > 1 else None
     return Layout(
         **_pipeline_split(r, pp, vpp),  # type: ignore[arg-type]
-        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=int_or(r["ep"], 1),
+        tp=tp, pp=pp, vpp=vpp, cp=cp, ep=int_or(r["ep"], 1) or 1,
         etp=int_or(r["etp"], 1 if r["source_id"] == "moe-modelzoo" else None),
-        dp=int_or(r["dp"]) or int(r["num_gpus"]) // (tp * pp * cp), mbs=int_or(r["micro_batch_size"], 1),
+        dp=int_or(r["dp"]) or int(r["num_gpus"]) // (tp * pp * cp), mbs=int_or(r["micro_batch_size"], 1) or 1,
         sp=_flag(r["sequence_parallel"], modern and tp > 1) and tp > 1,
         dist_opt=_flag(r["distributed_optimizer"], modern), recompute=recompute,
     )

@@ -18,6 +18,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -111,7 +112,7 @@ def _paper_rows(path: Path = PAPER_CSV) -> list[Row]:
             recompute, modules = _paper_recompute(r)
             job = job_of(r)
             source = r["source_id"]
-            switches: dict[str, object] = {}
+            switches: dict[str, Any] = {}
             if source == "moe-modelzoo":
                 switches = {"moe_router_force_load_balancing": True,
                             "moe_token_dispatcher": "flex" if "deepep" in r["moe_dispatcher"].lower() else "alltoall"}

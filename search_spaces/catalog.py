@@ -53,7 +53,7 @@ LLAMA31_405B = ModelSpec(
 MISTRAL_7B = ModelSpec(
     name="mistral-7b", aliases=("mistral-7b-v0.1", "mistral"),
     num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32, num_query_groups=8,
-    vocab_size=32000,
+    vocab_size=32000, sliding_window=4096,  # every layer attends to the last 4096 tokens
 )
 MIXTRAL_8X7B = ModelSpec(
     name="mixtral-8x7b", aliases=("mixtral", "mixtral-8x7b-v0.1"),
@@ -89,13 +89,16 @@ QWEN3_235B_A22B = ModelSpec(
     kv_channels=128, vocab_size=151936, qk_layernorm=True,
     moe=MoESpec(num_experts=128, topk=8, expert_ffn_hidden_size=1536),
 )
-# The multi-token-prediction module (num_nextn_predict_layers=1, 14B) is left out, as in the published 671B / 37B.
+# One multi-token-prediction layer (num_nextn_predict_layers=1; Megatron-Bridge trains it, `mtp_num_layers=1`),
+# left out of the published 671B / 37B; group-limited routing over 8 groups of 32 experts, 4 groups per token,
+# sigmoid scores with the aux-loss-free expert bias, scaled by 2.5 (noaux_tc).
 DEEPSEEK_V3 = ModelSpec(
     name="deepseek-v3", aliases=("deepseek-v3-671b", "deepseek-r1", "dsv3"),
     num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=128, vocab_size=129280,
-    qk_layernorm=True,
+    qk_layernorm=True, mtp_num_layers=1,
     moe=MoESpec(num_experts=256, topk=8, expert_ffn_hidden_size=2048, shared_expert_ffn_hidden_size=2048,
-                first_dense_layers=3),
+                first_dense_layers=3, score_function="sigmoid", num_groups=8, group_topk=4,
+                topk_scaling_factor=2.5, expert_bias=True),
     mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
 )
 # GPT-3 (Brown et al. 2020, Table 2.1): learned positions (n_ctx 2048), biases, LayerNorm, GELU, tied embeddings.
@@ -167,7 +170,8 @@ PUBLISHED: dict[str, PublishedCounts] = {
         source="Hugging Face Qwen/Qwen3-235B-A22B model card: 235B total, 22B activated"),
     "deepseek-v3": PublishedCounts(
         total_params=671e9, active_params=37e9, last_digit=1e9,
-        source="DeepSeek-V3 technical report arXiv 2412.19437: 671B total, 37B activated (MTP module excluded)"),
+        source="DeepSeek-V3 technical report arXiv 2412.19437: 671B total, 37B activated (MTP module excluded: "
+               "tests compare the counts without `mtp_params`)"),
     "gpt3-175b": PublishedCounts(
         total_params=175e9, active_params=None,
         source="Brown et al. 2020, 'Language Models are Few-Shot Learners' arXiv 2005.14165, Table 2.1: 175.0B"),

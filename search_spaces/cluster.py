@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["GPUSpec", "LinkSpec", "ClusterSpec", "Arch", "ARCHES"]
+__all__ = ["GPUSpec", "LinkSpec", "ClusterSpec", "Arch", "ARCHES", "MAX_WORLD_SIZE"]
 
 Arch = Literal["ampere", "hopper", "blackwell"]
 ARCHES: tuple[str, ...] = ("ampere", "hopper", "blackwell")
 
 GIB = 1024**3
+MAX_WORLD_SIZE = 2**20  # GPUs in one job: far above the largest clusters (~10^5), and keeps divisor loops instant
+MAX_GPUS_PER_NODE = 1024
+MAX_MEMORY_BYTES = 2**50  # 1 PiB per GPU
+
+
+def _positive_number(owner: str, name: str, value: object, *, upper: float = math.inf, zero_ok: bool = False) -> None:
+    """A finite real number > 0 (>= 0 with `zero_ok`) and at most `upper`; ValueError naming the field otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{owner}: `{name}` must be a number, but got {value!r}.")
+    low_ok = value >= 0 if zero_ok else value > 0
+    if not (math.isfinite(value) and low_ok and value <= upper):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ValueError(f"{owner}: `{name} {bound}` must hold for a finite number"
+                         f"{f' at most {upper:.3g}' if upper < math.inf else ''}, but got ({name}={value!r}).")
+
+
+def _check_name(owner: str, value: object) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{owner}: `name` must be a non-empty text, but got {value!r}.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -25,6 +45,19 @@ class GPUSpec:
     source: str
     arch: Arch = "hopper"  # the tensor-core generation: which FP8 recipes run, what Transformer Engine caches
     aliases: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        owner = f"GPU {self.name!r}"
+        _check_name(owner, self.name)
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int):
+            raise ValueError(f"{owner}: `memory_bytes` must be a whole number of bytes, but got {self.memory_bytes!r}.")
+        _positive_number(owner, "memory_bytes", self.memory_bytes, upper=MAX_MEMORY_BYTES)
+        _positive_number(owner, "bf16_flops", self.bf16_flops, upper=1e18)
+        if self.fp8_flops is not None:
+            _positive_number(owner, "fp8_flops", self.fp8_flops, upper=1e18)
+        _positive_number(owner, "hbm_bytes_per_s", self.hbm_bytes_per_s, upper=1e15)
+        if self.arch not in ARCHES:
+            raise ValueError(f"{owner}: `arch` must be one of {', '.join(ARCHES)}, but got {self.arch!r}.")
 
     @property
     def memory_gib(self) -> float:
@@ -49,6 +82,12 @@ class LinkSpec:
     source: str
     aliases: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        owner = f"link {self.name!r}"
+        _check_name(owner, self.name)
+        _positive_number(owner, "bandwidth_bytes_per_s", self.bandwidth_bytes_per_s, upper=1e15)
+        _positive_number(owner, "latency_s", self.latency_s, upper=1.0, zero_ok=True)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
@@ -66,13 +105,22 @@ class ClusterSpec:
     nvlink_domain_gpus: int | None = None
 
     def __post_init__(self) -> None:
-        if self.nodes <= 0:
-            raise ValueError(f"`nodes > 0` must hold, but got (nodes={self.nodes}).")
-        if self.gpus_per_node <= 0:
-            raise ValueError(f"`gpus_per_node > 0` must hold, but got (gpus_per_node={self.gpus_per_node}).")
+        for name in ("nodes", "gpus_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"`{name}` must be a whole number, but got ({name}={value!r}).")
+            if value <= 0:
+                raise ValueError(f"`{name} > 0` must hold, but got ({name}={value}).")
+        if self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise ValueError(f"`gpus_per_node <= {MAX_GPUS_PER_NODE}` must hold, but got "
+                             f"(gpus_per_node={self.gpus_per_node}).")
+        if self.nodes * self.gpus_per_node > MAX_WORLD_SIZE:
+            raise ValueError(f"`nodes * gpus_per_node <= {MAX_WORLD_SIZE:,}` GPUs must hold, but got "
+                             f"({self.nodes:,} * {self.gpus_per_node} = {self.nodes * self.gpus_per_node:,}).")
         domain = self.nvlink_domain_gpus
-        if domain is not None and (domain <= 0 or domain % self.gpus_per_node):
-            raise ValueError(f"the NVLink domain ({domain} GPUs) must be a positive multiple of gpus_per_node "
+        if domain is not None and (isinstance(domain, bool) or not isinstance(domain, int) or domain <= 0
+                                   or domain % self.gpus_per_node):
+            raise ValueError(f"the NVLink domain ({domain!r} GPUs) must be a positive multiple of gpus_per_node "
                              f"({self.gpus_per_node}).")
 
     @property

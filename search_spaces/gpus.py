@@ -162,27 +162,27 @@ def default_intra_node(gpu: GPUSpec) -> LinkSpec:
 def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
     """A GPUSpec or LinkSpec from an inline YAML mapping of its fields; numbers may be strings like 989.4e12."""
     allowed = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(mapping) - set(allowed))
+    unknown = sorted(map(str, set(mapping) - set(allowed)))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; allowed keys are {sorted(allowed)}.")
     values: dict[str, Any] = {"source": f"user-defined in {where}"}
     for key, value in mapping.items():
         if key in ("name", "source"):
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ValueError(f"{where}: `{key}` must be a text, but got {value!r}.")
             values[key] = str(value)
         elif key == "arch":
             if value not in ARCHES:
                 raise ValueError(f"{where}: `arch` must be one of {', '.join(ARCHES)}, but got {value!r}.")
             values[key] = value
         elif key == "aliases":
-            values[key] = tuple(str(a).lower() for a in value)
+            if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+                raise ValueError(f"{where}: `aliases` must be a list of names, but got {value!r}.")
+            values[key] = tuple(a.lower() for a in value)
         elif value is None:
             values[key] = None
         else:
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"{where}: `{key}` must be a number, but got {value!r}.") from None
-            values[key] = int(number) if key == "memory_bytes" else number
+            values[key] = _yaml_number(value, key, where)
     missing = sorted(
         name for name, f in allowed.items()
         if name not in values and f.default is MISSING and f.default_factory is MISSING
@@ -192,22 +192,43 @@ def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
     return cls(**values)
 
 
+def _yaml_number(value: Any, key: str, where: str) -> float | int:
+    """A finite number from YAML (numbers may be strings like '989.4e12'); memory_bytes a whole number."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{where}: `{key}` must be a number, but got {value!r}.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{where}: `{key}` must be a number, but got {value!r}.") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{where}: `{key}` must be a finite number, but got {value!r}.")
+    if key == "memory_bytes":
+        if number != int(number):
+            raise ValueError(f"{where}: `memory_bytes` must be a whole number of bytes, but got {value!r}.")
+        return int(number)
+    return number
+
+
 def _read_cluster_yaml(path: str | Path) -> dict[str, Any]:
     import yaml
 
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise ValueError(f"Cannot read cluster YAML {str(path)!r}: {err.strerror or err}.") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"Cluster YAML {str(path)!r} is not UTF-8 text.") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"Cluster YAML {str(path)!r} is not valid YAML: {err}.") from None
+    except (yaml.YAMLError, RecursionError) as err:
+        raise ValueError(f"Cluster YAML {str(path)!r} is not valid YAML: {' '.join(str(err).split())}.") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"Cluster YAML {str(path)!r} must be a mapping with keys {list(_YAML_KEYS)}.")
-    unknown = sorted(set(data) - set(_YAML_KEYS))
+    unknown = sorted(map(str, set(data) - set(_YAML_KEYS)))
     if unknown:
         raise ValueError(f"Cluster YAML {str(path)!r}: unknown keys {unknown}; allowed keys are {list(_YAML_KEYS)}.")
     return data
@@ -226,7 +247,9 @@ def _resolve_gpu(value: Any, where: str) -> GPUSpec:
         return value
     if isinstance(value, Mapping):
         return _spec_from_mapping(GPUSpec, value, f"{where} gpu")
-    return get_gpu(str(value))
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: `gpu` must be a catalog name or a mapping of GPU fields, but got {value!r}.")
+    return get_gpu(value)
 
 
 def _resolve_link(value: Any, where: str, key: str) -> LinkSpec:
@@ -234,7 +257,9 @@ def _resolve_link(value: Any, where: str, key: str) -> LinkSpec:
         return value
     if isinstance(value, Mapping):
         return _spec_from_mapping(LinkSpec, value, f"{where} {key}")
-    return get_link(str(value))
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: `{key}` must be a catalog name or a mapping of link fields, but got {value!r}.")
+    return get_link(value)
 
 
 def build_cluster(

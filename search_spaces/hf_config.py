@@ -1,149 +1,126 @@
 """`ModelSpec` from a local Hugging Face `config.json` (never the network).
 
-Field mapping per architecture follows the `transformers` modelling code (`modeling_llama.py`,
-`modeling_mixtral.py`, `modeling_qwen2.py`, `modeling_qwen3.py`, `modeling_qwen3_moe.py`,
-`modeling_deepseek_v3.py`) and Megatron-Bridge's HF-to-Megatron config bridges. HF's
-`max_position_embeddings` is the RoPE context length, not a learned table, so it is not carried over.
-DeepSeek-V3's multi-token-prediction layers (`num_nextn_predict_layers`) are left out of the model, as in
-the published parameter counts.
+Every key of the file is accounted for: a family's builder (`hf_families.py`) reads the keys that shape the
+model (sizes, attention and MLP variants, MoE routing, MTP) and refuses a setting the ModelSpec cannot express
+with a message naming the key; keys that change neither a parameter count nor a layout rule are listed in
+`NO_EFFECT_KEYS` with the reason. Any other key is reported in a warning (`UnreadKeysWarning`), never
+dropped silently. Values are checked by type and range: a size given as a string (`"32"`), a fraction
+(`32000.5`), a boolean or a negative number is a ValueError naming the file and the key.
+
+HF's `max_position_embeddings` is the RoPE context length, not a learned table, so it is not carried over.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from search_spaces.model import MLASpec, MoESpec, ModelSpec
+from search_spaces.hf_families import SUPPORTED_ARCHITECTURES, builder_for
+from search_spaces.model import ModelSpec
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "model_from_hf_config"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "NO_EFFECT_KEYS", "UnreadKeysWarning", "HFConfig", "model_from_hf_config"]
 
 
-class _Config:
-    """A config.json mapping that names the file and the key when a required key is missing."""
+class UnreadKeysWarning(UserWarning):
+    """A config.json holds keys autotune does not know; it assumes they change no parameter count or rule."""
+
+
+# keys read by no builder because they change neither a parameter count nor a layout rule, with the reason
+NO_EFFECT_KEYS: dict[str, str] = {
+    **dict.fromkeys(("_name_or_path", "architectures", "model_type", "auto_map", "transformers_version",
+                     "torch_dtype", "dtype", "use_cache", "cache_implementation", "_attn_implementation",
+                     "attn_implementation", "return_dict", "use_bfloat16", "tf_legacy_loss"),
+                    "bookkeeping of the Hugging Face checkpoint"),
+    **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id"), "tokenizer ids"),
+    **dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "initializer_range", "rope_theta", "rope_scaling",
+                     "rope_parameters", "rope_local_base_freq", "rope_interleave", "partial_rotary_factor",
+                     "original_max_position_embeddings", "initial_context_length", "max_position_embeddings",
+                     "query_pre_attn_scalar", "swiglu_limit"),
+                    "numerics of the forward pass (RoPE, norms, scales), no parameters"),
+    **dict.fromkeys(("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop"),
+                    "dropout, a training setting"),
+    **dict.fromkeys(("router_aux_loss_coef", "aux_loss_alpha", "seq_aux", "output_router_logits",
+                     "router_jitter_noise"), "the MoE load-balancing loss, a training setting"),
+    "quantization_config": "how the published weights are stored (e.g. FP8 blocks, MXFP4), not how they train",
+    "ep_size": "DeepSeek's inference expert parallelism, not a model dimension",
+    "pretraining_tp": "a numerics switch of the HF implementation; 1 in the published configs",
+    "max_window_layers": "only read with use_sliding_window (refused when true)",
+}
+
+
+class HFConfig:
+    """A config.json mapping whose accessors check type and range and name the file and key on failure.
+    It records which keys were read, so the loader can say which were not."""
 
     def __init__(self, data: Mapping[str, Any], path: Path) -> None:
-        self._data, self._path = data, path
+        self._data, self.path, self.read = data, path, set()
 
-    def need(self, key: str) -> Any:
-        if self._data.get(key) is None:
-            raise ValueError(f"{self._path}: missing key {key!r}, which this architecture needs.")
-        return self._data[key]
+    def _raw(self, key: str) -> Any:
+        self.read.add(key)
+        return self._data.get(key)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self._data.get(key)
-        return default if value is None else value
+    def has(self, key: str) -> bool:
+        return self._data.get(key) is not None
+
+    def int(self, key: str, default: int | None = None, *, minimum: int = 1, required: bool = True) -> int | None:
+        """An integer >= minimum; `default` when absent or null; a missing required key is an error."""
+        value = self._raw(key)
+        if value is None:
+            if default is None and required:
+                raise ValueError(f"{self.path}: missing key {key!r}, which this architecture needs.")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "a string" if isinstance(value, str) else type(value).__name__
+            raise ValueError(f"{self.path}: {key} must be an integer, but got {value!r} ({kind}).")
+        if value < minimum:
+            raise ValueError(f"{self.path}: `{key} >= {minimum}` must hold, but got ({key}={value}).")
+        return value
+
+    def number(self, key: str, default: float | None = None) -> float | None:
+        """A finite number (int or float), `default` when absent or null."""
+        value = self._raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
+                float("inf"), float("-inf")):
+            raise ValueError(f"{self.path}: {key} must be a number, but got {value!r}.")
+        return float(value)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ValueError(f"{self.path}: {key} must be true or false, but got {value!r}.")
+        return value
+
+    def str(self, key: str, default: str | None = None, *, choices: tuple[str, ...] | None = None) -> str | None:
+        value = self._raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ValueError(f"{self.path}: {key} must be a string, but got {value!r}.")
+        if choices is not None and value not in choices:
+            raise ValueError(f"{self.path}: {key}={value!r} is not supported; supported: {', '.join(choices)}.")
+        return value
+
+    def list(self, key: str) -> list | None:
+        value = self._raw(key)
+        if value is not None and not isinstance(value, list):
+            raise ValueError(f"{self.path}: {key} must be a list, but got {value!r}.")
+        return value
 
     def refuse(self, key: str, supported: Any, why: str) -> None:
-        """Raise when `key` is set to something the ModelSpec cannot express."""
-        value = self._data.get(key)
+        """Raise when `key` is set to something other than `supported` (absent and null are fine)."""
+        value = self._raw(key)
         if value is not None and value != supported:
-            raise ValueError(f"{self._path}: {key}={value!r} is not supported ({why}); only {supported!r} is.")
+            raise ValueError(f"{self.path}: {key}={value!r} is not supported ({why}); only {supported!r} is.")
 
-
-def _gqa_shape(c: _Config, *, attention_bias_key: bool = True) -> dict[str, Any]:
-    """The fields every Llama-style decoder shares: GQA attention, SwiGLU MLP, RMSNorm, RoPE.
-
-    `attention_bias_key=False` for configs whose attention bias is fixed by the architecture (Qwen2).
-    """
-    heads = c.need("num_attention_heads")
-    hidden = c.need("hidden_size")
-    head_dim = c.get("head_dim")
-    if attention_bias_key:
-        c.refuse("attention_bias", False, "bias on q/k/v/o projections")
-    c.refuse("mlp_bias", False, "bias on MLP projections")
-    c.refuse("hidden_act", "silu", "the MLP is SwiGLU")
-    return dict(
-        num_layers=c.need("num_hidden_layers"),
-        hidden_size=hidden,
-        ffn_hidden_size=c.need("intermediate_size"),
-        num_attention_heads=heads,
-        num_query_groups=c.get("num_key_value_heads", heads),
-        kv_channels=head_dim if head_dim is not None and head_dim != hidden // heads else None,
-        vocab_size=c.need("vocab_size"),
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-    )
-
-
-def _llama(c: _Config) -> dict[str, Any]:
-    return _gqa_shape(c)
-
-
-def _mixtral(c: _Config) -> dict[str, Any]:
-    shape = _gqa_shape(c)
-    moe = MoESpec(
-        num_experts=c.need("num_local_experts"), topk=c.need("num_experts_per_tok"),
-        expert_ffn_hidden_size=shape["ffn_hidden_size"],
-    )
-    return {**shape, "moe": moe}
-
-
-def _qwen2(c: _Config) -> dict[str, Any]:
-    # Qwen2Attention always has bias on q, k and v (not on o_proj): `attention_bias` is not in its config.
-    return {**_gqa_shape(c, attention_bias_key=False), "add_qkv_bias": True}
-
-
-def _qwen3(c: _Config) -> dict[str, Any]:
-    return {**_gqa_shape(c), "qk_layernorm": True}
-
-
-def _qwen3_moe(c: _Config) -> dict[str, Any]:
-    c.refuse("decoder_sparse_step", 1, "every layer must be a MoE layer")
-    c.refuse("mlp_only_layers", [], "every layer must be a MoE layer")
-    moe = MoESpec(
-        num_experts=c.need("num_experts"), topk=c.need("num_experts_per_tok"),
-        expert_ffn_hidden_size=c.need("moe_intermediate_size"),
-    )
-    return {**_qwen3(c), "moe": moe}
-
-
-def _deepseek_v3(c: _Config) -> dict[str, Any]:
-    c.refuse("moe_layer_freq", 1, "every layer after first_k_dense_replace must be a MoE layer")
-    c.refuse("hidden_act", "silu", "the MLP is SwiGLU")
-    c.refuse("attention_bias", False, "bias on attention projections")
-    expert_ffn = c.need("moe_intermediate_size")
-    mla = MLASpec(
-        q_lora_rank=c.get("q_lora_rank"),  # null in DeepSeek-V2-Lite: uncompressed queries
-        kv_lora_rank=c.need("kv_lora_rank"),
-        qk_head_dim=c.need("qk_nope_head_dim"),
-        qk_pos_emb_head_dim=c.need("qk_rope_head_dim"),
-        v_head_dim=c.need("v_head_dim"),
-    )
-    moe = MoESpec(
-        num_experts=c.need("n_routed_experts"), topk=c.need("num_experts_per_tok"),
-        expert_ffn_hidden_size=expert_ffn,
-        shared_expert_ffn_hidden_size=c.get("n_shared_experts", 0) * expert_ffn,
-        first_dense_layers=c.get("first_k_dense_replace", 0),
-    )
-    return dict(
-        num_layers=c.need("num_hidden_layers"),
-        hidden_size=c.need("hidden_size"),
-        ffn_hidden_size=c.need("intermediate_size"),
-        num_attention_heads=c.need("num_attention_heads"),
-        vocab_size=c.need("vocab_size"),
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-        qk_layernorm=True,  # MLA's q_layernorm / kv_layernorm on the compressed latents
-        moe=moe,
-        mla=mla,
-    )
-
-
-_BUILDERS: dict[str, Callable[[_Config], dict[str, Any]]] = {
-    "LlamaForCausalLM": _llama,
-    "MistralForCausalLM": _llama,
-    "MixtralForCausalLM": _mixtral,
-    "Qwen2ForCausalLM": _qwen2,
-    "Qwen3ForCausalLM": _qwen3,
-    "Qwen3MoeForCausalLM": _qwen3_moe,
-    "DeepseekV3ForCausalLM": _deepseek_v3,
-}
-_MODEL_TYPES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-}
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BUILDERS)
+    def unread(self) -> list[str]:
+        return sorted(k for k in self._data if k not in self.read and k not in NO_EFFECT_KEYS)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -151,6 +128,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as err:
         raise ValueError(f"Cannot read Hugging Face config {str(path)!r}: {err.strerror or err}.") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file (a Hugging Face config.json is JSON).") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -159,20 +138,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         kind = type(data).__name__
         raise ValueError(f"{path} must hold a JSON object (a Hugging Face config.json), but holds a {kind}.")
     return data
-
-
-def _architecture(data: Mapping[str, Any], path: Path) -> str:
-    names = data.get("architectures") or []
-    if not names and data.get("model_type") in _MODEL_TYPES:
-        names = [_MODEL_TYPES[data["model_type"]]]
-    for name in names:
-        if name in _BUILDERS:
-            return name
-    found = names or [f"model_type={data.get('model_type')!r}"]
-    raise ValueError(
-        f"{path}: unsupported architecture {', '.join(map(str, found))}; "
-        f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}."
-    )
 
 
 def _model_name(data: Mapping[str, Any], path: Path) -> str:
@@ -184,12 +149,22 @@ def _model_name(data: Mapping[str, Any], path: Path) -> str:
 def model_from_hf_config(path: str | Path) -> ModelSpec:
     """Read a local config.json (or a directory holding one) into a ModelSpec.
 
-    Raises ValueError naming the file for unreadable or invalid JSON, a missing key, a setting the
-    ModelSpec cannot express, or an architecture outside `SUPPORTED_ARCHITECTURES`.
+    Raises ValueError naming the file for unreadable or invalid JSON, a missing or mistyped key, a setting
+    the ModelSpec cannot express, or an architecture outside `SUPPORTED_ARCHITECTURES`. Keys autotune does
+    not know are named in an `UnreadKeysWarning`.
     """
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     data = _read_json(path)
-    builder = _BUILDERS[_architecture(data, path)]
-    return ModelSpec(name=_model_name(data, path), **builder(_Config(data, path)))
+    config = HFConfig(data, path)
+    builder = builder_for(data, path)
+    try:
+        spec = ModelSpec(name=_model_name(data, path), **builder(config))
+    except (ValueError, TypeError) as err:  # MoESpec / ModelSpec checks: say which file they are about
+        raise ValueError(str(err) if str(err).startswith(str(path)) else f"{path}: {err}") from None
+    unread = config.unread()
+    if unread:
+        warnings.warn(f"{path}: autotune does not read {', '.join(unread)}; it assumes they change neither the "
+                      "parameter count nor the layout rules.", UnreadKeysWarning, stacklevel=2)
+    return spec

@@ -7,11 +7,13 @@ megatron-core's `TransformerConfig` / `ModelParallelConfig` names.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Literal
 
 from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings
+from search_spaces.pipeline_layout import LayoutSyntaxError, balanced_layout, chunk_counts, layout_from_chunks, parse_stages
 
-__all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES"]
+__all__ = ["Layout", "Recompute", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -31,6 +33,9 @@ class Layout:
     `num_layers_in_last_pipeline_stage`); None means an even split (`stage_layer_counts`).
     `embedding_loss_split` turns on both `account_for_embedding_in_pipeline_split` and
     `account_for_loss_in_pipeline_split`: the embedding and the loss count as one layer each.
+    `pipeline_layout` is megatron-core's `pipeline_model_parallel_layout` string (`Et|(tt|)*30mL`,
+    grammar in `search_spaces/pipeline_layout.py`): it places every layer itself. As in megatron-core's
+    `TransformerConfig.__post_init__`, an unset `vpp` is derived from it (stages / PP, None for 1).
     """
 
     tp: int = 1
@@ -47,6 +52,44 @@ class Layout:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     embedding_loss_split: bool = False
+    pipeline_layout: str | None = None
+
+    def _layout_stages(self) -> tuple[str, ...] | None:
+        """The layout string's stages, or None when there is no string or it does not parse (the rules say why)."""
+        if self.pipeline_layout is None:
+            return None
+        try:
+            return parse_stages(self.pipeline_layout)
+        except LayoutSyntaxError:
+            return None
+
+    def _layout_chunks(self, char: str) -> tuple[int, ...] | None:
+        """Per-chunk counts of `char` from the layout string when it parses into a multiple of PP stages."""
+        stages = self._layout_stages()
+        if stages is None or len(stages) % self.pp:
+            return None
+        return chunk_counts(self.pipeline_layout, char)  # type: ignore[arg-type]
+
+    def __post_init__(self) -> None:
+        """Each field of the right type and range (ValueError in the rules' wording): sizes are whole numbers
+        >= 1, the optional ones None or >= 1, the switches booleans, recompute one of its choices."""
+        for name in _SIZE_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:  # the common case costs one test per field
+                _check_size(name, value, optional=name in _OPTIONAL_FIELDS)
+        for name in _BOOL_FIELDS:
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"layout field {name!r} must be true or false, but got {getattr(self, name)!r}.")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got "
+                             f"{self.recompute!r}.")
+        if self.pipeline_layout is not None and not isinstance(self.pipeline_layout, str):
+            raise ValueError(f"pipeline_layout must be a string (megatron-core's pipeline_model_parallel_layout), "
+                             f"but got {self.pipeline_layout!r}.")
+        if self.pipeline_layout is not None and self.vpp is None:  # megatron-core derives VPP from the string
+            stages = self._layout_stages()
+            if stages is not None and len(stages) % self.pp == 0 and len(stages) > self.pp:
+                object.__setattr__(self, "vpp", len(stages) // self.pp)
 
     @property
     def expert_tp(self) -> int:
@@ -74,6 +117,9 @@ class Layout:
         callers still get counts that add up to num_layers.
         """
         pp = self.pp
+        if self._layout_chunks("t") is not None:
+            chunks = self.chunk_layer_counts(num_layers)
+            return tuple(sum(chunks[s::pp]) for s in range(pp))
         if pp == 1:
             return (num_layers,)
         if self.embedding_loss_split:
@@ -93,7 +139,12 @@ class Layout:
         """Layers in each of the PP * VPP model chunks, in model order (chunk c lives on stage c % PP).
 
         megatron-core splits each stage's layers equally over its VPP chunks (`get_num_layers_to_build`).
+        With `pipeline_layout` the counts are the string's `t` per stage (`PipelineParallelLayerLayout
+        .get_num_layers_to_build`), whatever they add up to (the rules check that they make num_layers).
         """
+        from_layout = self._layout_chunks("t")
+        if from_layout is not None:
+            return from_layout
         v = self.vpp_size
         if self.embedding_loss_split and self.pp > 1:
             # (L + 2) layers spread evenly over the PP * VPP chunks; the first chunk gives one slot to the
@@ -106,6 +157,16 @@ class Layout:
             return tuple(counts)
         stages = self.stage_layer_counts(num_layers)
         return tuple(stages[c % self.pp] // v for c in range(self.pp * v))
+
+    def chunk_mtp_counts(self, mtp_layers: int) -> tuple[int, ...]:
+        """Multi-token-prediction layers in each model chunk. Without a layout string megatron-core puts
+        them all on the last pipeline stage's last virtual chunk (`get_mtp_num_layers_to_build`,
+        `transformer/multi_token_prediction.py`); with one, wherever its `m`s are."""
+        from_layout = self._layout_chunks("m")
+        if from_layout is not None:
+            return from_layout
+        n = self.pp * self.vpp_size
+        return tuple(mtp_layers if c == n - 1 else 0 for c in range(n))
 
     def num_microbatches(self, global_batch_size: int) -> int:
         """GBS = MBS * DP * num_microbatches (floored; rules check divisibility)."""
@@ -136,12 +197,33 @@ class Layout:
             parts.append(f"last_stage_layers={self.last_stage_layers}")
         if self.embedding_loss_split:
             parts.append("embedding_loss_split=true")
+        if self.pipeline_layout is not None:
+            parts.append(f"pipeline_layout={self.pipeline_layout}")
         parts += [f"dp={self.dp}", f"mbs={self.mbs}", f"sp={str(self.sp).lower()}",
                   f"dist_opt={str(self.dist_opt).lower()}", f"recompute={self.recompute}"]
         return ",".join(parts)
 
 
+def _check_size(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"layout field {name!r} must be a whole number, but got {value!r}.")
+    if value <= 0:
+        if name in _MEGATRON_SPLIT:
+            raise ValueError(f"{_MEGATRON_SPLIT[name]} must be larger than 0, but got ({name}={value}).")
+        raise ValueError(f"`{name} > 0`{' (or unset)' if optional else ''} must hold, but got ({name}={value}).")
+
+
+_SIZE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
+_BOOL_FIELDS = ("sp", "dist_opt", "embedding_loss_split")
+_MEGATRON_SPLIT = {"first_stage_layers": "num_layers_in_first_pipeline_stage",
+                   "last_stage_layers": "num_layers_in_last_pipeline_stage"}
+MAX_SIZE = 10**9  # the largest layout size parse_layout reads (far above any cluster)
 _FIELD_NAMES = tuple(f.name for f in fields(Layout))
+# the fields that say how the layers are split over the pipeline (derived from (num_layers, PP, VPP) in the space)
+SPLIT_FIELDS: frozenset[str] = frozenset({"first_stage_layers", "last_stage_layers", "embedding_loss_split",
+                                          "pipeline_layout"})
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
 _OPTIONAL_FIELDS = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
@@ -154,11 +236,20 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
     Omitted fields take megatron-core's defaults (1, no VPP, ETP = TP, SP off, no distributed
     optimizer, no recompute). When `dp` is omitted and `world_size` is given, dp is derived as
     world / (tp * pp * cp) (floored, at least 1; the rules report a world that does not divide).
+    `pipeline_layout=Et|(tt|)*30mL` keeps its case; commas inside it are megatron-core's cosmetic commas
+    (`pipeline_layout=Ettt|(tt|)*29,m|L`: the item after the comma has no `=`, so it continues the string).
     Raises ValueError with a message that says what is wrong.
     """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("a layout needs at least one name=value item, e.g. 'tp=2,pp=4'; got an empty one.")
     values: dict[str, object] = {}
-    for item in filter(None, (p.strip() for p in text.split(","))):
+    for item in _items(text):
         key, sep, raw = item.partition("=")
+        if key.strip().lower() == "pipeline_layout" and sep:
+            if "pipeline_layout" in values:
+                raise ValueError("layout field 'pipeline_layout' is given twice.")
+            values["pipeline_layout"] = _layout_string(raw)
+            continue
         key, raw = key.strip().lower(), raw.strip().lower()
         if not sep or not raw:
             raise ValueError(f"layout item {item!r} is not of the form name=value (e.g. 'tp=2').")
@@ -170,12 +261,14 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
             if key in _OPTIONAL_FIELDS and raw in ("none", "null"):
                 values[key] = None
                 continue
-            try:
-                number = int(raw)
-            except ValueError:
-                raise ValueError(f"layout field {key!r} needs a positive integer, but got {raw!r}.") from None
-            if number <= 0:
-                raise ValueError(f"layout field {key!r} needs a positive integer, but got {number}.")
+            # ASCII digits only: int() would also read '２' (full width), '0_2' and ' +2'
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SIZE)):
+                raise ValueError(f"layout field {key!r} needs a positive integer (ASCII digits, at most {MAX_SIZE:,}), "
+                                 f"but got {raw!r}.")
+            number = int(raw)
+            if number <= 0 or number > MAX_SIZE:
+                raise ValueError(f"layout field {key!r} needs a positive integer (at most {MAX_SIZE:,}), but got "
+                                 f"{number}.")
             values[key] = None if key == "vpp" and number == 1 else number
         elif key in ("sp", "dist_opt", "embedding_loss_split"):
             if raw not in _BOOL:
@@ -185,13 +278,37 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
             if raw not in RECOMPUTE_CHOICES:
                 raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got {raw!r}.")
             values[key] = raw
+    if not values:
+        raise ValueError(f"a layout needs at least one name=value item, e.g. 'tp=2,pp=4'; got {text!r}.")
     layout = Layout(**values)  # type: ignore[arg-type]
     if "dp" not in values and world_size is not None:
         layout = replace(layout, dp=max(1, world_size // (layout.tp * layout.pp * layout.cp)))
     return layout
 
 
-def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, object] | None:
+def _items(text: str) -> list[str]:
+    """`name=value` items split at commas; a piece without `=` after a pipeline_layout item continues it."""
+    items: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if "=" not in piece and items and items[-1].partition("=")[0].strip().lower() == "pipeline_layout":
+            items[-1] += piece
+        else:
+            items.append(piece)
+    return items
+
+
+def _layout_string(raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        raise ValueError("layout field 'pipeline_layout' needs megatron-core's layout string, e.g. "
+                         "'pipeline_layout=Et|(tt|)*30mL', but got nothing.")
+    return None if value.lower() in ("none", "null") else value
+
+
+@lru_cache(maxsize=4096)
+def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: int = 0) -> dict[str, object] | None:
     """The uneven pipeline split autotune offers when num_layers % (PP * VPP) != 0, as Layout fields.
 
     1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's
@@ -202,18 +319,37 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1) -> dict[str, obje
     2. Otherwise `first_stage_layers` / `last_stage_layers`: middle stages get m layers, the smallest multiple
        of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
        also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
-       (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2).
+       (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2). Not at PP 2 with VPP: megatron-core accepts
+       that split but cannot build PP rank 1 (`rules.first_last_vpp_needs_middle_stage`); 5. replaces it.
+    3. Otherwise, for a model with `mtp_layers` MTP layers, a `pipeline_layout` string when the embedding, the
+       layers, the MTP layers and the loss, one slot each, split exactly evenly over the PP * VPP chunks
+       (at least 2 slots each): DeepSeek-V3's 61 + 3 = 64 slots, Megatron-Bridge's published PP 8 x VPP 4
+       `Et|(tt|)*30mL` and 16-chunk PP 8 x VPP 2 / PP 2 x VPP 8 / PP 4 x VPP 4 layouts.
+    4. (PP 2 with VPP, where 2. would split) the balanced `pipeline_layout` string instead
+       (`pipeline_layout.balanced_layout`, chunks within one slot of each other), or, with under 2 slots per
+       chunk, the string of 2.'s chunks.
     Returns None when an even split works, PP == 1, or no such split exists.
     """
     if pp < 2 or num_layers % (pp * vpp) == 0:
         return None
-    if (num_layers + 2) % pp == 0 and ((num_layers + 2) // pp) % vpp == 0 and (num_layers + 2) // (pp * vpp) >= 2:
+    chunks = pp * vpp
+    if (num_layers + 2) % chunks == 0 and (num_layers + 2) // chunks >= 2:
         return {"embedding_loss_split": True}
     per_stage = -(-num_layers // pp)
     m = -(-per_stage // vpp) * vpp
     rest = num_layers - (pp - 2) * m
     last = (rest // 2) // vpp * vpp
     first = rest - last
-    if last < vpp or first < vpp or first % vpp or first > m:
-        return None
-    return {"first_stage_layers": first, "last_stage_layers": last}
+    first_last = not (last < vpp or first < vpp or first % vpp or first > m)
+    if first_last and not (pp == 2 and vpp > 1):
+        return {"first_stage_layers": first, "last_stage_layers": last}
+    slots = num_layers + 2 + mtp_layers
+    if mtp_layers and slots % chunks == 0:
+        layout = balanced_layout(num_layers, pp, vpp, mtp_layers)
+        if layout is not None:
+            return {"pipeline_layout": layout}
+    if first_last:  # PP 2 with VPP
+        layout = balanced_layout(num_layers, pp, vpp, mtp_layers) or layout_from_chunks(
+            [(first if c % 2 == 0 else last) // vpp for c in range(chunks)], mtp_layers)
+        return {"pipeline_layout": layout}
+    return None

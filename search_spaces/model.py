@@ -6,7 +6,19 @@ The counts follow megatron-core's GPT model as built with the local layer spec
 either a dense MLP (`linear_fc1` + `linear_fc2`, fc1 doubled when gated) or a MoE layer
 (router + experts + optional shared experts). Counts here are unpadded (the published
 convention); megatron pads the vocabulary to a multiple of 128 * TP, which the memory
-model adds on top.
+model adds on top (`padded_vocab_size`).
+
+Model features megatron-core builds with its own modules or Megatron-Bridge's, each counted as built:
+- multi-token prediction (`mtp_num_layers`, `transformer/multi_token_prediction.py`): per MTP layer
+  `enorm` and `hnorm` (norms), `eh_proj` (a column-parallel 2h -> h linear, no bias), one transformer
+  layer with the spec of the decoder's last layer (a MoE layer for DeepSeek-V3) and a `final_layernorm`;
+  its embedding and output head are the model's own (a copy on the MTP stage, see `placement.py`);
+- Gemma 2/3's post-attention and post-feedforward norms (`post_norms`: Megatron-Bridge's
+  `TERowParallelLinearLayerNorm`, a norm after `linear_proj` and after `linear_fc2`);
+- OLMoE's full-width q/k norms (`qk_layernorm_per_head=False`: Megatron-Bridge's `OLMoESelfAttention`
+  builds `q_layernorm` / `k_layernorm` over all heads instead of one head);
+- GPT-OSS's attention sinks (`softmax_type="learnable"`: `DotProductAttention.softmax_offset`, one value
+  per head) and biases on every linear including the router (`add_bias_linear`, `moe/router.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["MLASpec", "MoESpec", "ModelSpec"]
+__all__ = ["MLASpec", "MoESpec", "ModelSpec", "padded_vocab_size", "VOCAB_DIVISOR"]
+
+VOCAB_DIVISOR = 128  # Megatron-LM `--make-vocab-size-divisible-by` default
+
+
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = VOCAB_DIVISOR) -> int:
+    """Megatron-LM's `_vocab_size_with_padding` (`megatron/training/tokenizer/tokenizer.py`): round up to a
+    multiple of `divisible_by * TP`, so that `VocabParallelEmbedding` and the output layer split it evenly."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,12 +48,32 @@ class MoESpec:
     shared_expert_ffn_hidden_size: int = 0  # total intermediate size of all shared experts
     first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: leading layers with a dense MLP
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
+    # routing (megatron-core `moe_router_*`; they change no parameter count, only what the router computes)
+    score_function: Literal["softmax", "sigmoid"] = "softmax"  # moe_router_score_function
+    pre_softmax: bool = False  # moe_router_pre_softmax: softmax over all experts before top-k (no renormalising)
+    num_groups: int | None = None  # moe_router_num_groups: group-limited routing (DeepSeek's n_group)
+    group_topk: int | None = None  # moe_router_group_topk: groups each token may use (DeepSeek's topk_group)
+    topk_scaling_factor: float | None = None  # moe_router_topk_scaling_factor (DeepSeek's routed_scaling_factor)
+    expert_bias: bool = False  # moe_router_enable_expert_bias: aux-loss-free balancing bias (a buffer, no parameter)
 
     def __post_init__(self) -> None:
         if not 1 <= self.topk <= self.num_experts:
             raise ValueError(
                 f"`1 <= topk <= num_experts` must hold, but got (topk={self.topk}, num_experts={self.num_experts})."
             )
+        if (self.num_groups is None) != (self.group_topk is None):
+            raise ValueError(f"group-limited routing needs both num_groups and group_topk, but got "
+                             f"(num_groups={self.num_groups}, group_topk={self.group_topk}).")
+        if self.num_groups is not None:  # megatron-core transformer_config.py (__post_init__, moe_router_group_topk)
+            if self.num_groups <= 0 or self.num_experts % self.num_groups:
+                raise ValueError(f"num_moe_experts ({self.num_experts}) should be divisible by "
+                                 f"moe_router_num_groups ({self.num_groups}).")
+            if not 0 < self.group_topk <= self.num_groups:  # type: ignore[operator]
+                raise ValueError(f"moe_router_group_topk ({self.group_topk}) should be smaller than "
+                                 f"moe_router_num_groups ({self.num_groups}).")
+        if self.expert_bias and self.score_function != "sigmoid":
+            raise ValueError("Expert bias for aux-loss-free routing only supports sigmoid score function "
+                             f"(moe_router_enable_expert_bias with moe_router_score_function={self.score_function!r}).")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,9 +108,23 @@ class ModelSpec:
     max_position_embeddings: int = 0  # >0: learned absolute position embeddings (GPT-3); 0: RoPE
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    mtp_num_layers: int = 0  # multi-token-prediction layers (DeepSeek-V3's num_nextn_predict_layers)
+    activation: Literal["silu", "gelu"] | None = None  # None is resolved: SiLU when gated (SwiGLU), else GeLU (GPT-3)
+    qk_layernorm_per_head: bool = True  # False: OLMoE's q/k norms over all heads (Megatron-Bridge OLMoESelfAttention)
+    post_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP (post_layernorm)
+    softmax_type: Literal["vanilla", "learnable"] = "vanilla"  # "learnable": GPT-OSS's attention sinks
+    # attention variants that change no parameter count but the attention's cost (see docs/catalog.md)
+    sliding_window: int | None = None  # tokens a sliding-window layer attends to (HF sliding_window)
+    window_attn_skip_freq: int | None = None  # megatron-core: every N-th layer full attention; None: all windowed
+    attn_logit_softcapping: float | None = None  # Gemma 2: tanh soft-capping of attention logits
+    final_logit_softcapping: float | None = None  # Gemma 2: tanh soft-capping of the output logits
     aliases: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        if self.activation is None:
+            object.__setattr__(self, "activation", "silu" if self.gated_linear_unit else "gelu")
+        if self.activation not in ("silu", "gelu"):
+            raise ValueError(f"activation must be 'silu' or 'gelu', but got {self.activation!r} for model {self.name!r}.")
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
             value = getattr(self, name)
             if value <= 0:
@@ -91,6 +146,14 @@ class ModelSpec:
                 f"`first_dense_layers < num_layers` must hold, but got "
                 f"({self.moe.first_dense_layers}, {self.num_layers}) for model {self.name!r}."
             )
+        if self.mtp_num_layers < 0:
+            raise ValueError(f"`mtp_num_layers >= 0` must hold, but got ({self.mtp_num_layers}) for model {self.name!r}.")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(f"`sliding_window > 0` (or unset) must hold, but got ({self.sliding_window}) "
+                             f"for model {self.name!r}.")
+        if self.window_attn_skip_freq is not None and (self.window_attn_skip_freq <= 0 or self.sliding_window is None):
+            raise ValueError(f"window_attn_skip_freq ({self.window_attn_skip_freq}) needs a sliding_window and "
+                             f"must be > 0, for model {self.name!r}.")
 
     # --- derived shape facts -------------------------------------------------------------
     @property
@@ -112,6 +175,13 @@ class ModelSpec:
     @property
     def num_dense_mlp_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
+
+    def is_sliding_window_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (0-based) uses the sliding window: megatron-core's
+        `is_layer_window_attention` (1-based layer_number % window_attn_skip_freq != 0)."""
+        if self.sliding_window is None:
+            return False
+        return self.window_attn_skip_freq is None or (layer + 1) % self.window_attn_skip_freq != 0
 
     @property
     def _norm_params_per_dim(self) -> int:
@@ -150,7 +220,7 @@ class ModelSpec:
             kv += m.kv_lora_rank * a * (m.qk_head_dim + m.v_head_dim)  # linear_kv_up_proj
             proj = a * m.v_head_dim * h
             bias = h if self.add_bias_linear else 0
-            return norm + q + kv + proj + bias
+            return norm + q + kv + proj + bias + self._sink_params + self._post_norm_params
         qkv = h * (a + 2 * g) * d
         proj = a * d * h
         bias = 0
@@ -158,8 +228,26 @@ class ModelSpec:
             bias += (a + 2 * g) * d
         if self.add_bias_linear:
             bias += h
-        qk_norm = 2 * d * self._norm_params_per_dim if self.qk_layernorm else 0  # q_layernorm + k_layernorm
-        return norm + qkv + proj + bias + qk_norm
+        return norm + qkv + proj + bias + self._qk_norm_params + self._sink_params + self._post_norm_params
+
+    @property
+    def _qk_norm_params(self) -> int:
+        """q_layernorm + k_layernorm: one head wide each (megatron-core), or all query / key heads (OLMoE)."""
+        if not self.qk_layernorm:
+            return 0
+        d = self.head_dim
+        width = 2 * d if self.qk_layernorm_per_head else (self.num_attention_heads + self.query_groups) * d
+        return width * self._norm_params_per_dim
+
+    @property
+    def _sink_params(self) -> int:
+        """`softmax_offset`, one learnable logit per attention head (GPT-OSS's sinks)."""
+        return self.num_attention_heads if self.softmax_type == "learnable" else 0
+
+    @property
+    def _post_norm_params(self) -> int:
+        """Gemma's post-attention (or post-feedforward) norm, one per block when `post_norms`."""
+        return self._norm_params if self.post_norms else 0
 
     def mlp_params(self, ffn: int) -> int:
         """One MLP (dense layer, one expert or the shared experts) of intermediate size `ffn`, no norm."""
@@ -171,8 +259,8 @@ class ModelSpec:
 
     @property
     def dense_mlp_params(self) -> int:
-        """One dense layer's MLP including its pre-MLP norm."""
-        return self._norm_params + self.mlp_params(self.ffn_hidden_size)
+        """One dense layer's MLP including its pre-MLP norm (and Gemma's post-feedforward norm)."""
+        return self._norm_params + self.mlp_params(self.ffn_hidden_size) + self._post_norm_params
 
     @property
     def expert_params(self) -> int:
@@ -181,13 +269,36 @@ class ModelSpec:
 
     @property
     def moe_non_expert_params(self) -> int:
-        """One MoE layer's parameters outside the routed experts: pre-MLP norm, router, shared experts."""
+        """One MoE layer's parameters outside the routed experts: pre-MLP norm, router (with its bias when
+        every linear has one, `moe/router.py`), shared experts."""
         if self.moe is None:
             return 0
         m = self.moe
         shared = self.mlp_params(m.shared_expert_ffn_hidden_size) if m.shared_expert_ffn_hidden_size else 0
         gate = self.hidden_size if m.shared_expert_gate else 0
-        return self._norm_params + self.hidden_size * m.num_experts + shared + gate
+        router = self.hidden_size * m.num_experts + (m.num_experts if self.add_bias_linear else 0)
+        return self._norm_params + router + shared + gate + self._post_norm_params
+
+    # --- multi-token prediction (transformer/multi_token_prediction.py, MultiTokenPredictionLayer) ---------
+    @property
+    def mtp_dense_params(self) -> int:
+        """One MTP layer outside its routed experts: enorm + hnorm, eh_proj (2h -> h, no bias), the transformer
+        layer (the spec of the decoder's last layer: a MoE layer when the model has one) and final_layernorm.
+        Its embedding and output head are the model's (a copy on the MTP stage, counted in `placement.py`)."""
+        h = self.hidden_size
+        last_is_moe = self.moe is not None
+        layer = self.attention_params + (self.moe_non_expert_params if last_is_moe else self.dense_mlp_params)
+        return 3 * self._norm_params + 2 * h * h + layer
+
+    @property
+    def mtp_expert_params(self) -> int:
+        """One MTP layer's routed experts (its MoE layer)."""
+        return 0 if self.moe is None else self.moe.num_experts * self.expert_params
+
+    @property
+    def mtp_params(self) -> int:
+        """All MTP layers (left out of published totals: DeepSeek-V3's 671B excludes its 14B MTP module)."""
+        return self.mtp_num_layers * (self.mtp_dense_params + self.mtp_expert_params)
 
     # --- totals -------------------------------------------------------------------------
     @property
@@ -197,12 +308,14 @@ class ModelSpec:
         layers += self.num_dense_mlp_layers * self.dense_mlp_params
         layers += self.num_moe_layers * self.moe_non_expert_params
         output = self.output_params - (self.vocab_size * self.hidden_size if self.tied_embeddings else 0)
-        return self.embedding_params + layers + output
+        return self.embedding_params + layers + output + self.mtp_num_layers * self.mtp_dense_params
 
     @property
     def routed_expert_params(self) -> int:
-        """All routed experts of all MoE layers: what EP/ETP shard."""
-        return 0 if self.moe is None else self.num_moe_layers * self.moe.num_experts * self.expert_params
+        """All routed experts of all MoE layers (MTP layers' included): what EP/ETP shard."""
+        if self.moe is None:
+            return 0
+        return (self.num_moe_layers + self.mtp_num_layers) * self.moe.num_experts * self.expert_params
 
     @property
     def total_params(self) -> int:
@@ -213,4 +326,4 @@ class ModelSpec:
         """Parameters touched per token: dense part plus top-k of the routed experts."""
         if self.moe is None:
             return self.total_params
-        return self.dense_params + self.num_moe_layers * self.moe.topk * self.expert_params
+        return self.dense_params + (self.num_moe_layers + self.mtp_num_layers) * self.moe.topk * self.expert_params

@@ -2,11 +2,15 @@
 
 Each rule reads a `Job` and a `Layout` and returns a `Violation` (rule name, the fields and values
 involved, and a message in megatron-core's own wording) or None. `check(job, layout)` runs them all
-and returns every violation; an empty tuple means megatron-core accepts the layout.
+and returns every violation; an empty tuple means megatron-core accepts the layout and builds every
+pipeline stage and virtual chunk of it (`tests/test_megatron_parity.py` builds them). A violation with
+`stricter=True` is a deliberate refusal: megatron-core accepts the layout, and the message says why
+autotune does not.
 
-The rules follow megatron-core 0.16.1 (the file named in each `Rule.source`); where core has no
-check of its own, Megatron-LM's `megatron/training/arguments.py` or the place where core would
-fail at run time is named instead. `docs/rules.md` lists them with their sources.
+The rules follow the installed megatron-core (`search_spaces/megatron_version.py`; 0.16.1's checks when
+none is installed): `rules_for(version)` swaps in 0.19's checks where they differ (`docs/rules.md` has
+the comparison). Where core has no check of its own, the place where it fails at run time is named.
+The pipeline-split rules live in `pipeline_rules.py`.
 
 Keeping TP and EP*ETP inside one node is a search-space choice (`search_spaces/space.py`), not a
 validity rule: megatron-core accepts groups that span nodes.
@@ -14,44 +18,21 @@ validity rule: megatron-core accepts groups that span nodes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from functools import lru_cache
 from math import gcd
 
 from search_spaces.job import Job
-from search_spaces.layout import Layout
+from search_spaces.layout import SPLIT_FIELDS, Layout
+from search_spaces.megatron_version import rule_set_for, rules_version
+from search_spaces.pipeline_rules import pipeline_rule_checks
+from search_spaces.violations import Rule, Violation
+from search_spaces.violations import violation as _violation
 
-__all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Violation:
-    """One broken rule: its name, the fields it read with their values, and megatron-core's message."""
-
-    rule: str
-    fields: Mapping[str, object]
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.rule}: {self.message}"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Rule:
-    """A named rule, the layout fields it reads (`dp` included) and where megatron-core enforces it."""
-
-    name: str
-    reads: frozenset[str]
-    source: str
-    check: Callable[[Job, Layout], Violation | None]
+__all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm", "rules_for"]
 
 
 def lcm(a: int, b: int) -> int:
     return a * b // gcd(a, b)
-
-
-def _violation(rule: str, message: str, **fields: object) -> Violation:
-    return Violation(rule=rule, fields=fields, message=message)
 
 
 # --- world size and the two process grids (parallel_state.initialize_model_parallel) ------------
@@ -145,155 +126,7 @@ def expert_ffn_divisible_by_etp(job: Job, layout: Layout) -> Violation | None:
                       moe_ffn_hidden_size=size, etp=etp)
 
 
-# --- pipeline and virtual pipeline (transformer_config.py, transformer_block.py, parallel_state.py) -----
-def _split_fields(layout: Layout) -> dict[str, object]:
-    return {"first_stage_layers": layout.first_stage_layers, "last_stage_layers": layout.last_stage_layers,
-            "embedding_loss_split": layout.embedding_loss_split}
-
-
-def _uneven(layout: Layout) -> bool:
-    return layout.first_stage_layers is not None or layout.last_stage_layers is not None
-
-
-def pipeline_split_exclusive(job: Job, layout: Layout) -> Violation | None:
-    """First/last stage layer counts and the embedding/loss split are two ways to split; one at a time."""
-    if not (_uneven(layout) and layout.embedding_loss_split):
-        return None
-    return _violation("pipeline_split_exclusive", "num_layers_in_first_pipeline_stage and "
-                      "num_layers_in_last_pipeline_stage cannot be set at the same time with "
-                      "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split "
-                      f"({_split_text(layout)}).", **_split_fields(layout))
-
-
-def pipeline_split_needs_pp(job: Job, layout: Layout) -> Violation | None:
-    """Stricter than megatron-core, which at PP 1 accepts first = num_layers and the embedding/loss split
-    (no-ops) and even first + last < num_layers (then builds only `last` layers): with one stage there is
-    nothing to split."""
-    if layout.pp > 1 or not (_uneven(layout) or layout.embedding_loss_split):
-        return None
-    return _violation("pipeline_split_needs_pp", "an uneven pipeline split (num_layers_in_first_pipeline_stage, "
-                      "num_layers_in_last_pipeline_stage, account_for_embedding/loss_in_pipeline_split) needs "
-                      f"pipeline_model_parallel_size > 1, but got {layout.pp} ({_split_text(layout)}); drop the split or "
-                      "raise PP.",
-                      pp=layout.pp, **_split_fields(layout))
-
-
-def layers_divisible_by_pp(job: Job, layout: Layout) -> Violation | None:
-    """Even split (no uneven-split field set): num_layers % PP == 0."""
-    layers, pp = job.model.num_layers, layout.pp
-    if _uneven(layout) or layout.embedding_loss_split or layers % pp == 0:
-        return None
-    return _violation("layers_divisible_by_pp", f"num_layers should be divisible by pipeline_model_parallel_size "
-                      f"(num_layers {layers}, pipeline_model_parallel_size {pp}); an uneven split "
-                      f"(first_stage_layers / last_stage_layers, embedding_loss_split) may fit.",
-                      num_layers=layers, pp=pp)
-
-
-def layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
-    """Even split: each virtual stage holds an integer number of layers, num_layers % (PP * VPP) == 0."""
-    layers, pp, vpp = job.model.num_layers, layout.pp, layout.vpp_size
-    if _uneven(layout) or layout.embedding_loss_split or vpp == 1 or layers % pp or (layers // pp) % vpp == 0:
-        return None  # layers % pp is layers_divisible_by_pp's violation
-    return _violation("layers_divisible_by_vpp", f"num_layers_per_pipeline_rank {layers // pp} should be divisible "
-                      f"by vp_size {vpp} (num_layers {layers}, pipeline_model_parallel_size {pp}).",
-                      num_layers=layers, pp=pp, vpp=vpp)
-
-
-def _stage_layers_divisible_by_vpp(which: str, count: int | None, layout: Layout) -> Violation | None:
-    vpp = layout.vpp
-    if count is None or vpp is None or count % vpp == 0 or layout.pp == 1:
-        return None
-    return _violation(f"{which}_stage_layers_divisible_by_vpp", f"number of layers at {which} stage: {count} must be "
-                      f"divisible by virtual pipeline parallel degree {vpp}.",
-                      **{f"{which}_stage_layers": count, "vpp": vpp})
-
-
-def first_stage_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
-    return _stage_layers_divisible_by_vpp("first", layout.first_stage_layers, layout)
-
-
-def last_stage_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
-    return _stage_layers_divisible_by_vpp("last", layout.last_stage_layers, layout)
-
-
-def _split_text(layout: Layout) -> str:
-    return (f"num_layers_in_first_pipeline_stage {layout.first_stage_layers}, "
-            f"num_layers_in_last_pipeline_stage {layout.last_stage_layers}")
-
-
-def _middle(job: Job, layout: Layout) -> tuple[int, int]:
-    """(layers, stages) left for the middle stages once the first/last stage counts are taken."""
-    first, last = layout.first_stage_layers, layout.last_stage_layers
-    layers = job.model.num_layers - (first or 0) - (last or 0)
-    return layers, layout.pp - (first is not None) - (last is not None)
-
-
-def middle_stages_match(job: Job, layout: Layout) -> Violation | None:
-    """Middle stages and middle layers both present or both absent (PP 2 with first + last = num_layers)."""
-    if not _uneven(layout) or layout.embedding_loss_split or layout.pp == 1:
-        return None
-    layers, stages = _middle(job, layout)
-    if bool(layers) == bool(stages):
-        return None
-    return _violation("middle_stages_match", f"Mismatch: {layers} middle layers remaining but {stages} middle PP "
-                      f"stages available (num_layers {job.model.num_layers}, pipeline_model_parallel_size "
-                      f"{layout.pp}, {_split_text(layout)}).", num_layers=job.model.num_layers, pp=layout.pp, **_split_fields(layout))
-
-
-def middle_layers_divisible(job: Job, layout: Layout) -> Violation | None:
-    """The middle stages share the rest equally. Stricter than megatron-core for a negative rest (first + last
-    > num_layers), which its modulo lets through."""
-    if not _uneven(layout) or layout.embedding_loss_split or layout.pp == 1:
-        return None
-    layers, stages = _middle(job, layout)
-    if stages <= 0 or (layers >= 0 and layers % stages == 0):
-        return None
-    return _violation("middle_layers_divisible", f"number of layers at middle stage: {layers} must be divisible by "
-                      f"the middle pipeline model parallel size {stages} (num_layers {job.model.num_layers}, "
-                      f"pipeline_model_parallel_size {layout.pp}, {_split_text(layout)}).",
-                      num_layers=job.model.num_layers, pp=layout.pp, **_split_fields(layout))
-
-
-def middle_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
-    if not _uneven(layout) or layout.embedding_loss_split or layout.pp == 1 or layout.vpp is None:
-        return None
-    layers, stages = _middle(job, layout)
-    if stages <= 0 or layers < 0 or layers % stages or (layers // stages) % layout.vpp == 0:
-        return None  # middle_layers_divisible's violation
-    return _violation("middle_layers_divisible_by_vpp", f"number of layers on each middle pipeline rank: "
-                      f"{layers // stages} must be divisible by virtual pipeline parallel degree {layout.vpp} "
-                      f"(num_layers {job.model.num_layers}, pipeline_model_parallel_size {layout.pp}, "
-                      f"{_split_text(layout)}).",
-                      num_layers=job.model.num_layers, pp=layout.pp, vpp=layout.vpp, **_split_fields(layout))
-
-
-def embedding_loss_layers_divisible_by_pp(job: Job, layout: Layout) -> Violation | None:
-    """The embedding and the loss count as one layer each: (num_layers + 2) % PP == 0."""
-    if not layout.embedding_loss_split or _uneven(layout) or layout.pp == 1:
-        return None
-    layers = job.model.num_layers + 2
-    if layers % layout.pp == 0:
-        return None
-    return _violation("embedding_loss_layers_divisible_by_pp", f"num_layers: {layers} after enable "
-                      "account_for_embedding_in_pipeline_split or account_for_loss_in_pipeline_split must be "
-                      f"divisible by pipeline_model_parallel_size {layout.pp} (num_layers {job.model.num_layers}).",
-                      num_layers=job.model.num_layers, pp=layout.pp, embedding_loss_split=True)
-
-
-def embedding_loss_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
-    if not layout.embedding_loss_split or _uneven(layout) or layout.pp == 1 or layout.vpp is None:
-        return None
-    layers = job.model.num_layers + 2
-    if layers % layout.pp or (layers // layout.pp) % layout.vpp == 0:
-        return None
-    return _violation("embedding_loss_layers_divisible_by_vpp", f"number of layers on each pipeline rank: "
-                      f"{layers // layout.pp} (after enable account_for_embedding_in_pipeline_split or "
-                      "account_for_loss_in_pipeline_split) must be divisible by virtual_pipeline_model_parallel_size "
-                      f"{layout.vpp} (num_layers {job.model.num_layers}, pipeline_model_parallel_size {layout.pp}).",
-                      num_layers=job.model.num_layers, pp=layout.pp, vpp=layout.vpp,
-                      embedding_loss_split=True)
-
-
+# --- virtual pipeline (parallel_state.py, pipeline_parallel/schedules.py) ---------------------------------
 def vpp_needs_pp(job: Job, layout: Layout) -> Violation | None:
     """megatron-core needs PP > 1; Megatron-LM's training script also wants PP > 2 unless
     --overlap-p2p-comm (a search-space option here, `SpaceOptions.min_pp_for_vpp`)."""
@@ -337,12 +170,15 @@ def sp_needs_tp(job: Job, layout: Layout) -> Violation | None:
 
 
 def moe_tp_needs_sp(job: Job, layout: Layout) -> Violation | None:
-    """Raised by MoELayer.forward in training when the attention TP group is larger than 1."""
+    """A hard error, despite its wording: `MoELayer.forward` raises ValueError in training when the
+    attention TP group is larger than 1 and sequence parallelism is off."""
     if not job.model.is_moe or layout.tp == 1 or layout.sp:
         return None
-    return _violation("moe_tp_needs_sp", "During training, performance may degrade if MoE and tensor parallelism "
-                      "are enabled without also enabling sequence parallelism "
-                      f"(tensor_model_parallel_size {layout.tp}, sequence_parallel false).", tp=layout.tp, sp=False)
+    return _violation("moe_tp_needs_sp", f"a MoE model with tensor_model_parallel_size {layout.tp} needs "
+                      "sequence_parallel true, but got sp=false: megatron-core's MoELayer.forward raises "
+                      "ValueError in training ('During training, performance may degrade if MoE and tensor "
+                      "parallelism are enabled without also enabling sequence parallelism.').",
+                      tp=layout.tp, sp=False)
 
 
 def cp_sequence_divisible(job: Job, layout: Layout) -> Violation | None:
@@ -390,6 +226,93 @@ def moe_bias_needs_etp1(job: Job, layout: Layout) -> Violation | None:
                       add_bias_linear=True, etp=layout.expert_tp)
 
 
+def mtp_hidden_divisible_by_tp(job: Job, layout: Layout) -> Violation | None:
+    """An MTP layer's `eh_proj` is a ColumnParallelLinear 2h -> h (multi_token_prediction.py): h / TP rows."""
+    h, tp = job.model.hidden_size, layout.tp
+    if not job.model.mtp_num_layers or h % tp == 0:
+        return None
+    return _violation("mtp_hidden_divisible_by_tp", f"{h} is not divisible by {tp} (the MTP layer's eh_proj splits "
+                      f"hidden_size ({h}) over tensor_model_parallel_size ({tp}); mtp_num_layers "
+                      f"{job.model.mtp_num_layers}).", hidden_size=h, tp=tp)
+
+
+# --- the MoE dispatcher and its overlap (training settings; transformer_config.py, token_dispatcher.py) --------
+def ep_overlap_needs_ep(job: Job, layout: Layout) -> Violation | None:
+    if not job.training.overlap_moe_expert_parallel_comm or layout.ep > 1:
+        return None
+    return _violation("ep_overlap_needs_ep", "overlap_moe_expert_parallel_comm is only supported with expert model "
+                      f"parallelism (expert_model_parallel_size {layout.ep}).", ep=layout.ep,
+                      overlap_moe_expert_parallel_comm=True)
+
+
+def ep_overlap_needs_vpp(job: Job, layout: Layout) -> Violation | None:
+    if not job.training.overlap_moe_expert_parallel_comm or layout.pp == 1 or layout.vpp is not None:
+        return None
+    return _violation("ep_overlap_needs_vpp", "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must "
+                      f"be specified when pipeline_model_parallel_size > 1 (pipeline_model_parallel_size {layout.pp}, "
+                      "vpp unset).", pp=layout.pp, vpp=None, overlap_moe_expert_parallel_comm=True)
+
+
+def ep_overlap_no_full_recompute(job: Job, layout: Layout) -> Violation | None:
+    if not job.training.overlap_moe_expert_parallel_comm or layout.recompute != "full":
+        return None
+    return _violation("ep_overlap_no_full_recompute", "disable full recomputation when enabling "
+                      "overlap_moe_expert_parallel_comm (recompute full).", recompute="full",
+                      overlap_moe_expert_parallel_comm=True)
+
+
+def _version_checks(version: str):
+    """The checks whose condition or wording changed between megatron-core 0.16.1 and 0.19 (docs/rules.md)."""
+    def flex_dispatcher_needs_tp_ep(job: Job, layout: Layout) -> Violation | None:
+        """The flex dispatcher's DeepEP backend (megatron-core's default `moe_flex_dispatcher_backend`) needs an
+        expert group of more than one GPU. 0.16.1 asserts it for every backend, 0.19 for deepep and ncclep."""
+        if job.training.moe_token_dispatcher != "flex" or not job.model.is_moe or layout.ep * layout.expert_tp > 1:
+            return None
+        name = "Flex token dispatcher" if version < "0.17" else "DeepEP dispatcher"
+        return _violation("flex_dispatcher_needs_tp_ep", f"{name} requires TPxEP > 1 (expert_tensor_parallel_size "
+                          f"{layout.expert_tp} x expert_model_parallel_size {layout.ep} = "
+                          f"{layout.ep * layout.expert_tp}; moe_token_dispatcher_type flex).",
+                          ep=layout.ep, etp=layout.expert_tp, moe_token_dispatcher="flex")
+
+    def ep_overlap_recompute_modules(job: Job, layout: Layout) -> Violation | None:
+        """0.19 only: `assert "moe" not in self.recompute_modules`."""
+        t = job.training
+        if version < "0.17" or not t.overlap_moe_expert_parallel_comm or layout.recompute != "selective" \
+                or "moe" not in t.recompute_modules:
+            return None
+        return _violation("ep_overlap_recompute_modules", "disable moe in recompute_modules when enabling "
+                          f"overlap_moe_expert_parallel_comm (recompute selective, recompute_modules "
+                          f"{list(t.recompute_modules)}).", recompute="selective", overlap_moe_expert_parallel_comm=True)
+
+    def ep_overlap_mtp(job: Job, layout: Layout) -> Violation | None:
+        """At most one MTP layer; 0.16.1 also needs PP > 1 with one (dropped in 0.19)."""
+        mtp = job.model.mtp_num_layers
+        if not job.training.overlap_moe_expert_parallel_comm or not mtp:
+            return None
+        if mtp > 1:
+            text = ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm." if version < "0.17"
+                    else "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm.")
+        elif version < "0.17" and layout.pp == 1:
+            text = ("Pipeline model parallel size must be larger than 1 when enabling "
+                    "overlap_moe_expert_parallel_comm with MTP layer.")
+        else:
+            return None
+        return _violation("ep_overlap_mtp", f"{text} (mtp_num_layers {mtp}, pipeline_model_parallel_size "
+                          f"{layout.pp}).", mtp_num_layers=mtp, pp=layout.pp, overlap_moe_expert_parallel_comm=True)
+
+    def ep_overlap_cuda_graphs(job: Job, layout: Layout) -> Violation | None:
+        """0.16.1: any CUDA graph implementation must be Transformer Engine's with EP overlap; 0.19 allows local."""
+        t = job.training
+        if version >= "0.17" or not t.overlap_moe_expert_parallel_comm or t.cuda_graphs != "local":
+            return None
+        return _violation("ep_overlap_cuda_graphs", "CUDA graph scope on moe and mlp is not supported with "
+                          "overlap_moe_expert_parallel_comm (cuda_graph_impl local; megatron-core 0.16.1 asks for "
+                          "transformer_engine).", cuda_graphs="local", overlap_moe_expert_parallel_comm=True)
+
+    return {fn.__name__: fn for fn in (flex_dispatcher_needs_tp_ep, ep_overlap_recompute_modules, ep_overlap_mtp,
+                                        ep_overlap_cuda_graphs)}
+
+
 # --- batch (num_microbatches_calculator.py) ---------------------------------------------------------
 def global_batch_divisible(job: Job, layout: Layout) -> Violation | None:
     gbs, mbs, dp = job.training.global_batch_size, layout.mbs, layout.dp
@@ -401,68 +324,90 @@ def global_batch_divisible(job: Job, layout: Layout) -> Violation | None:
 
 _CORE = "megatron/core/"
 _DENSE = frozenset({"tp", "pp", "cp", "dp"})
-# the split fields are derived from (num_layers, PP, VPP) in the space (`layout.pipeline_split_for`)
-SPLIT_FIELDS: frozenset[str] = frozenset({"first_stage_layers", "last_stage_layers", "embedding_loss_split"})
-_SPLIT = SPLIT_FIELDS
+_SPLIT = SPLIT_FIELDS  # derived from (num_layers, PP, VPP) in the space (`space.pipeline_fields`)
 _PIPE = frozenset({"pp", "vpp"}) | SPLIT_FIELDS
 _UNEVEN = _CORE + "transformer/transformer_config.py (__post_init__, Uneven PP)"
-RULES: tuple[Rule, ...] = (
-    Rule(name="world_size_divisible", reads=frozenset({"tp", "pp", "cp"}), check=world_size_divisible,
-         source=_CORE + "parallel_state.py (initialize_model_parallel)"),
-    Rule(name="data_parallel_size_matches", reads=_DENSE, check=data_parallel_size_matches,
-         source=_CORE + "parallel_state.py (initialize_model_parallel: data_parallel_size = world_size // model_size)"),
-    Rule(name="heads_divisible_by_tp", reads=frozenset({"tp"}), check=heads_divisible_by_tp,
-         source=_CORE + "transformer/transformer_config.py (__post_init__)"),
-    Rule(name="query_groups_vs_tp", reads=frozenset({"tp"}), check=query_groups_vs_tp,
-         source=_CORE + "transformer/transformer_config.py (__post_init__)"),
-    Rule(name="ffn_divisible_by_tp", reads=frozenset({"tp"}), check=ffn_divisible_by_tp,
-         source=_CORE + "tensor_parallel/layers.py (ColumnParallelLinear / RowParallelLinear: utils.divide)"),
-    Rule(name="shared_expert_ffn_divisible_by_tp", reads=frozenset({"tp"}), check=shared_expert_ffn_divisible_by_tp,
-         source=_CORE + "transformer/moe/shared_experts.py (TP-split MLP: utils.divide)"),
-    Rule(name="sp_needs_tp", reads=frozenset({"tp", "sp"}), check=sp_needs_tp,
-         source=_CORE + "model_parallel_config.py (__post_init__)"),
-    Rule(name="moe_tp_needs_sp", reads=frozenset({"tp", "sp"}), check=moe_tp_needs_sp,
-         source=_CORE + "transformer/moe/moe_layer.py (MoELayer.forward)"),
-    Rule(name="cp_sequence_divisible", reads=frozenset({"cp"}), check=cp_sequence_divisible,
-         source=_CORE + "utils.py (get_batch_on_this_cp_rank)"),
-    Rule(name="sp_sequence_divisible", reads=frozenset({"tp", "cp", "sp"}), check=sp_sequence_divisible,
-         source=_CORE + "tensor_parallel/mappings.py (_split_along_first_dim)"),
-    Rule(name="vpp_needs_pp", reads=frozenset({"pp", "vpp"}), check=vpp_needs_pp,
-         source=_CORE + "parallel_state.py (initialize_model_parallel)"),
-    Rule(name="pipeline_split_exclusive", reads=_SPLIT, check=pipeline_split_exclusive,
-         source=_UNEVEN),
-    Rule(name="pipeline_split_needs_pp", reads=_PIPE, check=pipeline_split_needs_pp,
-         source=_CORE + "transformer/transformer_config.py (Uneven PP; autotune is stricter: it lets PP 1 through)"),
-    Rule(name="layers_divisible_by_pp", reads=_PIPE, check=layers_divisible_by_pp,
-         source=_CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
-    Rule(name="layers_divisible_by_vpp", reads=_PIPE, check=layers_divisible_by_vpp,
-         source=_CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
-    Rule(name="first_stage_layers_divisible_by_vpp", reads=_PIPE, check=first_stage_layers_divisible_by_vpp,
-         source=_UNEVEN),
-    Rule(name="last_stage_layers_divisible_by_vpp", reads=_PIPE, check=last_stage_layers_divisible_by_vpp,
-         source=_UNEVEN),
-    Rule(name="middle_stages_match", reads=_PIPE, check=middle_stages_match, source=_UNEVEN),
-    Rule(name="middle_layers_divisible", reads=_PIPE, check=middle_layers_divisible, source=_UNEVEN),
-    Rule(name="middle_layers_divisible_by_vpp", reads=_PIPE, check=middle_layers_divisible_by_vpp, source=_UNEVEN),
-    Rule(name="embedding_loss_layers_divisible_by_pp", reads=_PIPE, check=embedding_loss_layers_divisible_by_pp,
-         source=_UNEVEN),
-    Rule(name="embedding_loss_layers_divisible_by_vpp", reads=_PIPE, check=embedding_loss_layers_divisible_by_vpp,
-         source=_UNEVEN),
-    Rule(name="ep_needs_moe", reads=frozenset({"ep"}), check=ep_needs_moe,
-         source=_CORE + "transformer/transformer_config.py (__post_init__)"),
-    Rule(name="experts_divisible_by_ep", reads=frozenset({"ep"}), check=experts_divisible_by_ep,
-         source=_CORE + "transformer/moe/moe_layer.py (BaseMoELayer.__init__)"),
-    Rule(name="moe_bias_needs_etp1", reads=frozenset({"tp", "etp"}), check=moe_bias_needs_etp1,
-         source=_CORE + "transformer/transformer_config.py (__post_init__)"),
-    Rule(name="expert_ffn_divisible_by_etp", reads=frozenset({"tp", "etp"}), check=expert_ffn_divisible_by_etp,
-         source=_CORE + "transformer/moe/experts.py (SequentialMLP experts: utils.divide)"),
-    Rule(name="expert_world_size_divisible", reads=frozenset({"tp", "cp", "pp", "ep", "etp"}),
-         check=expert_world_size_divisible, source=_CORE + "parallel_state.py (initialize_model_parallel)"),
-    Rule(name="global_batch_divisible", reads=frozenset({"mbs", "dp"}), check=global_batch_divisible,
-         source=_CORE + "num_microbatches_calculator.py (ConstantNumMicroBatchesCalculator)"),
-    Rule(name="vpp_microbatches", reads=frozenset({"pp", "vpp", "mbs", "dp"}), check=vpp_microbatches,
-         source=_CORE + "pipeline_parallel/schedules.py (forward_backward_pipelining_with_interleaving)"),
+_PP_LAYOUT = _CORE + "transformer/pipeline_parallel_layer_layout.py (PipelineParallelLayerLayout)"
+_EP_OVERLAP = _CORE + "transformer/transformer_config.py (__post_init__, overlap_moe_expert_parallel_comm)"
+# (name, fields read, source); the check functions are looked up per megatron-core version
+_TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
+    ("world_size_divisible", frozenset({"tp", "pp", "cp"}), _CORE + "parallel_state.py (initialize_model_parallel)"),
+    ("data_parallel_size_matches", _DENSE,
+     _CORE + "parallel_state.py (initialize_model_parallel: data_parallel_size = world_size // model_size)"),
+    ("heads_divisible_by_tp", frozenset({"tp"}), _CORE + "transformer/transformer_config.py (__post_init__)"),
+    ("query_groups_vs_tp", frozenset({"tp"}), _CORE + "transformer/transformer_config.py (__post_init__)"),
+    ("ffn_divisible_by_tp", frozenset({"tp"}),
+     _CORE + "tensor_parallel/layers.py (ColumnParallelLinear / RowParallelLinear: utils.divide)"),
+    ("shared_expert_ffn_divisible_by_tp", frozenset({"tp"}),
+     _CORE + "transformer/moe/shared_experts.py (TP-split MLP: utils.divide)"),
+    ("mtp_hidden_divisible_by_tp", frozenset({"tp"}),
+     _CORE + "transformer/multi_token_prediction.py (MultiTokenPredictionLayer.eh_proj: utils.divide)"),
+    ("sp_needs_tp", frozenset({"tp", "sp"}), _CORE + "model_parallel_config.py (__post_init__)"),
+    ("moe_tp_needs_sp", frozenset({"tp", "sp"}), _CORE + "transformer/moe/moe_layer.py (MoELayer.forward)"),
+    ("cp_sequence_divisible", frozenset({"cp"}), _CORE + "utils.py (get_batch_on_this_cp_rank)"),
+    ("sp_sequence_divisible", frozenset({"tp", "cp", "sp"}),
+     _CORE + "tensor_parallel/mappings.py (_split_along_first_dim)"),
+    ("vpp_needs_pp", frozenset({"pp", "vpp"}), _CORE + "parallel_state.py (initialize_model_parallel)"),
+    ("pipeline_split_exclusive", _SPLIT, _UNEVEN),
+    ("pipeline_layout_exclusive", _SPLIT, _CORE + "transformer/transformer_config.py (__post_init__, PP layout)"),
+    ("pipeline_split_needs_pp", _PIPE,
+     _CORE + "transformer/transformer_config.py (Uneven PP; autotune is stricter: megatron-core lets PP 1 through)"),
+    ("layers_divisible_by_pp", _PIPE, _CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
+    ("layers_divisible_by_vpp", _PIPE, _CORE + "transformer/transformer_block.py (get_num_layers_to_build)"),
+    ("first_stage_layers_divisible_by_vpp", _PIPE, _UNEVEN),
+    ("last_stage_layers_divisible_by_vpp", _PIPE, _UNEVEN),
+    ("middle_stages_match", _PIPE, _UNEVEN),
+    ("first_last_within_num_layers", _PIPE, _UNEVEN + "; autotune is stricter: megatron-core lets a negative middle through"),
+    ("middle_layers_divisible", _PIPE, _UNEVEN),
+    ("middle_layers_divisible_by_vpp", _PIPE, _UNEVEN),
+    ("first_last_vpp_needs_middle_stage", _PIPE,
+     _CORE + "transformer/transformer_layer.py (get_transformer_layer_offset: ZeroDivisionError on PP rank 1)"),
+    ("embedding_loss_layers_divisible_by_pp", _PIPE, _UNEVEN),
+    ("embedding_loss_layers_divisible_by_vpp", _PIPE, _UNEVEN),
+    ("pipeline_layout_syntax", _PIPE, _PP_LAYOUT + ", parse_str_to_list"),
+    ("pipeline_layout_divisible_by_pp", _PIPE, _PP_LAYOUT + ", __init__"),
+    ("pipeline_layout_vpp_matches", _PIPE, _CORE + "transformer/transformer_config.py (__post_init__, PP layout)"),
+    ("pipeline_layout_embedding_and_loss", _PIPE, _PP_LAYOUT + ", validate_layer_layout"),
+    ("pipeline_layout_decoder_count", _PIPE, _PP_LAYOUT + ", validate_layer_layout"),
+    ("pipeline_layout_mtp", _PIPE,
+     _PP_LAYOUT + ", validate_layer_layout; transformer/multi_token_prediction.py (get_mtp_num_layers_to_build)"),
+    ("ep_needs_moe", frozenset({"ep"}), _CORE + "transformer/transformer_config.py (__post_init__)"),
+    ("experts_divisible_by_ep", frozenset({"ep"}), _CORE + "transformer/moe/moe_layer.py (BaseMoELayer.__init__)"),
+    ("moe_bias_needs_etp1", frozenset({"tp", "etp"}), _CORE + "transformer/transformer_config.py (__post_init__)"),
+    ("expert_ffn_divisible_by_etp", frozenset({"tp", "etp"}),
+     _CORE + "transformer/moe/experts.py (SequentialMLP experts: utils.divide)"),
+    ("expert_world_size_divisible", frozenset({"tp", "cp", "pp", "ep", "etp"}),
+     _CORE + "parallel_state.py (initialize_model_parallel)"),
+    ("flex_dispatcher_needs_tp_ep", frozenset({"tp", "ep", "etp"}),
+     _CORE + "transformer/moe/token_dispatcher.py (MoEFlexTokenDispatcher.__init__)"),
+    ("ep_overlap_needs_ep", frozenset({"ep"}), _EP_OVERLAP),
+    ("ep_overlap_needs_vpp", frozenset({"pp", "vpp"}), _EP_OVERLAP),
+    ("ep_overlap_no_full_recompute", frozenset({"recompute"}), _EP_OVERLAP),
+    ("ep_overlap_recompute_modules", frozenset({"recompute"}), _EP_OVERLAP + " (0.19)"),
+    ("ep_overlap_mtp", frozenset({"pp"}), _EP_OVERLAP),
+    # reads no layout field (any layout of the job breaks it); checked with the first dimension
+    ("ep_overlap_cuda_graphs", frozenset({"tp"}), _EP_OVERLAP + " (0.16.1)"),
+    ("global_batch_divisible", frozenset({"mbs", "dp"}),
+     _CORE + "num_microbatches_calculator.py (ConstantNumMicroBatchesCalculator)"),
+    ("vpp_microbatches", frozenset({"pp", "vpp", "mbs", "dp"}) | SPLIT_FIELDS,
+     _CORE + "pipeline_parallel/schedules.py (forward_backward_pipelining_with_interleaving)"),
 )
+
+
+def rules_for(version: str) -> tuple[Rule, ...]:
+    """The rules of megatron-core `version` ("0.16.1", "0.19.2", ...): 0.19's checks for 0.17 and later."""
+    return _rules_of(rule_set_for(version))
+
+
+@lru_cache(maxsize=4)
+def _rules_of(version: str) -> tuple[Rule, ...]:
+    checks = {name: fn for name, fn in globals().items() if callable(fn) and name in {t[0] for t in _TABLE}}
+    checks.update(pipeline_rule_checks(version))
+    checks.update(_version_checks(version))
+    return tuple(Rule(name=name, reads=reads, source=source, check=checks[name]) for name, reads, source in _TABLE)
+
+
+RULES: tuple[Rule, ...] = rules_for(rules_version())
 RULE_NAMES: tuple[str, ...] = tuple(r.name for r in RULES)
 
 
@@ -481,12 +426,18 @@ def _require_positive(layout: Layout) -> None:
             raise ValueError(f"{megatron} must be larger than 0, but got ({name}={value}).")
 
 
-def check(job: Job, layout: Layout, rules: tuple[Rule, ...] = RULES) -> tuple[Violation, ...]:
+def check(job: Job, layout: Layout, rules: tuple[Rule, ...] | None = None, *,
+          version: str | None = None) -> tuple[Violation, ...]:
     """Every violation of `layout` in `job`, in rule order; () when megatron-core accepts it.
 
-    Raises ValueError only for sizes that are not positive (bad input, not an infeasible layout).
+    `version` picks megatron-core's rules (`rules_for`); default the installed version's
+    (`megatron_version.rules_version()`). Raises ValueError only for sizes that are not positive
+    (bad input, not an infeasible layout).
     """
     _require_positive(layout)
+    version = rule_set_for(version) if version else rules_version()
+    if rules is None:
+        rules = rules_for(version)
     found = (rule.check(job, layout) for rule in rules)
     return tuple(v for v in found if v is not None)
 

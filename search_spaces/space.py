@@ -6,7 +6,8 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
     cp         seq_length % (2*CP) == 0 and TP*CP divides the world
     pp         divides world / (TP*CP), and some vpp below splits the layers  -> DP = world / (TP*CP*PP)
     vpp        None, or v >= 2 with PP >= min_pp_for_vpp; num_layers % (PP*v) == 0 (even split) or else
-               `pipeline_split_for(num_layers, PP, v)` gives the one uneven split offered for (PP, VPP)
+               `pipeline_split_for(num_layers, PP, v)` gives the one uneven split offered for (PP, VPP):
+               the embedding/loss split, first/last stage layers, or a `pipeline_layout` string
     ep         dense: 1. MoE: divides num_experts and TP*CP*DP      (EP*ETP inside one node by default)
     etp        dense: None (= TP). MoE: explicit, EP*ETP divides TP*CP*DP; 1 when the model has biases
     mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
@@ -23,8 +24,8 @@ reaches a dead end. The search driver builds its Optuna space like this:
         values[name] = trial.suggest_categorical(param_name, space.choices(name, values))
     layout = space.layout(values)
 
-The uneven split (first_stage_layers / last_stage_layers / embedding_loss_split) is not a dimension:
-it is fully determined by (num_layers, PP, VPP), so `layout(values)` adds it (`pipeline_fields`).
+The uneven split (first_stage_layers / last_stage_layers / embedding_loss_split / pipeline_layout) is not a
+dimension: it is fully determined by (num_layers, PP, VPP), so `layout(values)` adds it (`pipeline_fields`).
 
 (Optuna wants a fixed choice list per parameter name, so `param_name` should carry the prefix the
 choices depend on, e.g. `space.param_name(name, values)`.)
@@ -45,12 +46,13 @@ from functools import lru_cache
 from math import prod
 
 from search_spaces.job import Job
-from search_spaces.layout import RECOMPUTE_CHOICES, Layout, pipeline_split_for
-from search_spaces.rules import RULES, SPLIT_FIELDS, Rule, Violation
+from search_spaces.megatron_version import rules_version
+from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, pipeline_split_for
+from search_spaces.rules import Rule, Violation, rules_for
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
-           "pipeline_fields", "vpp_values"]
+           "pipeline_fields", "vpp_values", "recompute_choices"]
 
 DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "dist_opt", "recompute")
 SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:8]  # dist_opt and recompute are free: no rule reads them
@@ -162,7 +164,9 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     world, moe = job.world_size, job.model.is_moe
     world_divisors = divisors(world)
     pps = [pp for pp in _capped(world_divisors, options.max_pp) if pp >= 2]
-    vpps = tuple(sorted({v for pp in pps for v in vpp_values(job.model.num_layers, pp) if v is not None}))
+    m = job.model
+    vpps = tuple(sorted({v for pp in pps for v in vpp_values(m.num_layers, pp, mtp_layers=m.mtp_num_layers)
+                         if v is not None}))
     return {
         "tp": _capped(world_divisors, options.max_tp),
         "cp": _capped(world_divisors, options.max_cp),
@@ -177,18 +181,23 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     }
 
 
-def pipeline_fields(num_layers: int, pp: int, vpp: int | None) -> dict[str, object]:
+@lru_cache(maxsize=4096)
+def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> tuple[tuple[str, object], ...]:
+    if num_layers % (pp * (vpp or 1)) == 0:
+        return ()
+    return tuple((pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}).items())
+
+
+def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> dict[str, object]:
     """The split fields of (PP, VPP): {} when num_layers splits evenly (or nothing splits: the rules say
     why), else the one uneven split `pipeline_split_for` offers."""
-    if num_layers % (pp * (vpp or 1)) == 0:
-        return {}
-    return pipeline_split_for(num_layers, pp, vpp or 1) or {}
+    return dict(_pipeline_fields(num_layers, pp, vpp, mtp_layers))
 
 
-def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2) -> list[int | None]:
+def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers: int = 0) -> list[int | None]:
     """VPP options of one PP whose layers split, evenly or by `pipeline_split_for` (None: no interleaving)."""
     def splits(v: int) -> bool:
-        return num_layers % (pp * v) == 0 or pipeline_split_for(num_layers, pp, v) is not None
+        return num_layers % (pp * v) == 0 or pipeline_split_for(num_layers, pp, v, mtp_layers=mtp_layers) is not None
     out: list[int | None] = [None] if splits(1) else []
     if pp >= max(2, min_pp_for_vpp):
         # a chunk holds at least one layer: v <= (num_layers + 2) / PP
@@ -199,6 +208,9 @@ def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2) -> list[int | 
 # --- direct construction ---------------------------------------------------------------------------
 def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
     m, gpn = job.model, job.cluster.gpus_per_node
+    t = job.training
+    if t.overlap_moe_expert_parallel_comm and t.cuda_graphs == "local" and rules_version() < "0.17":
+        return  # 0.16.1 refuses EP A2A overlap with local CUDA graphs whatever the layout
     for tp in _capped(divisors(job.world_size), options.max_tp):
         if options.tp_within_node and gpn % tp:
             continue
@@ -208,6 +220,8 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
             continue
         if m.moe is not None and m.moe.shared_expert_ffn_hidden_size and m.moe.shared_expert_ffn_hidden_size % tp:
             continue
+        if m.mtp_num_layers and m.hidden_size % tp:
+            continue
         yield tp
 
 
@@ -215,6 +229,7 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
     """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp), each dimension's options from the earlier choices."""
     m, world, gpn = job.model, job.world_size, job.cluster.gpus_per_node
     seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
+    ep_overlap = job.training.overlap_moe_expert_parallel_comm
     for tp in _tp_values(job, options):
         for cp in _capped(divisors(world // tp), options.max_cp):
             if cp > 1 and seq % (2 * cp):
@@ -224,7 +239,11 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
                 continue
             for pp in _capped(divisors(world // (tp * cp)), options.max_pp):
                 dp = world // (tp * cp * pp)
-                for vpp in _capped_vpp(_vpp_options(layers, pp, options), options.max_vpp):
+                for vpp in _capped_vpp(_vpp_options(layers, pp, options, m.mtp_num_layers), options.max_vpp):
+                    if ep_overlap and pp > 1 and vpp is None:  # EP A2A overlap needs VPP with PP > 1
+                        continue
+                    if ep_overlap and pp == 1 and m.mtp_num_layers and rules_version() < "0.17":
+                        continue  # 0.16.1: EP overlap with an MTP layer needs PP > 1
                     for ep, etp in _expert_values(job, options, tp * cp * dp):
                         for mbs in options.micro_batch_sizes:
                             if gbs % (mbs * dp):
@@ -236,8 +255,8 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
 
 
 @lru_cache(maxsize=256)
-def _vpp_options(layers: int, pp: int, options: SpaceOptions) -> tuple[int | None, ...]:
-    return tuple(vpp_values(layers, pp, options.min_pp_for_vpp))
+def _vpp_options(layers: int, pp: int, options: SpaceOptions, mtp_layers: int = 0) -> tuple[int | None, ...]:
+    return tuple(vpp_values(layers, pp, options.min_pp_for_vpp, mtp_layers=mtp_layers))
 
 
 def _capped_vpp(vpps: tuple, cap: int | None) -> list:
@@ -271,6 +290,10 @@ def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterato
                 continue
             if options.expert_within_node and gpn % (ep * etp):
                 continue
+            if job.training.moe_token_dispatcher == "flex" and ep * etp == 1:  # DeepEP needs TPxEP > 1
+                continue
+            if job.training.overlap_moe_expert_parallel_comm and ep == 1:
+                continue
             yield ep, etp
 
 
@@ -282,11 +305,12 @@ class FeasibleSpace:
     job: Job
     options: SpaceOptions
     shapes: tuple[tuple, ...]
+    recompute: tuple[str, ...]  # options.recompute less what the training settings forbid (`recompute_choices`)
     _children: Mapping[tuple, tuple] = field(repr=False)
 
     @property
     def size(self) -> int:
-        return len(self.shapes) * len(self.options.dist_opt) * len(self.options.recompute)
+        return len(self.shapes) * len(self.options.dist_opt) * len(self.recompute)
 
     def choices(self, name: str, partial: Mapping[str, object]) -> tuple[object, ...]:
         """The values of dimension `name` that complete to a valid layout, given the earlier dimensions.
@@ -299,7 +323,7 @@ class FeasibleSpace:
         if name == "dist_opt":
             return tuple(self.options.dist_opt)
         if name == "recompute":
-            return tuple(self.options.recompute)
+            return self.recompute
         prefix = self._prefix(name, partial)
         if not self.shapes:
             return ()  # an empty space offers nothing, even for the first dimension
@@ -322,7 +346,7 @@ class FeasibleSpace:
             raise ValueError(f"a layout needs every dimension; missing {', '.join(missing)}.")
         shape = tuple(values[d] for d in SHAPE_DIMENSIONS)
         if shape[:-1] not in self._children or shape[-1] not in self._children[shape[:-1]] \
-                or values["dist_opt"] not in self.options.dist_opt or values["recompute"] not in self.options.recompute:
+                or values["dist_opt"] not in self.options.dist_opt or values["recompute"] not in self.recompute:
             raise ValueError(f"{dict(values)} is not a layout of this space.")
         return _layout(self.job, shape, values["dist_opt"], values["recompute"])
 
@@ -334,7 +358,7 @@ class FeasibleSpace:
     def layouts(self) -> Iterator[Layout]:
         for shape in self.shapes:
             for dist_opt in self.options.dist_opt:
-                for recompute in self.options.recompute:
+                for recompute in self.recompute:
                     yield _layout(self.job, shape, dist_opt, recompute)
 
 
@@ -342,13 +366,17 @@ def _layout(job: Job, shape: tuple, dist_opt: object, recompute: object) -> Layo
     tp, cp, pp, vpp, ep, etp, mbs, sp = shape
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
                   dist_opt=dist_opt, recompute=recompute,  # type: ignore[arg-type]
-                  **pipeline_fields(job.model.num_layers, pp, vpp))  # type: ignore[arg-type]
+                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=32)
 def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> FeasibleSpace:
     """Build (once per job and options) the index of valid shapes."""
     shapes = tuple(_shapes(job, options))
+    recompute = recompute_choices(job, options) if shapes else tuple(options.recompute)
+    if not recompute:
+        shapes = ()
+        recompute = tuple(options.recompute)
     children: dict[tuple, list] = {}
     for shape in shapes:
         for k in range(len(SHAPE_DIMENSIONS)):
@@ -356,7 +384,19 @@ def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> Feasible
             if shape[k] not in values:
                 values.append(shape[k])
     frozen = {prefix: tuple(values) for prefix, values in children.items()}
-    return FeasibleSpace(job=job, options=options, shapes=shapes, _children=frozen)
+    return FeasibleSpace(job=job, options=options, shapes=shapes, recompute=recompute, _children=frozen)
+
+
+def recompute_choices(job: Job, options: SpaceOptions) -> tuple[str, ...]:
+    """`options.recompute` less what the training settings forbid: with EP A2A overlap no full recompute
+    (0.16.1 and 0.19) and, in 0.19, no selective recompute of "moe" (`rules.ep_overlap_*`)."""
+    t = job.training
+    out = tuple(options.recompute)
+    if t.overlap_moe_expert_parallel_comm:
+        out = tuple(r for r in out if r != "full")
+        if rules_version() >= "0.17" and "moe" in t.recompute_modules:
+            out = tuple(r for r in out if r != "selective")
+    return out
 
 
 def feasible_layouts(job: Job, options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
@@ -379,10 +419,10 @@ class SpaceReport:
         return self.candidates - self.feasible
 
 
-def rejections(job: Job, options: SpaceOptions = SpaceOptions()) -> SpaceReport:
+def rejections(job: Job, options: SpaceOptions = SpaceOptions(), *, version: str | None = None) -> SpaceReport:
     """Count candidates removed per rule by a depth-first walk over valid prefixes (see module docstring)."""
     ranges = dimension_ranges(job, options)
-    rules = RULES + space_rules(job, options)
+    rules = rules_for(version or rules_version()) + space_rules(job, options)
     assigned: set[str] = set()
     due: list[tuple[Rule, ...]] = []  # rules that become checkable at each dimension
     for name in DIMENSIONS:
@@ -402,7 +442,7 @@ def rejections(job: Job, options: SpaceOptions = SpaceOptions()) -> SpaceReport:
                     model_size = values["tp"] * values["cp"] * value
                     values["dp"] = world // model_size if world % model_size == 0 else 1
                 if name == "vpp":
-                    values.update(pipeline_fields(job.model.num_layers, values["pp"], value))
+                    values.update(pipeline_fields(job.model.num_layers, values["pp"], value, job.model.mtp_num_layers))
                 broken = _first_broken(job, due[i], values)
                 if broken is None:
                     survivors.append(values)

@@ -5,6 +5,11 @@ import tempfile
 
 import pytest
 
+# One Ray auth mode for every in-process Ray of the test run: Ray reads RAY_AUTH_MODE once per process, and a
+# driver left in token mode by an earlier local Ray cannot start actors on a later one in "disabled" mode.
+# Subprocess tests choose their own (tests/test_ray_security.py runs with Ray's default, token auth on).
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
 
 @pytest.fixture(scope="module")
 def ray_session():
@@ -12,10 +17,11 @@ def ray_session():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
+    from search_spaces.ray_session import start_local
+
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 _temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
+    if started:  # the one way autotune starts Ray: every port on 127.0.0.1
+        start_local(num_cpus=2, temp_dir=tempfile.mkdtemp(prefix="rt-", dir="/tmp"))
     yield
     if started:
         ray.shutdown()

@@ -162,3 +162,52 @@ def test_megatron_backend_ranks_real_cpu_proxy_trials_beside_the_prediction(tmp_
         assert t["source"] == "megatron-cpu-proxy" and t["status"] == "ok", t
         assert t["tokens_per_s_per_gpu"] > 0 and t["memory_gib"] > 0  # measured on the proxy
         assert t["predicted"]["tokens_per_s_per_gpu"] > 0  # the analytic model's figure for the real model
+
+
+def test_sigterm_keeps_what_finished_and_prints_the_resume_command(tmp_path):
+    proc = _cli([*SMALL_ARGS, "--trials", "150", "--exhaustive-threshold", "0", "--output", "run"], tmp_path)
+    csv_path = tmp_path / "run" / "trials.csv"
+    try:
+        _wait_for_rows(csv_path, 5, proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and "--resume run" in err
+    meta = json.loads((tmp_path / "run" / "search.json").read_text())
+    assert meta["completed"] is False
+    assert len(csv_path.read_text().splitlines()) - 1 == meta["finished_trials"] >= 5
+
+
+def test_a_second_search_on_the_same_folder_is_refused_and_mixes_nothing(tmp_path):
+    first = _cli([*SMALL_ARGS, "--trials", "60", "--exhaustive-threshold", "0", "--output", "run"], tmp_path)
+    csv_path = tmp_path / "run" / "trials.csv"
+    try:
+        _wait_for_rows(csv_path, 2, first)
+        second = subprocess.run([sys.executable, "-m", "autotune", "--model", "llama3-8b", "--trials", "4",
+                                 "--output", "run"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                                timeout=120)
+        resumed = subprocess.run([sys.executable, "-m", "autotune", "--resume", "run"], cwd=tmp_path,
+                                 env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+        out, err = first.communicate(timeout=240)
+    finally:
+        _reap(first)
+    assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert "not empty" in second.stderr or "in use by another search" in second.stderr
+    assert resumed.returncode == 2 and "in use by another search" in resumed.stderr, resumed.stderr
+    assert first.returncode == 0, err[-2000:]
+    rows = csv_path.read_text().splitlines()[1:]
+    assert len(rows) == 60 and len({r.split(",")[1] for r in rows}) == 1  # 60 rows, all of one job
+    assert [int(r.split(",")[0]) for r in rows] == list(range(60))
+
+
+def test_force_moves_the_old_folder_aside(tmp_path, capsys, ray_session):
+    folder = str(tmp_path / "r")
+    assert main([*SMALL_ARGS, "--trials", "4", "--exhaustive-threshold", "0", "--json", "--output", folder]) == 0
+    assert main([*SMALL_ARGS, "--trials", "4", "--exhaustive-threshold", "0", "--json", "--output", folder]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert main([*SMALL_ARGS, "--trials", "4", "--exhaustive-threshold", "0", "--json", "--output", folder,
+                 "--force"]) == 0
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("r.old-")]
+    assert len(aside) == 1 and (aside[0] / "best.json").exists() and (tmp_path / "r" / "best.json").exists()

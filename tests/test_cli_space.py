@@ -18,12 +18,30 @@ MEGATRON_KEYS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",
                  "sequence_parallel", "micro_batch_size", "use_distributed_optimizer", "recompute_granularity",
                  "dp", "expert_dp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"}
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "pipeline_model_parallel_layout"}
 
 
-def _layers_split(obj: dict, num_layers: int) -> bool:
+def _layout_split(text: str, pp: int, v: int, num_layers: int, mtp: int) -> bool:
+    """megatron-core's layout string (pipeline_parallel_layer_layout.py), expanded here without search_spaces:
+    groups `(x)*n`, then `c*n`; stages split on `|`; E first, L last, t count = num_layers, m count = mtp,
+    and stages = PP * VPP with no stage split into two PP ranks' share of MTP layers."""
+    flat = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text.replace(",", ""))
+    flat = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), flat)
+    stages = flat.split("|")
+    joined = "".join(stages)
+    return (len(stages) == pp * v and set(joined) <= set("ELtm") and joined[0] == "E" and joined[-1] == "L"
+            and joined.count("E") == joined.count("L") == 1 and joined.count("t") == num_layers
+            and joined.count("m") == mtp and all(stages))
+
+
+def _layers_split(obj: dict, num_layers: int, mtp: int = 0) -> bool:
     """megatron-core's pipeline split arithmetic (transformer_config.py "Uneven PP", transformer_block.py)."""
     pp, v = obj["pipeline_model_parallel_size"], obj["virtual_pipeline_model_parallel_size"] or 1
+    if obj["pipeline_model_parallel_layout"]:
+        others = (obj["num_layers_in_first_pipeline_stage"], obj["num_layers_in_last_pipeline_stage"])
+        return others == (None, None) and not obj["account_for_embedding_in_pipeline_split"] and \
+            _layout_split(obj["pipeline_model_parallel_layout"], pp, v, num_layers, mtp)
     first, last = obj["num_layers_in_first_pipeline_stage"], obj["num_layers_in_last_pipeline_stage"]
     extra = obj["account_for_embedding_in_pipeline_split"] + obj["account_for_loss_in_pipeline_split"]
     if first is None and last is None and not extra:
@@ -33,6 +51,8 @@ def _layers_split(obj: dict, num_layers: int) -> bool:
     if extra:
         return (num_layers + extra) % (pp * v) == 0
     ends = [n for n in (first, last) if n is not None]
+    if pp == 2 and v > 1 and len(ends) == 2:  # megatron-core fails to build PP rank 1 (0 middle stages)
+        return False
     middle_layers, middle_stages = num_layers - sum(ends), pp - len(ends)
     if any(n <= 0 or n % v for n in ends) or middle_layers < 0 or bool(middle_layers) != bool(middle_stages):
         return False
@@ -58,7 +78,7 @@ def _independently_valid(obj: dict, model, world: int, gpus_per_node: int, seq: 
         "expert grid": tp * cp * dp == ep * etp * edp,
         "heads": model.num_attention_heads % tp == 0,
         "groups": groups % tp == 0 or tp % groups == 0,
-        "layers": _layers_split(obj, model.num_layers),
+        "layers": _layers_split(obj, model.num_layers, model.mtp_num_layers),
         "vpp": vpp is None or (pp > 1 and (gbs // (mbs * dp)) % pp == 0),
         "cp": cp == 1 or seq % (2 * cp) == 0,
         "sp": (not sp or (tp > 1 and (seq // cp) % tp == 0)) and (model.moe is None or tp == 1 or sp),
@@ -161,7 +181,12 @@ def test_check_lists_every_violation_and_exits_1(capsys) -> None:
 
 def test_check_issue_example(capsys) -> None:
     code, out, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", "tp=2,pp=2,ep=8")
-    assert code == 1 and "moe_tp_needs_sp" in out and "sequence parallelism" in out
+    assert code == 1 and "moe_tp_needs_sp" in out and "rules: megatron-core" in out
+    code, out, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", "tp=2,pp=2,ep=8", "--json")
+    (violation,) = json.loads(out)["violations"]
+    # a hard error in megatron-core, said so, with megatron-core's own (misleading) words quoted
+    assert "needs sequence_parallel true" in violation["message"] and "raises ValueError" in violation["message"]
+    assert violation["stricter"] is False
 
 
 def test_check_uses_seq_length(capsys) -> None:
@@ -201,3 +226,32 @@ def test_module_entry_point_exit_code() -> None:
     result = subprocess.run([sys.executable, "-m", "autotune", "check", "--model", "tiny-gpt", "--layout", "sp=true"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "sp_needs_tp" in result.stdout
+
+
+def test_check_accepts_a_layout_string(capsys) -> None:
+    # Megatron-Bridge v0.3.1's H100 preset for DeepSeek-V3: PP 8 x VPP 4 from the string's 32 stages
+    layout = "tp=2,pp=8,ep=64,etp=1,sp=true,pipeline_layout=Et|(tt|)*30mL"
+    code, out, _ = _run(capsys, "check", "--model", "deepseek-v3", "--nodes", "128", "--global-batch-size", "8192",
+                        "--layout", layout, "--json")
+    obj = json.loads(out)
+    assert code == 0 and obj["valid"]
+    assert obj["layout"]["pipeline_model_parallel_layout"] == "Et|(tt|)*30mL"
+    assert obj["layout"]["virtual_pipeline_model_parallel_size"] == 4
+    assert obj["stage_layers"] == [7] + [8] * 6 + [6]  # rank 0 holds E+t, tt, tt, tt; rank 7 tt, tt, tt, mL
+    assert obj["megatron_core"]["megatron_core_rules"] in ("0.16.1", "0.19.2")
+
+
+def test_check_and_space_say_which_rules_were_applied(capsys) -> None:
+    from search_spaces.megatron_version import version_line
+
+    _, out, _ = _run(capsys, "check", "--model", "tiny-gpt", "--layout", "tp=2")
+    assert version_line() in out.replace("\n", "")
+    _, out, _ = _run(capsys, "space", "--model", "tiny-gpt", "--sample", "0")
+    assert version_line() in out.replace("\n", "")
+
+
+def test_check_marks_a_deliberate_refusal(capsys) -> None:
+    code, out, _ = _run(capsys, "check", "--model", "tiny-gpt", "--layout", "pp=1,embedding_loss_split=true", "--json")
+    (violation,) = json.loads(out)["violations"]
+    assert code == 1 and violation["stricter"] is True
+    assert "megatron-core would accept this layout" in violation["message"]

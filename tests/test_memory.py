@@ -65,9 +65,13 @@ def test_distributed_optimizer_costs_6_plus_12_over_dp(dp):
 
 
 def test_bf16_moments_cost_8_bytes_per_param_of_optimizer_state():
-    # precision-aware optimizer with bf16 exp_avg / exp_avg_sq (the DeepSeek-V3 recipe): 4 + 2 + 2
-    est = estimate_memory(_job("llama3-8b", optimizer_moments="bf16"), Layout(tp=2, dp=4))
-    assert est.optimizer_bytes == 8 * est.params_per_gpu
+    # precision-aware optimizer with bf16 exp_avg / exp_avg_sq (the DeepSeek-V3 recipe): (4 + 2 + 2) / DP with the
+    # distributed optimizer; without it megatron-core has no precision-aware optimizer, so fp32 moments: 4 + 4 + 4
+    job = _job("llama3-8b", optimizer_moments="bf16")
+    sharded = estimate_memory(job, Layout(tp=2, dp=4, dist_opt=True))
+    assert sharded.optimizer_bytes == pytest.approx(8 / 4 * sharded.params_per_gpu)
+    plain = estimate_memory(job, Layout(tp=2, dp=4))
+    assert plain.optimizer_bytes == 12 * plain.params_per_gpu
 
 
 def test_distributed_optimizer_shards_over_dp_times_cp():
@@ -201,10 +205,18 @@ def test_first_stage_is_the_peak_for_an_even_dense_pipeline():
 def test_more_tp_or_pp_never_raises_the_estimated_weight_bytes(name):
     job = _job(name, seq=4096, gbs=1024, nodes=64)
     ep = 8 if job.model.moe is not None else 1
+
+    def heaviest(layout):  # the heaviest stage's weights (the peak-memory stage can be another one)
+        return max(s.weights_bytes for s in estimate_memory_per_stage(job, layout))
+
     for pp in (1, 2, 4, 8):
-        by_tp = [estimate_memory(job, Layout(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, sp=tp > 1,
-                                             dp=512 // (tp * pp))).weights_bytes for tp in (1, 2, 4, 8)]
+        by_tp = [heaviest(Layout(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, sp=tp > 1,
+                                 dp=512 // (tp * pp))) for tp in (1, 2, 4, 8)]
         assert by_tp == sorted(by_tp, reverse=True), pp
+    for tp in (1, 8):
+        by_pp = [heaviest(Layout(tp=tp, pp=pp, ep=ep, etp=1 if ep > 1 else None, sp=tp > 1,
+                                 dp=512 // (tp * pp))) for pp in (1, 2, 4, 8, 16)]
+        assert by_pp == sorted(by_pp, reverse=True), tp
 
 
 def test_microbatch_terms_are_one_chunk_of_one_microbatch():

@@ -326,3 +326,74 @@ def test_microbatch_activations_match_the_saved_tensor_probe(megatron, index):
 
 if __name__ == "__main__":
     _main(sys.argv[1])
+
+
+# --- every stage, on the meta device: MTP, layout strings and the new model features --------------------------
+# Full-size models build without memory on torch's meta device (`megatron_build`); the first rank of every pipeline
+# stage is compared with `stage_params` (Transformer Engine's MLA down projections: duplicated, not split over TP).
+def _hf(name: str) -> ModelSpec:
+    from search_spaces.hf_config import model_from_hf_config
+
+    return model_from_hf_config(ROOT / "tests" / "data" / "hf" / f"{name}.json")
+
+
+TINY_MTP_TIED = replace(TINY_GPT3, name="tiny-mtp-tied", mtp_num_layers=1)  # the MTP stage's embedding copy, tied
+PLACEMENT_CASES = [  # (model, layout)
+    ("deepseek-v3", Layout(tp=2, pp=8, ep=64, etp=1, dp=64, sp=True, pipeline_layout="Et|(tt|)*30mL")),  # H100 preset
+    ("deepseek-v3", Layout(tp=2, pp=16, ep=64, etp=1, dp=32, sp=True, first_stage_layers=3, last_stage_layers=2)),
+    ("gemma-2-2b-it", Layout(tp=2, pp=2, dp=2, sp=True)),  # post norms, tied embeddings over PP
+    ("gemma-3-1b-it", Layout(tp=4, pp=2, vpp=13, dp=1, sp=True)),  # 26 layers over 26 chunks; q/k norms
+    ("gpt-oss-20b", Layout(tp=2, pp=2, ep=4, etp=1, dp=4, sp=True)),  # biases everywhere, sinks over TP
+    ("olmoe-1b-7b-0125", Layout(tp=2, pp=2, vpp=2, ep=8, etp=1, dp=8, sp=True)),  # full-width q/k norms
+    ("deepseek-v2-lite", Layout(tp=2, pp=3, ep=8, etp=1, dp=4, sp=True, first_stage_layers=9, last_stage_layers=9)),
+    ("qwen1.5-moe-a2.7b", Layout(tp=2, pp=2, ep=4, etp=1, dp=2, sp=True)),  # the shared expert's gate
+    ("tiny-mtp-tied", Layout(tp=2, pp=2, dp=1)),
+    ("tiny-mtp-tied", Layout(pp=2, vpp=2, dp=1, pipeline_layout="Et|t|ttm|L")),  # MTP on rank 0's last chunk
+    ("tiny-mtp-tied", Layout(pp=2, vpp=2, dp=1, pipeline_layout="Et|tt|t|mL")),  # an MTP chunk without decoders
+    ("tiny-mtp-tied", Layout(pp=2, dp=1, embedding_loss_split=True)),  # (4 + 2) / 2 = 3 slots per stage
+]
+
+
+def _placement_model(name: str) -> ModelSpec:
+    return TINY_MTP_TIED if name == "tiny-mtp-tied" else get_model(name) if name == "deepseek-v3" else _hf(name)
+
+
+def _count_every_stage(cases: list[tuple[str, Layout]]) -> list[list[tuple[int, int]]]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    import megatron_build as mb
+
+    mb.setup()
+    out = []
+    for name, layout in cases:
+        model = _placement_model(name)
+        config = mb.make_config(model, layout)
+        stages = []
+        for stage in range(layout.pp):
+            mb.init_rank(layout, mb.stage_first_rank(layout.world_size, layout, stage), config)
+            with mb.meta_device():
+                chunks = mb.build_chunks(model, layout, config)
+            params = [p for c in chunks for p in c.parameters()]
+            stages.append((sum(p.numel() for p in params if getattr(p, "allreduce", True)),
+                           sum(p.numel() for p in params if not getattr(p, "allreduce", True))))
+            mb.teardown()
+        out.append(stages)
+    return out
+
+
+@pytest.fixture(scope="module")
+def every_stage() -> list[list[tuple[int, int]]]:
+    import concurrent.futures
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+        return pool.submit(_count_every_stage, PLACEMENT_CASES).result(timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(PLACEMENT_CASES)), ids=[_case_id(c) for c in PLACEMENT_CASES])
+def test_every_stage_params_per_gpu_match_megatron_core(every_stage, index):
+    name, layout = PLACEMENT_CASES[index]
+    ours = [(s.dense_params_per_gpu, s.expert_params_per_gpu)
+            for s in stage_params(_placement_model(name), layout)]
+    assert ours == every_stage[index]

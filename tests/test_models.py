@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 
 from search_spaces.catalog import PUBLISHED, get_model, list_models, model_names
-from search_spaces.hf_config import SUPPORTED_ARCHITECTURES, model_from_hf_config
+from search_spaces.hf_config import SUPPORTED_ARCHITECTURES, UnreadKeysWarning, model_from_hf_config
 from search_spaces.model import ModelSpec
 
 HF_DATA = Path(__file__).parent / "data" / "hf"
 
 
 # --- counts vs published figures ------------------------------------------------------------
+def _without_mtp(model: ModelSpec) -> ModelSpec:
+    """Published totals leave the multi-token-prediction layers out (DeepSeek-V3: 671B without its 14B MTP module)."""
+    return dataclasses.replace(model, mtp_num_layers=0)
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_total_params_match_published(name: str) -> None:
     published = PUBLISHED[name]
-    model = get_model(name)
+    model = _without_mtp(get_model(name))
     assert abs(model.total_params - published.total_params) <= published.tolerance(published.total_params)
 
 
@@ -27,7 +33,7 @@ def test_total_params_match_published(name: str) -> None:
 def test_active_params_match_published(name: str) -> None:
     # DeepSeek-V3: 37.55B counted, "37B" published (truncated); within its last digit (1e9).
     published = PUBLISHED[name]
-    model = get_model(name)
+    model = _without_mtp(get_model(name))
     assert abs(model.active_params - published.active_params) <= published.tolerance(published.active_params)
 
 
@@ -60,12 +66,16 @@ def test_llama3_8b_breakdown() -> None:
     assert m.total_params == 32 * (41_947_136 + 176_164_864) + 2 * 128256 * 4096 + 4096
 
 
-def test_deepseek_v3_excludes_mtp_and_counts_dense_layers() -> None:
-    # 3 dense layers + 58 MoE layers of 256 routed experts of 3*7168*2048 = 44,040,192 each
+def test_deepseek_v3_counts_dense_layers_and_its_mtp_layer() -> None:
+    # 3 dense layers + 58 MoE layers + 1 MTP layer (a MoE layer) of 256 routed experts of 3*7168*2048 = 44,040,192
     m = get_model("deepseek-v3")
-    assert m.num_moe_layers == 58
-    assert m.routed_expert_params == 58 * 256 * 3 * 7168 * 2048
-    assert m.active_params == m.dense_params + 58 * 8 * 3 * 7168 * 2048
+    assert m.num_moe_layers == 58 and m.mtp_num_layers == 1
+    assert m.routed_expert_params == (58 + 1) * 256 * 3 * 7168 * 2048
+    assert m.active_params == m.dense_params + (58 + 1) * 8 * 3 * 7168 * 2048
+    # the MTP layer: enorm + hnorm + final_layernorm (3 x 7168), eh_proj 2 x 7168 x 7168, one MoE decoder layer
+    layer = m.attention_params + m.moe_non_expert_params + 256 * m.expert_params
+    assert m.mtp_params == 3 * 7168 + 2 * 7168 * 7168 + layer
+    assert round(m.mtp_params / 1e9, 2) == 11.61  # the report's 14B adds its own embedding and head (2 x 0.93B)
 
 
 def test_gpt3_tied_embeddings_count_once() -> None:
@@ -135,6 +145,98 @@ def test_hf_config_architectures_covered_by_fixtures() -> None:
     assert set(SUPPORTED_ARCHITECTURES) <= found
 
 
+# published configs of each family (sources in tests/data/hf/README.md) and what they say
+HF_FAMILIES = [
+    ("phi3-mini-4k-instruct", dict(num_layers=32, query_groups=32, sliding_window=2047, window_attn_skip_freq=None,
+                                   total_params=3_821_079_552)),  # 3.82B
+    ("qwen2.5-3b-instruct", dict(add_qkv_bias=True, tied_embeddings=True, query_groups=2, total_params=3_085_938_688)),
+    ("qwen1.5-moe-a2.7b", dict(moe=dict(num_experts=60, topk=4, shared_expert_ffn_hidden_size=5632,
+                                        shared_expert_gate=True, pre_softmax=True))),
+    ("olmoe-1b-7b-0125", dict(qk_layernorm=True, qk_layernorm_per_head=False, total_params=6_919_161_856,
+                              moe=dict(num_experts=64, topk=8, pre_softmax=True))),
+    ("deepseek-v2-lite", dict(mla=dict(q_lora_rank=None, kv_lora_rank=512),
+                              moe=dict(num_groups=None, score_function="softmax", pre_softmax=True))),
+    ("deepseek-v2.5", dict(moe=dict(num_experts=160, num_groups=8, group_topk=3, topk_scaling_factor=16.0,
+                                    score_function="softmax", expert_bias=False))),
+    ("deepseek-v3", dict(mtp_num_layers=1, moe=dict(num_groups=8, group_topk=4, score_function="sigmoid",
+                                                    expert_bias=True, topk_scaling_factor=2.5))),
+    ("gemma-2-2b-it", dict(post_norms=True, tied_embeddings=True, activation="gelu", head_dim=256, sliding_window=4096,
+                           window_attn_skip_freq=2, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                           total_params=2_614_341_888)),
+    ("gemma-3-1b-it", dict(post_norms=True, qk_layernorm=True, sliding_window=512, window_attn_skip_freq=6,
+                           final_logit_softcapping=None, total_params=999_885_952)),
+    ("gpt-oss-20b", dict(add_bias_linear=True, softmax_type="learnable", head_dim=64, sliding_window=128,
+                         window_attn_skip_freq=2, moe=dict(num_experts=32, topk=4))),
+]
+
+
+@pytest.mark.parametrize(("fixture", "facts"), HF_FAMILIES, ids=[f[0] for f in HF_FAMILIES])
+def test_hf_family_loads_with_its_features(fixture: str, facts: dict) -> None:
+    # the totals are the published safetensors sums, which these specs reproduce exactly (and megatron-core builds:
+    # test_hf_counts_equal_megatron_core_numel)
+    model = model_from_hf_config(HF_DATA / f"{fixture}.json")
+    for key, value in facts.items():
+        if isinstance(value, dict):
+            for sub, expected in value.items():
+                assert getattr(getattr(model, key), sub) == expected, (key, sub)
+        else:
+            assert getattr(model, key) == value, key
+
+
+@pytest.mark.parametrize(("fixture", "architecture"), [("deepseek-v2.5", "DeepseekV3ForCausalLM"),
+                                                       ("deepseek-v3", "DeepseekV2ForCausalLM")])
+def test_deepseek_routing_follows_the_keys_not_the_label(tmp_path: Path, fixture: str, architecture: str) -> None:
+    # a DeepSeek-V2 config relabelled as V3 keeps its group-limited softmax routing (and V3 relabelled as V2 its
+    # noaux_tc sigmoid routing and MTP layer): no routing key is dropped for the name
+    original = model_from_hf_config(HF_DATA / f"{fixture}.json")
+    relabelled = model_from_hf_config(_write_config(tmp_path, fixture, architectures=[architecture]))
+    assert relabelled == dataclasses.replace(original, name=relabelled.name)
+
+
+@pytest.mark.parametrize(("fixture", "changes", "match"), [
+    ("llama3-8b", {"num_hidden_layers": "32"}, r"num_hidden_layers must be an integer, but got '32' \(a string\)"),
+    ("llama3-8b", {"vocab_size": 32000.5}, r"vocab_size must be an integer, but got 32000.5 \(float\)"),
+    ("llama3-8b", {"hidden_size": -4096}, r"`hidden_size >= 1` must hold, but got \(hidden_size=-4096\)"),
+    ("llama3-8b", {"num_attention_heads": True}, r"num_attention_heads must be an integer, but got True"),
+    ("llama3-8b", {"tie_word_embeddings": "yes"}, r"tie_word_embeddings must be true or false"),
+    ("llama3-8b", {"intermediate_size": None}, r"missing key 'intermediate_size'"),
+    ("llama3-8b", {"attention_bias": True}, r"attention_bias=True is not supported"),
+    ("llama3-8b", {"hidden_act": "relu"}, r"hidden_act='relu' is not supported"),
+    ("mistral-7b", {"sliding_window": 0}, r"`sliding_window >= 1` must hold"),
+    ("qwen2-7b", {"use_sliding_window": True}, r"use_sliding_window=true is not supported"),
+    ("olmoe-1b-7b-0125", {"num_key_value_heads": 8}, r"num_key_value_heads=8 is not supported for OLMoE"),
+    ("olmoe-1b-7b-0125", {"clip_qkv": 8.0}, r"clip_qkv=8.0 is not supported"),
+    ("deepseek-v3", {"scoring_func": "softmax"}, r"topk_method='noaux_tc' .* needs scoring_func='sigmoid'"),
+    ("deepseek-v3", {"topk_method": "greedy"}, r"topk_method='greedy' routes without groups"),
+    ("deepseek-v3", {"topk_method": "sparsemixer"}, r"topk_method='sparsemixer' is not supported"),
+    ("deepseek-v3", {"n_group": 7}, r"num_moe_experts \(256\) should be divisible by moe_router_num_groups \(7\)"),
+    ("deepseek-v3", {"num_nextn_predict_layers": -1}, r"`num_nextn_predict_layers >= 0` must hold"),
+    ("gemma-3-1b-it", {"layer_types": ["full_attention"] * 26 + ["sliding_attention"]}, r"layer_types must list"),
+    ("gemma-3-1b-it", {"layer_types": ["sliding_attention", "full_attention"] * 10 + ["sliding_attention"] * 6},
+     r"is not 'every 2-th layer full attention'"),
+    ("gpt-oss-20b", {"experts_per_token": 2}, r"experts_per_token=2 disagrees with num_experts_per_tok=4"),
+    ("gemma-3-1b-it", {"architectures": ["Gemma3ForConditionalGeneration"]},
+     r"Gemma3ForConditionalGeneration is not supported: its SigLIP vision tower"),
+])
+def test_hf_bad_values_name_the_file_and_key(tmp_path: Path, fixture: str, changes: dict, match: str) -> None:
+    path = _write_config(tmp_path, fixture, **changes)
+    with pytest.raises(ValueError, match=rf"config\.json: .*{match}"):
+        model_from_hf_config(path)
+
+
+def test_hf_unknown_keys_are_named_not_dropped(tmp_path: Path) -> None:
+    path = _write_config(tmp_path, "llama3-8b", lora_rank_experimental=16)
+    with pytest.warns(UnreadKeysWarning, match=r"does not read lora_rank_experimental"):
+        model_from_hf_config(path)
+
+
+@pytest.mark.parametrize("fixture", sorted(p.stem for p in HF_DATA.glob("*.json") if p.stem != "gpt2"))
+def test_hf_published_configs_have_no_unread_keys(fixture: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnreadKeysWarning)
+        model_from_hf_config(HF_DATA / f"{fixture}.json")
+
+
 def test_get_model_routes_json_paths_and_directories(tmp_path: Path) -> None:
     (tmp_path / "Meta-Llama-3-8B").mkdir()
     (tmp_path / "Meta-Llama-3-8B" / "config.json").write_text((HF_DATA / "llama3-8b.json").read_text())
@@ -158,7 +260,7 @@ def _write_config(tmp_path: Path, fixture: str, **changes: object) -> Path:
     data = json.loads((HF_DATA / f"{fixture}.json").read_text())
     for key, value in changes.items():
         if value is None:
-            data.pop(key)
+            data.pop(key, None)
         else:
             data[key] = value
     path = tmp_path / "config.json"
@@ -203,95 +305,39 @@ def test_heads_must_be_multiple_of_query_groups() -> None:
                   num_query_groups=6, vocab_size=1024)
 
 
-# --- the counts are megatron-core's: build shrunk copies and count `numel` ----------------------
-def _shrunk(model: ModelSpec) -> ModelSpec:
-    """The same structure (gating, biases, norms, GQA, head_dim override, MoE, shared/dense layers, MLA, tying,
-    learned positions) at a width and depth that megatron-core builds on a CPU in well under a second."""
-    if model.name.startswith("tiny"):
+# --- the counts are megatron-core's: build every model (meta device, nothing allocated) and count `numel` -------
+def _fewer_experts(model: ModelSpec, experts: int = 16) -> ModelSpec:
+    """The same model with 16 routed experts (groups kept dividing them): a 256-expert model takes seconds."""
+    if model.moe is None or model.moe.num_experts <= experts:
         return model
-    moe = model.moe and dataclasses.replace(
-        model.moe, num_experts=8, topk=2, expert_ffn_hidden_size=64,
-        shared_expert_ffn_hidden_size=64 if model.moe.shared_expert_ffn_hidden_size else 0,
-        first_dense_layers=min(model.moe.first_dense_layers, 1),
-    )
-    mla = model.mla and dataclasses.replace(
-        model.mla, q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16
-    )
-    heads = 8 if model.num_attention_heads % 8 == 0 else 4
-    return dataclasses.replace(
-        model, num_layers=3, hidden_size=256, ffn_hidden_size=512, num_attention_heads=heads,
-        num_query_groups=None if model.num_query_groups is None else min(model.query_groups, 4),
-        kv_channels=64 if model.kv_channels else None, vocab_size=512, moe=moe, mla=mla,
-        max_position_embeddings=128 if model.max_position_embeddings else 0,
-    )
+    groups = model.moe.num_groups and min(model.moe.num_groups, 8)
+    moe = dataclasses.replace(model.moe, num_experts=experts, num_groups=groups,
+                              group_topk=groups and min(model.moe.group_topk, groups))
+    return dataclasses.replace(model, moe=moe)
 
 
 def _megatron_param_counts(models: list[ModelSpec]) -> list[int]:
-    """Build each model with megatron-core (local specs, CPU, one gloo rank); run in a fresh process."""
-    import os
+    """Build each model with megatron-core on one rank (megatron_build: Megatron-LM's builder with Bridge's modules
+    where megatron-core has none), in a fresh process, and count the parameters; the vocabulary is unpadded
+    back (one padded copy when tied, two when not) so the counts compare with the ModelSpec's."""
+    import sys
 
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
+    sys.path.insert(0, str(Path(__file__).parent))
+    import megatron_build as mb
 
-    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+    from search_spaces.layout import Layout
+    from search_spaces.model import padded_vocab_size
 
-    apply_cpu_patches()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    import megatron.core.transformer.multi_latent_attention as mla_module
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-
-    parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
-    mla_module.HAVE_TE = False  # no TE here; its placeholder TELinear is not a type
-
-    class NoParamCoreAttention(torch.nn.Module):  # local DotProductAttention takes no k_channels (MLA); no weights
-        def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__()
-
+    mb.setup()
     counts = []
-    with cpu_device_mode():
-        for m in models:
-            common = dict(
-                num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
-                num_attention_heads=m.num_attention_heads, gated_linear_unit=m.gated_linear_unit,
-                activation_func=F.silu if m.gated_linear_unit else F.gelu, normalization=m.normalization,
-                add_bias_linear=m.add_bias_linear, add_qkv_bias=m.add_qkv_bias, qk_layernorm=m.qk_layernorm,
-                use_cpu_initialization=True, perform_initialization=False, gradient_accumulation_fusion=False,
-                bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-                bias_dropout_fusion=False, apply_rope_fusion=False,
-            )
-            if m.moe is not None:
-                common.update(
-                    num_moe_experts=m.moe.num_experts, moe_router_topk=m.moe.topk,
-                    moe_ffn_hidden_size=m.moe.expert_ffn_hidden_size, moe_grouped_gemm=False,
-                    moe_shared_expert_intermediate_size=m.moe.shared_expert_ffn_hidden_size or None,
-                    moe_layer_freq=[0] * m.moe.first_dense_layers + [1] * m.num_moe_layers,
-                )
-            if m.mla is not None:
-                config = MLATransformerConfig(
-                    **common, q_lora_rank=m.mla.q_lora_rank, kv_lora_rank=m.mla.kv_lora_rank,
-                    qk_head_dim=m.mla.qk_head_dim, qk_pos_emb_head_dim=m.mla.qk_pos_emb_head_dim,
-                    v_head_dim=m.mla.v_head_dim, rope_type="rope",
-                )
-            else:
-                config = TransformerConfig(**common, num_query_groups=m.query_groups, kv_channels=m.head_dim)
-            # the block spec honours moe_layer_freq (dense first layers); a single layer spec would not
-            block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=m.normalization)
-            if m.mla is not None:
-                for layer_spec in block.layer_specs:
-                    layer_spec.submodules.self_attention.submodules.core_attention = NoParamCoreAttention
-            gpt = GPTModel(
-                config=config, transformer_layer_spec=block, vocab_size=m.vocab_size,
-                max_sequence_length=max(m.max_position_embeddings, 128),
-                share_embeddings_and_output_weights=m.tied_embeddings,
-                position_embedding_type="learned_absolute" if m.max_position_embeddings else "rope",
-            )
-            counts.append(sum(p.numel() for p in gpt.parameters()))
-    dist.destroy_process_group()
+    for m in models:
+        layout = Layout()
+        mb.init_rank(layout, 0)
+        with mb.meta_device():
+            chunks = mb.build_chunks(m, layout, mb.make_config(m, layout, bf16=False))
+        pad = (padded_vocab_size(m.vocab_size, 1) - m.vocab_size) * m.hidden_size * (1 if m.tied_embeddings else 2)
+        counts.append(sum(p.numel() for c in chunks for p in c.parameters()) - pad)
+        mb.teardown()
     return counts
 
 
@@ -300,10 +346,10 @@ def test_counts_equal_megatron_core_numel() -> None:
     import concurrent.futures
     import multiprocessing
 
-    names = ["tiny-gpt", "tiny-moe", "tiny-mla", "llama3-8b", "mixtral-8x7b", "qwen2-7b", "qwen3-8b",
-             "qwen3-30b-a3b", "deepseek-v3", "gpt3-175b"]
-    models = [_shrunk(get_model(n)) for n in names]
+    catalog = [_fewer_experts(m) for m in list_models()]
+    hf = [_fewer_experts(model_from_hf_config(p)) for p in sorted(HF_DATA.glob("*.json")) if p.stem != "gpt2"]
+    models = catalog + hf
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        built = pool.submit(_megatron_param_counts, models).result(timeout=300)
-    assert dict(zip(names, built)) == {n: m.total_params for n, m in zip(names, models)}
+        built = pool.submit(_megatron_param_counts, models).result(timeout=600)
+    assert dict(zip([m.name for m in models], built)) == {m.name: m.total_params for m in models}

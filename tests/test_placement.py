@@ -35,7 +35,8 @@ def test_stage_totals_add_up_to_the_model(name, pp):
     pad_rows = padded_vocab_size(model.vocab_size, 1) - model.vocab_size
     tied_copy = model.vocab_size + pad_rows if (model.tied_embeddings and pp > 1) else 0
     outputs = 1 if model.tied_embeddings else 2  # padded embedding and (untied) output layer
-    expected = model.dense_params + outputs * pad_rows * model.hidden_size + tied_copy * model.hidden_size
+    mtp_copy = model.vocab_size + pad_rows if (model.mtp_num_layers and pp > 1) else 0  # the MTP stage's embedding
+    expected = model.dense_params + outputs * pad_rows * model.hidden_size + (tied_copy + mtp_copy) * model.hidden_size
     assert sum(s.dense_params for s in stages) == expected
     assert sum(s.expert_params for s in stages) == model.routed_expert_params
     assert [s.dense_params_per_gpu for s in stages] == [s.dense_params for s in stages]  # TP = EP = 1
@@ -69,9 +70,11 @@ def test_more_pp_never_raises_weight_memory(name, pps):
 
 def test_the_heaviest_stage_holds_the_most_parameters():
     # deepseek-v3 on PP 16 with the 3 + 14 x 4 + 2 split: stage 0 holds the 3 dense layers and the embedding
-    # (1.36 B parameters per GPU at TP 2), more than a middle stage's 4 MoE layers at EP 64 (0.85 B)
+    # (1.36 B parameters per GPU at TP 2), more than a middle stage's 4 MoE layers at EP 64 (1.20 B); the last
+    # stage holds 2 MoE layers, the output head and the MTP layer with its embedding copy (1.88 B), the most
     stages = stage_params(get_model("deepseek-v3"), Layout(tp=2, pp=16, ep=64, etp=1, dp=64,
                                                            first_stage_layers=3, last_stage_layers=2))
     heavy = heaviest_stage(stages)
     assert heavy.params_per_gpu == max(s.params_per_gpu for s in stages)
-    assert heavy.stage == 0
+    assert heavy.stage == 15 and heavy.mtp_layers == 1
+    assert stages[0].params_per_gpu > stages[1].params_per_gpu

@@ -92,3 +92,114 @@ def test_to_json_has_best_pareto_and_trials():
     assert payload["best"]["layout"]["pipeline_model_parallel_size"] == 1
     assert set(payload["best"]["launch"]) == {"megatron_bridge", "megatron_lm"}
     assert len(payload["pareto"]) == 2 and len(payload["trials"]) == 5
+
+
+# --- trials.csv you can trust (issue 14) -----------------------------------------------------------------
+import csv as _csv  # noqa: E402
+
+import pytest  # noqa: E402
+
+FP = "0123456789abcdef"
+
+
+def _job_record(n: int, text: str, job: str = FP) -> TrialRecord:
+    r = _record(n, text, 1000.0 + n, 10.0)
+    return TrialRecord(number=r.number, origin=r.origin, measurement=r.measurement, feasible=r.feasible,
+                       capacity_bytes=r.capacity_bytes, wall_s=r.wall_s, job=job)
+
+
+def test_every_row_carries_the_job_fingerprint(tmp_path):
+    log = TrialLog(tmp_path)
+    log.append(_job_record(0, "tp=1,dp=8"))
+    log.close()
+    with open(tmp_path / "trials.csv") as f:
+        assert [row["job"] for row in _csv.DictReader(f)] == [FP]
+
+
+def test_rows_of_another_job_are_refused(tmp_path):
+    log = TrialLog(tmp_path)
+    log.append(_job_record(0, "tp=1,dp=8"))
+    log.append(_job_record(1, "tp=2,dp=4", job="ffffffffffffffff"))  # a second search wrote here
+    log.close()
+    with pytest.raises(ValueError, match="line 3 is a trial of another job"):
+        read_trials(tmp_path, CAP, job=FP)
+
+
+def test_a_torn_last_line_is_cut_before_the_next_append(tmp_path):
+    log = TrialLog(tmp_path)
+    log.append(_job_record(0, "tp=1,dp=8"))
+    log.close()
+    with open(tmp_path / "trials.csv", "a") as f:
+        f.write("1,0123456789abcdef,search,\"tp=2")  # a kill mid-write
+    log = TrialLog(tmp_path)  # resume opens the log again: the torn tail goes first
+    log.append(_job_record(1, "tp=2,dp=4"))
+    log.close()
+    back = read_trials(tmp_path, CAP, job=FP)
+    assert [(r.number, str(r.layout)) for r in back] == [(0, str(RECORDS[0].layout)),
+                                                          (1, str(parse_layout("tp=2,dp=4")))]
+
+
+@pytest.mark.parametrize("header", ["numbr,job,origin,layout\n", "\x00\x00garbage\n", "number;job;origin\n"])
+def test_a_damaged_header_is_an_error_naming_the_file(tmp_path, header):
+    (tmp_path / "trials.csv").write_text(header + "0,x,seed,tp=1\n")
+    with pytest.raises(ValueError, match="trials.csv: .*header"):
+        read_trials(tmp_path, CAP, job=FP)
+    with pytest.raises(ValueError, match="trials.csv: .*header"):
+        TrialLog(tmp_path)
+
+
+def test_a_damaged_middle_row_is_an_error_naming_the_line(tmp_path):
+    log = TrialLog(tmp_path)
+    log.append(_job_record(0, "tp=1,dp=8"))
+    log.close()
+    with open(tmp_path / "trials.csv", "a") as f:
+        f.write("garbage,row\n")
+    with pytest.raises(ValueError, match="line 3 is damaged"):
+        read_trials(tmp_path, CAP, job=FP)
+
+
+def test_a_field_over_128_kib_is_read(tmp_path):
+    # csv's default field limit is 128 KiB ("field larger than field limit"); a long reason must not crash resume
+    m = Measurement(layout=parse_layout("tp=1,dp=8"), status="failed", source="analytic", reason="x" * 200_000)
+    log = TrialLog(tmp_path)
+    log.append(TrialRecord(number=0, origin="search", measurement=m, feasible=False, capacity_bytes=CAP, job=FP))
+    log.close()
+    assert len(read_trials(tmp_path, CAP, job=FP)[0].measurement.reason) == 200_000
+
+
+def test_a_reason_with_newlines_stays_one_line(tmp_path):
+    m = Measurement(layout=parse_layout("tp=1,dp=8"), status="failed", source="analytic", reason="a\nb\r\nc")
+    log = TrialLog(tmp_path)
+    log.append(TrialRecord(number=0, origin="search", measurement=m, feasible=False, capacity_bytes=CAP, job=FP))
+    log.close()
+    assert len((tmp_path / "trials.csv").read_text().splitlines()) == 2  # header + one row
+    assert read_trials(tmp_path, CAP, job=FP)[0].measurement.reason == "a b  c"
+
+
+def test_a_failed_write_is_an_output_error(tmp_path, monkeypatch):
+    from autotune.tuning.run_folder import OutputError
+
+    log = TrialLog(tmp_path)
+
+    def full(*_args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log._file, "write", full)
+    with pytest.raises(OutputError, match="No space left on device"):
+        log.append(_job_record(0, "tp=1,dp=8"))
+
+
+@pytest.mark.parametrize("meta,match", [
+    ({"fingerprint": FP, "job": {}, "trials": 4, "seed": 0, "naming": "options", "headroom_bytes": 0.0}, "`mode`"),
+    ({"fingerprint": FP, "mode": "search", "trials": 4, "seed": 0, "naming": "options", "headroom_bytes": 0.0},
+     "`job`"),
+    ({"fingerprint": FP, "job": {}, "mode": "grid", "trials": 4, "seed": 0, "naming": "options",
+      "headroom_bytes": 0.0}, "`mode` must be"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_a_damaged_search_json_is_an_error_naming_the_file(tmp_path, meta, match):
+    from autotune.tuning.results import read_meta
+
+    (tmp_path / "search.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=match):
+        read_meta(tmp_path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import dataclasses
+
 from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec
 from search_spaces.gpus import get_gpu, get_link
@@ -11,7 +13,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
-from search_spaces.rules import RULE_NAMES, RULES, check, lcm
+from search_spaces.rules import RULE_NAMES, RULES, check, lcm, rules_for
 
 # heads 12 and 4 query groups; ffn 240 divides by every TP up to 16 that the heads allow
 GQA12 = ModelSpec(name="gqa12", num_layers=12, hidden_size=96, ffn_hidden_size=240, num_attention_heads=12,
@@ -25,18 +27,28 @@ MOE6 = ModelSpec(name="moe6", num_layers=8, hidden_size=128, ffn_hidden_size=512
                              first_dense_layers=1))
 MOE_BIAS = ModelSpec(name="moe-bias", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
                      vocab_size=1024, add_bias_linear=True, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
+# one MTP layer; hidden 100 with 12 heads of 8 channels: TP 3 splits the heads (12 % 3) and the FFN (240 % 3) but not
+# the MTP layer's eh_proj (100 % 3 = 1)
+MTP12 = ModelSpec(name="mtp12", num_layers=12, hidden_size=100, ffn_hidden_size=240, num_attention_heads=12,
+                  kv_channels=8, vocab_size=1024, mtp_num_layers=1)
+MOE_MTP2 = ModelSpec(name="moe-mtp2", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
+                     vocab_size=1024, mtp_num_layers=2, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
+FLEX = {"moe_token_dispatcher": "flex"}
+EP_OVERLAP = {"overlap_moe_expert_parallel_comm": True}
 
 
-def make_job(model: ModelSpec | str, world: int, *, gpus_per_node: int = 0, seq: int = 4096, gbs: int = 256) -> Job:
+def make_job(model: ModelSpec | str, world: int, *, gpus_per_node: int = 0, seq: int = 4096, gbs: int = 256,
+             **training: object) -> Job:
     model = get_model(model) if isinstance(model, str) else model
     gpn = gpus_per_node or min(world, 8)
     cluster = ClusterSpec(nodes=world // gpn, gpus_per_node=gpn, gpu=get_gpu("h100"), intra_node=get_link("nvlink4"),
                           inter_node=get_link("ib-ndr"))
-    return Job(model=model, cluster=cluster, training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
+    return Job(model=model, cluster=cluster,
+               training=TrainingSpec(seq_length=seq, global_batch_size=gbs, **training))  # type: ignore[arg-type]
 
 
-def rules_broken(job: Job, text: str) -> set[str]:
-    return {v.rule for v in check(job, parse_layout(text, world_size=job.world_size))}
+def rules_broken(job: Job, text: str, version: str | None = None) -> set[str]:
+    return {v.rule for v in check(job, parse_layout(text, world_size=job.world_size), version=version)}
 
 
 # --- the reference's examples (shared/reference/parallelism.md) -----------------------------------
@@ -113,15 +125,37 @@ BROKEN = [
     (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=5", None),  # 7 layers on the 1 stage left
     (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=5,last_stage_layers=7", None),  # 0 layers, 0 stages
     (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=2", "middle_layers_divisible"),  # 10 % 3 = 1
-    (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=9,last_stage_layers=9", "middle_layers_divisible"),  # -6
+    (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=9,last_stage_layers=9",
+     "first_last_within_num_layers"),  # 12 - 18 = -6 for 2 middle stages (megatron-core: -6 % 2 == 0, accepted)
     (GQA12, 16, 8, 4096, 256, "pp=4,first_stage_layers=3", None),  # 12 - 3 = 9 on 3 stages: 3 each
     (GQA12, 16, 8, 4096, 256, "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=4",
      "middle_layers_divisible_by_vpp"),  # (12 - 2 - 4) / 2 = 3 per middle stage, 3 % 2 = 1
     (GQA12, 16, 8, 4096, 256, "pp=4,vpp=2,first_stage_layers=2,last_stage_layers=2", None),  # 8 / 2 = 4
+    # PP 2, first and last, VPP 2: 0 middle stages; megatron-core divides by them on PP rank 1
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=2,first_stage_layers=6,last_stage_layers=6",
+     "first_last_vpp_needs_middle_stage"),
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=2,first_stage_layers=6", None),  # only one of them: builds
+    (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=6,last_stage_layers=6", None),  # no VPP: builds
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=2,pipeline_layout=Et*3|t*3|t*3|t*3L", None),  # the same split as a string
     (GQA12, 16, 8, 4096, 256, "pp=4,embedding_loss_split=true", "embedding_loss_layers_divisible_by_pp"),  # 14 % 4
     (GQA12, 16, 8, 4096, 256, "pp=2,embedding_loss_split=true", None),  # (12 + 2) / 2 = 7
     (GQA12, 16, 8, 4096, 256, "pp=2,vpp=2,embedding_loss_split=true",
      "embedding_loss_layers_divisible_by_vpp"),  # 14 / 2 = 7, 7 % 2 = 1
+    # pipeline_model_parallel_layout strings, 12 layers (pipeline_parallel_layer_layout.py)
+    (GQA12, 16, 8, 4096, 256, "pp=2,first_stage_layers=6,pipeline_layout=Et*6|t*6L", "pipeline_layout_exclusive"),
+    (GQA12, 16, 8, 4096, 256, "pp=2,pipeline_layout=Et*6|t*5xL", "pipeline_layout_syntax"),
+    (GQA12, 16, 8, 4096, 256, "pp=4,pipeline_layout=Et*4|t*4|t*4L", "pipeline_layout_divisible_by_pp"),  # 3 % 4
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=3,pipeline_layout=Et*3|t*3|t*3|t*3L",
+     "pipeline_layout_vpp_matches"),  # 4 stages / PP 2 = 2, not 3
+    (GQA12, 16, 8, 4096, 256, "pp=2,pipeline_layout=t*6|Et*6L", "pipeline_layout_embedding_and_loss"),
+    (GQA12, 16, 8, 4096, 256, "pp=2,pipeline_layout=Et*6|t*5L", "pipeline_layout_decoder_count"),  # 11, not 12
+    (GQA12, 16, 8, 4096, 256, "pp=2,pipeline_layout=Et*6|t*6mL", "pipeline_layout_mtp"),  # the model has no MTP
+    (MTP12, 16, 8, 4096, 256, "pp=2,pipeline_layout=Et*6|t*6mL", None),
+    (MTP12, 16, 8, 4096, 256, "pp=2,vpp=2,pipeline_layout=Et*3|t*3m|t*3|t*3L", "pipeline_layout_mtp"),  # m before t
+    (MTP12, 16, 8, 4096, 256, "pp=2,vpp=2,pipeline_layout=Et*3|t*3|t*3|t*3mL", None),
+    (GQA12, 16, 8, 4096, 256, "pp=2,pipeline_layout=Et*12||L", "pipeline_layout_divisible_by_pp"),  # 3 stages
+    (GQA12, 16, 8, 4096, 256, "pp=2,vpp=2,pipeline_layout=Et*12|||L", None),  # empty stages build
+    (MTP12, 12, 4, 4104, 24, "tp=3", "mtp_hidden_divisible_by_tp"),  # eh_proj: 100 % 3 = 1
     (GQA12, 16, 8, 4096, 8, "pp=4,vpp=3", "vpp_microbatches"),  # M = 8 / (1 * 4) = 2 < PP = 4
     (GQA12, 16, 8, 4096, 24, "pp=4,vpp=3", "vpp_microbatches"),  # M = 24 / 4 = 6, 6 % 4 = 2
     (GQA12, 16, 8, 4096, 32, "pp=4,vpp=3", None),  # M = 32 / 4 = 8, 8 % 4 = 0
@@ -140,10 +174,37 @@ BROKEN = [
 ]
 
 
+# rules of the training settings (the MoE dispatcher and the EP all-to-all overlap), per megatron-core version
+TRAINING_BROKEN = [
+    # (model, world, training, layout, version, the one rule it breaks)
+    ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.16.1", "flex_dispatcher_needs_tp_ep"),  # 1 x 1: nothing to dispatch over
+    ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),
+    ("tiny-moe", 8, EP_OVERLAP, "ep=1", "0.16.1", "ep_overlap_needs_ep"),
+    ("tiny-moe", 8, EP_OVERLAP, "pp=2,ep=2", "0.16.1", "ep_overlap_needs_vpp"),
+    ("tiny-moe", 8, EP_OVERLAP, "pp=2,vpp=2,ep=2", "0.16.1", None),
+    ("tiny-moe", 8, EP_OVERLAP, "ep=2,recompute=full", "0.16.1", "ep_overlap_no_full_recompute"),
+    ("tiny-moe", 8, {**EP_OVERLAP, "recompute_modules": ("moe",)}, "ep=2,recompute=selective", "0.19.2",
+     "ep_overlap_recompute_modules"),  # new in 0.19
+    ("tiny-moe", 8, {**EP_OVERLAP, "recompute_modules": ("moe",)}, "ep=2,recompute=selective", "0.16.1", None),
+    (MOE_MTP2, 8, EP_OVERLAP, "ep=2", "0.16.1", "ep_overlap_mtp"),  # at most one MTP layer
+    (MOE_MTP2, 8, EP_OVERLAP, "ep=2", "0.19.2", "ep_overlap_mtp"),
+    (dataclasses.replace(MOE_MTP2, mtp_num_layers=1), 8, EP_OVERLAP, "ep=2", "0.16.1", "ep_overlap_mtp"),  # PP 1
+    (dataclasses.replace(MOE_MTP2, mtp_num_layers=1), 8, EP_OVERLAP, "ep=2", "0.19.2", None),  # dropped in 0.19
+    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "local"}, "ep=2", "0.16.1", "ep_overlap_cuda_graphs"),
+    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "local"}, "ep=2", "0.19.2", None),
+]
+
+
 @pytest.mark.parametrize(("model", "world", "gpn", "seq", "gbs", "text", "rule"), BROKEN)
 def test_each_rule_alone(model, world, gpn, seq, gbs, text, rule) -> None:
     job = make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
     assert rules_broken(job, text) == ({rule} if rule else set())
+
+
+@pytest.mark.parametrize(("model", "world", "training", "text", "version", "rule"), TRAINING_BROKEN)
+def test_each_training_rule_alone(model, world, training, text, version, rule) -> None:
+    job = make_job(model, world, **training)
+    assert rules_broken(job, text, version) == ({rule} if rule else set())
 
 
 def test_sp_splits_the_per_rank_sequence_after_cp() -> None:
@@ -154,20 +215,90 @@ def test_sp_splits_the_per_rank_sequence_after_cp() -> None:
 
 
 def test_every_rule_has_a_breaking_example() -> None:
-    assert set(RULE_NAMES) <= {b[-1] for b in BROKEN}
+    assert set(RULE_NAMES) <= {b[-1] for b in BROKEN} | {b[-1] for b in TRAINING_BROKEN}
+
+
+def _example_violation(name: str):
+    for model, world, gpn, seq, gbs, text, rule in BROKEN:
+        if rule == name:
+            job = make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
+            return next(v for v in check(job, parse_layout(text, world_size=world)) if v.rule == name)
+    model, world, training, text, version, _ = next(b for b in TRAINING_BROKEN if b[-1] == name)
+    job = make_job(model, world, **training)
+    return next(v for v in check(job, parse_layout(text, world_size=world), version=version) if v.rule == name)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 def test_violation_names_its_fields_and_values(rule) -> None:
-    example = next(b for b in BROKEN if b[-1] == rule.name)
-    model, world, gpn, seq, gbs, text, _ = example
-    job = make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
-    violation = next(v for v in check(job, parse_layout(text, world_size=world)) if v.rule == rule.name)
+    violation = _example_violation(rule.name)
     assert violation.fields
-    for value in violation.fields.values():
+    for name, value in violation.fields.items():
         if isinstance(value, int) and not isinstance(value, bool):
-            assert str(value) in violation.message
+            assert str(value) in violation.message, name
     assert rule.source.startswith("megatron/core/")
+
+
+STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers"}
+
+
+def test_pp1_split_that_megatron_refuses_too_is_not_stricter() -> None:
+    # first 5 of 12 at PP 1: 7 layers left, 0 middle stages, megatron-core's "Mismatch"
+    (violation,) = check(make_job(GQA12, 16), parse_layout("pp=1,first_stage_layers=5", world_size=16))
+    assert violation.rule == "pipeline_split_needs_pp" and not violation.stricter
+    assert violation.message.startswith("Mismatch: 7 middle layers remaining but 0 middle PP stages available")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_deliberate_refusals_say_megatron_core_would_accept(rule) -> None:
+    violation = _example_violation(rule.name)
+    assert violation.stricter == (rule.name in STRICTER_RULES)
+    assert ("megatron-core would accept this layout; autotune refuses it because" in violation.message) \
+        == violation.stricter
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("pp=1,embedding_loss_split=true", "embedding_loss_split=true"),
+    ("pp=1,first_stage_layers=12", "first_stage_layers=12"),
+    ("pp=1,first_stage_layers=5,last_stage_layers=3", "last_stage_layers=3"),
+])
+def test_pipeline_split_needs_pp_names_the_field_given(text, field) -> None:
+    (violation,) = check(make_job(GQA12, 16), parse_layout(text, world_size=16))
+    assert field in violation.message and "None" not in violation.message
+
+
+def test_a_negative_middle_says_so() -> None:
+    (violation,) = check(make_job(GQA12, 16), parse_layout("pp=4,first_stage_layers=9,last_stage_layers=9",
+                                                           world_size=16))
+    assert "9 + 9 = 18 exceeds num_layers 12" in violation.message and "-6 layers (a negative number)" in violation.message
+
+
+def test_moe_tp_needs_sp_is_a_hard_error() -> None:
+    (violation,) = check(make_job("tiny-moe", 8), parse_layout("tp=2,ep=2", world_size=8))
+    assert violation.message.startswith("a MoE model with tensor_model_parallel_size 2 needs sequence_parallel true")
+    assert "raises ValueError" in violation.message
+
+
+def test_the_pp2_split_suggests_the_equivalent_layout_string() -> None:
+    # mixtral, 32 layers: 14 + 18 over PP 2 x VPP 2 -> chunks of 7 (rank 0) and 9 (rank 1)
+    (violation,) = check(make_job("mixtral", 32), parse_layout(
+        "tp=1,pp=2,vpp=2,first_stage_layers=14,last_stage_layers=18", world_size=32))
+    assert "ZeroDivisionError" in violation.message and "pipeline_layout=Et*7|t*9|t*7|t*9L" in violation.message
+    assert rules_broken(make_job("mixtral", 32), "tp=1,pp=2,vpp=2,pipeline_layout=Et*7|t*9|t*7|t*9L") == set()
+
+
+@pytest.mark.parametrize(("version", "message"), [
+    ("0.16.1", "num_layers should be divisible by pipeline_model_parallel_size"),
+    ("0.19.2", "num_layers=12 should be divisible by config.pipeline_model_parallel_size=8"),
+    ("0.18.0", "num_layers=12 should be divisible by config.pipeline_model_parallel_size=8"),  # 0.19's rules
+])
+def test_layers_divisible_by_pp_in_each_versions_words(version, message) -> None:
+    (violation,) = check(make_job(GQA12, 16), parse_layout("pp=8", world_size=16), version=version)
+    assert violation.message.startswith(message)
+
+
+def test_rules_for_unknown_versions_fall_back() -> None:
+    assert [r.name for r in rules_for("0.15.0")] == [r.name for r in rules_for("0.16.1")]
+    assert rules_for("0.20.1") == rules_for("0.19.2")
 
 
 def test_megatron_wording() -> None:
@@ -192,6 +323,10 @@ def test_unset_etp_means_tp() -> None:
 
 @pytest.mark.parametrize(("model", "world", "text"), [
     ("deepseek-v3", 2048, "tp=2,pp=16,ep=64,sp=true,first_stage_layers=3,last_stage_layers=2"),  # 3 + 14*4 + 2
+    # Megatron-Bridge v0.3.1 perf presets (scripts/performance/configs/deepseek): H100 PP 8 x VPP 4, GB300 PP 2 x VPP 8
+    ("deepseek-v3", 1024, "tp=2,pp=8,ep=64,sp=true,pipeline_layout=Et|(tt|)*30mL"),
+    ("deepseek-v3", 256, "pp=2,vpp=8,ep=32,pipeline_layout=Et*4|(t*4|)*14tmL"),
+    ("deepseek-v3", 256, "pp=8,vpp=2,ep=32,pipeline_layout=Et*4|(t*4|)*14tmL"),  # the recipe table's (8, 2) entry
     ("llama3.1-405b", 512, "tp=8,pp=8,vpp=8,sp=true,embedding_loss_split=true"),  # (126 + 2) / 8 = 16 = 8 * 2
     ("qwen3-235b", 256, "tp=4,pp=8,vpp=4,ep=8,sp=true,embedding_loss_split=true"),  # (94 + 2) / 8 = 12 = 4 * 3
 ])
@@ -207,3 +342,35 @@ def test_split_layer_counts_must_be_positive() -> None:
 def test_non_positive_sizes_are_bad_input() -> None:
     with pytest.raises(ValueError, match="tp > 0"):
         check(make_job("tiny-gpt", 8), Layout(tp=0))
+
+
+# --- the installed megatron-core (search_spaces/megatron_version.py) ---------------------------------------------
+@pytest.mark.parametrize(("installed", "rules", "note"), [
+    ("0.16.1", "0.16.1", None),
+    ("0.19.2", "0.19.2", None),
+    ("0.17.0rc1", "0.19.2", "megatron-core 0.17.0rc1 is installed; autotune has the rules of 0.16.1 and 0.19.2 and "
+                            "applied megatron-core 0.19.2's"),
+    ("0.12.0", "0.16.1", "megatron-core 0.12.0 is installed; autotune has the rules of 0.16.1 and 0.19.2 and "
+                         "applied megatron-core 0.16.1's"),
+    (None, "0.16.1", "megatron-core is not installed; megatron-core 0.16.1's rules were applied"),
+])
+def test_version_info_says_which_rules_apply(monkeypatch, installed, rules, note) -> None:
+    from search_spaces import megatron_version
+
+    monkeypatch.setattr(megatron_version, "installed_version", lambda: installed)
+    assert megatron_version.version_info() == {"megatron_core_installed": installed, "megatron_core_rules": rules,
+                                               "note": note}
+    assert megatron_version.rules_version() == rules
+
+
+def test_the_installed_version_is_read_from_metadata_without_importing_megatron() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from search_spaces.megatron_version import installed_version; "
+            "v = installed_version(); assert 'megatron' not in sys.modules, sorted(sys.modules); print(v)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    from importlib.metadata import version
+
+    assert done.stdout.strip() == version("megatron-core")

@@ -144,3 +144,72 @@ def test_measurement_type_is_what_the_api_reads(tmp_path):
                         progress=False)
     assert all(isinstance(m, Measurement) for m in result.measurements)
     assert result.job is SMALL
+
+
+# --- result folders you can trust (issue 14) ---------------------------------------------------------------
+def test_a_non_empty_output_is_refused_and_left_as_it_was(tmp_path):
+    run_search(SMALL, trials=4, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+               progress=False)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ValueError, match="is not empty"):
+        run_search(CONSTRAINED, trials=4, backend="analytic", output_dir=tmp_path, progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_resume_rebuilds_a_missing_study_without_ray(tmp_path):
+    run_search(SMALL, trials=8, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+               progress=False)
+    (tmp_path / "study.db").unlink()
+    again = run_search(SMALL, trials=8, backend="analytic", seed=0, resume=tmp_path, progress=False)
+    assert "ray_start_s" not in again.stats["timings"]  # nothing ran
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert len(study.get_trials()) == 8
+
+
+def test_a_failed_trials_csv_write_stops_the_run_and_resume_finishes_it(tmp_path, monkeypatch):
+    from autotune.tuning import results
+    from autotune.tuning.run_folder import OutputError
+
+    real_append, written = results.TrialLog.append, []
+
+    def append(self, record, *, sync=True):
+        if len(written) == 5:
+            raise OutputError(28, f"cannot write {self.path}: No space left on device")
+        written.append(record)
+        real_append(self, record, sync=sync)
+
+    monkeypatch.setattr(results.TrialLog, "append", append)
+    with pytest.raises(OutputError, match="No space left on device"):
+        run_search(SMALL, trials=12, backend="analytic", seed=1, output_dir=tmp_path, exhaustive_threshold=0,
+                   progress=False)
+    meta = read_meta(tmp_path)
+    assert meta["completed"] is False and meta["finished_trials"] == 5
+    monkeypatch.undo()
+    again = run_search(SMALL, trials=12, backend="analytic", seed=1, resume=tmp_path, progress=False)
+    assert len(again.records) == 12 and len({r.layout for r in again.records}) == 12
+    assert [r.number for r in again.records] == list(range(12)) and read_meta(tmp_path)["completed"] is True
+
+
+def test_a_failed_output_write_is_an_error_never_completed(tmp_path):
+    from autotune.tuning.run_folder import OutputError
+
+    def finish(result):
+        raise OutputError(28, "cannot write best.json: No space left on device")
+
+    with pytest.raises(OutputError):
+        run_search(SMALL, trials=4, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+                   progress=False, finish=finish)
+    meta = read_meta(tmp_path)
+    assert meta["completed"] is False and meta["finished_trials"] == 4
+
+
+def test_rows_of_another_job_in_trials_csv_refuse_the_resume(tmp_path):
+    run_search(SMALL, trials=4, backend="analytic", seed=0, output_dir=tmp_path, exhaustive_threshold=0,
+               progress=False)
+    lines = (tmp_path / "trials.csv").read_text().splitlines()
+    fp = lines[1].split(",")[1]
+    lines[2] = lines[2].replace(fp, "ffffffffffffffff", 1)  # a row another search wrote here
+    (tmp_path / "trials.csv").write_text("\n".join(lines) + "\n")
+    write_meta(tmp_path, {**read_meta(tmp_path), "completed": False})
+    with pytest.raises(ValueError, match="line 3 is a trial of another job"):
+        run_search(SMALL, trials=8, backend="analytic", seed=0, resume=tmp_path, progress=False)

@@ -13,7 +13,8 @@ from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.rules import RULES, SPLIT_FIELDS, check
 from search_spaces.space import (DIMENSIONS, SHAPE_DIMENSIONS, SpaceOptions, dimension_ranges, feasible_layouts,
                                  feasible_space, pipeline_fields, rejections, space_rules)
-from test_rules import GQA12, MOE6, MOE_BIAS, make_job
+from search_spaces.pipeline_layout import parse_stages
+from test_rules import EP_OVERLAP, FLEX, GQA12, MOE6, MOE_BIAS, MTP12, make_job
 
 # 14 layers: PP 4 splits (14 + 2) / 4 = 4 with embedding_loss_split; PP 3: 5 + 5 + 4; PP 6: 1 + 4*3 + 1
 GQA14 = dataclasses.replace(GQA12, name="gqa14", num_layers=14)
@@ -30,12 +31,16 @@ SMALL_JOBS = [
     (MOE6, 12, 4, 96, 24),
     (MOE_BIAS, 8, 8, 64, 16),
     (GQA14, 12, 4, 4104, 48),
+    (MTP12, 12, 4, 4104, 24),  # MTP: eh_proj splits hidden 100 over TP; layout strings carry its `m`
+    ("tiny-moe", 8, 4, 4096, 16, EP_OVERLAP),  # EP overlap: EP > 1, VPP with PP > 1, no full recompute
+    ("tiny-moe", 8, 4, 4096, 16, FLEX),  # the flex dispatcher needs ETP x EP > 1
 ]
+GQA14_JOB = (GQA14, 12, 4, 4104, 48)
 
 
 def _job(spec):
-    model, world, gpn, seq, gbs = spec
-    return make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs)
+    model, world, gpn, seq, gbs, *training = spec
+    return make_job(model, world, gpus_per_node=gpn, seq=seq, gbs=gbs, **(training[0] if training else {}))
 
 
 def _level(rule) -> int:
@@ -53,7 +58,7 @@ def _brute_force(job, options):
         d = dict(zip(ranges, values))
         model_size = d["tp"] * d["cp"] * d["pp"]
         d["dp"] = job.world_size // model_size if job.world_size % model_size == 0 else 1
-        layout = Layout(**d, **pipeline_fields(job.model.num_layers, d["pp"], d["vpp"]))
+        layout = Layout(**d, **pipeline_fields(job.model.num_layers, d["pp"], d["vpp"], job.model.mtp_num_layers))
         broken = next((r.name for r in rules if r.check(job, layout)), None)
         if broken is None:
             valid.add(layout)
@@ -235,9 +240,53 @@ def test_published_recipes_are_in_the_space_with_their_split(model, world, pp, v
         (fields.get("first_stage_layers"), fields.get("last_stage_layers"), fields.get("embedding_loss_split", False))}
 
 
+@pytest.mark.parametrize(("model", "nodes", "vpps"), [
+    # the (PP 2, VPP) where the space used to offer first + last (notes/mcore_rules_diff.md, 3.1)
+    ("qwen2-7b", 1, {4}), ("qwen3-8b", 1, {4, 12}), ("llama3-70b", 2, {16}), ("qwen3-30b-a3b", 2, {16}),
+    ("mixtral-8x22b", 2, {8}),
+])
+def test_pp2_with_vpp_offers_a_string_not_first_and_last(model, nodes, vpps) -> None:
+    # megatron-core fails to build PP rank 1 of that split (ZeroDivisionError): the space offers a layout string
+    layouts = [x for x in feasible_space(make_job(model, nodes * 8)).layouts() if x.pp == 2 and x.vpp]
+    assert not any(x.first_stage_layers and x.last_stage_layers for x in layouts)
+    assert {x.vpp for x in layouts if x.pipeline_layout} == vpps
+
+
+def test_qwen2_pp2_vpp4_is_the_balanced_string() -> None:
+    # 28 layers + E + L = 30 slots over 8 chunks: 4, 4, 4, 4, 4, 4, 3, 3; rank 0 and rank 1 hold 15 each
+    layouts = [x for x in feasible_space(make_job("qwen2-7b", 8)).layouts() if x.pp == 2 and x.vpp == 4]
+    assert {x.pipeline_layout for x in layouts} == {"Et*3|(t*4|)*5t*3|ttL"}
+    assert layouts[0].stage_layer_counts(28) == (14, 14)
+
+
+@pytest.mark.parametrize(("pp", "vpp", "string"), [
+    (8, 4, "Et|(tt|)*30mL"),  # Megatron-Bridge v0.3.1's H100 preset for DeepSeek-V3 (61 layers, 1 MTP layer)
+    (8, 2, "Et*3|(t*4|)*14ttmL"),  # 64 slots over 16 chunks (Bridge's table: Et*4|(t*4|)*14tmL, also valid)
+])
+def test_the_space_offers_deepseek_layout_strings(pp, vpp, string) -> None:
+    job = make_job("deepseek-v3", 1024, gbs=8192)
+    space = feasible_space(job)
+    layouts = [x for x in space.layouts() if x.pp == pp and x.vpp == vpp]
+    assert layouts and {x.pipeline_layout for x in layouts} == {string}
+    assert check(job, layouts[0]) == ()
+
+
+@pytest.mark.parametrize(("model", "nodes"), [("qwen2-7b", 1), ("deepseek-v3", 128), ("mixtral-8x22b", 8)])
+def test_layout_strings_balance_the_pipeline_ranks(model, nodes) -> None:
+    # every chunk within one slot of the others, every rank too (embedding, loss and MTP layers one slot each)
+    strings = {(x.pp, x.pipeline_layout) for x in feasible_space(make_job(model, nodes * 8, gbs=1024)).layouts()
+               if x.pipeline_layout}
+    assert strings
+    for pp, text in strings:
+        stages = parse_stages(text)
+        chunks = [len(s) for s in stages]
+        ranks = [sum(chunks[r::pp]) for r in range(pp)]
+        assert max(chunks) - min(chunks) <= 1 and max(ranks) - min(ranks) <= 1 and min(chunks) >= 2, text
+
+
 def test_layout_of_values_adds_the_split() -> None:
     # 14 layers on PP 4: (14 + 2) / 4 = 4 per stage with the embedding and the loss counted as layers
-    space = feasible_space(_job(SMALL_JOBS[-1]), SMALL)
+    space = feasible_space(_job(GQA14_JOB), SMALL)
     values = dict(tp=1, cp=1, pp=4, vpp=None, ep=1, etp=None, mbs=1, sp=False, dist_opt=False, recompute="none")
     layout = space.layout(values)
     assert layout.embedding_loss_split and layout.stage_layer_counts(14) == (3, 4, 4, 3)
@@ -245,6 +294,6 @@ def test_layout_of_values_adds_the_split() -> None:
 
 def test_no_split_means_no_such_pp() -> None:
     # 14 layers on PP 12: even fails, (14 + 2) % 12 = 4, and 12 stages of >= 2 layers need 24: PP 12 not offered
-    space = feasible_space(_job(SMALL_JOBS[-1]), SMALL)
+    space = feasible_space(_job(GQA14_JOB), SMALL)
     assert 12 not in space.choices("pp", {"tp": 1, "cp": 1})
     assert 4 in space.choices("pp", {"tp": 1, "cp": 1})

@@ -17,8 +17,8 @@ from search_spaces.cluster import ClusterSpec, LinkSpec
 from search_spaces.gpus import build_cluster, get_gpu
 from search_spaces.job import Job
 from search_spaces.layout import Layout
-from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
+from search_spaces.training import TrainingSpec
 
 
 def _job(model: str | ModelSpec, nodes: int = 1, gpus_per_node: int = 8, seq: int = 4096, gbs: int = 64,
@@ -59,7 +59,8 @@ def test_moe_flops_count_topk_and_shared_experts() -> None:
     # every layer MoE: MLP FLOPs use topk * moe_ffn + shared, not the dense ffn
     model = ModelSpec(name="moe", num_layers=4, hidden_size=512, ffn_hidden_size=9999, num_attention_heads=8,
                       num_query_groups=2, vocab_size=1024,
-                      moe=MoESpec(num_experts=16, topk=4, expert_ffn_hidden_size=256, shared_expert_ffn_hidden_size=512))
+                      moe=MoESpec(num_experts=16, topk=4, expert_ffn_hidden_size=256,
+                                  shared_expert_ffn_hidden_size=512))
     training = TrainingSpec(seq_length=1024, global_batch_size=2)
     expected = _megatron_flops(4, 512, 8, 2, 64, 0, 1024, 1024, 2, 1.5, topk=4, shared=512, moe_ffn=256)
     assert model_flops_per_step(model, training) == pytest.approx(expected, rel=1e-12)

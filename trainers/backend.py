@@ -47,16 +47,17 @@ def default_max_workers() -> int:
 
 
 def ensure_ray(temp_dir: str | None = None, num_cpus: int | None = None) -> None:
-    """Start a local Ray (quiet, no dashboard, no auth token file) unless one is running already."""
+    """Start a local Ray unless one is running already: quiet, no dashboard, every port on 127.0.0.1 and Ray's
+    token auth on (`search_spaces.ray_session.start_local`, the one way autotune starts Ray)."""
     import ray
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from search_spaces.ray_session import start_local
+
     temp_dir = temp_dir or os.environ.get("RAY_TMPDIR") or os.path.join(tempfile.gettempdir(), "autotune-ray")
     os.makedirs(temp_dir, exist_ok=True)
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-             configure_logging=True, logging_level="ERROR", _temp_dir=temp_dir)
+    start_local(num_cpus=num_cpus or os.cpu_count() or 2, temp_dir=temp_dir)
 
 
 def expected_groups(layout: Layout) -> dict[str, int]:
@@ -96,6 +97,9 @@ class MegatronBackend:
     proxy_layers_per_virtual_stage: int = 1
     proxy_seq_length: int = 64
     ray_temp_dir: str | None = None
+    # extra Ray resources each worker's placement-group bundle holds, e.g. {"fake_gpu": 1} on a test cluster
+    # whose raylets advertise that resource: the workers then spread over the nodes as a multi-node job's do
+    worker_resources: tuple[tuple[str, float], ...] = ()
 
     def plan(self, job: Job, layout: Layout, *, use_gpu: bool, max_workers: int) -> ProxyPlan:
         return plan_proxy(job.model, layout, job.training, max_workers=max_workers,
@@ -138,6 +142,8 @@ class MegatronBackend:
         kwargs: dict[str, Any] = {"world_size": plan.world_size, "use_gpu": use_gpu, "timeout_s": self.timeout_s}
         if self.reuse_workers or self.cpus_per_worker > 0:
             kwargs["cpus_per_worker"] = self.cpus_per_worker
+        if self.worker_resources and self.reuse_workers:
+            kwargs["resources"] = dict(self.worker_resources)
         return runner(cfg, **kwargs)
 
     def with_options(self, **changes: Any) -> "MegatronBackend":
@@ -171,7 +177,7 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
     extra: dict[str, Any] = {
         "proxy": plan.describe(), "run_layout": str(plan.layout), "dp_reduction": plan.dp_reduction,
         "precision": precision, "fresh_workers": outcome.fresh_workers, "startup_s": outcome.startup_s,
-        "trial_wall_s": outcome.wall_s,
+        "trial_wall_s": outcome.wall_s, "worker_nodes": list(getattr(outcome, "nodes", ()) or ()),
         "timing_note": "CPU proxy (gloo) figures; not a GPU prediction" if source == "megatron-cpu-proxy" else "",
         "proxy_plan": plan,  # what ran (model, layout, batch): the caller compares the analytic model with it
     }

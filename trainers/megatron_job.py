@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any, Literal
 
 from search_spaces.layout import Layout
-from search_spaces.model import ModelSpec
+from search_spaces.model import ModelSpec, padded_vocab_size
 
 __all__ = ["JobConfig", "run_job", "JobRejected"]
 
@@ -132,6 +132,8 @@ def transformer_config(cfg: JobConfig) -> Any:
         num_layers_in_last_pipeline_stage=lay.last_stage_layers,
         account_for_embedding_in_pipeline_split=lay.embedding_loss_split,
         account_for_loss_in_pipeline_split=lay.embedding_loss_split,
+        pipeline_model_parallel_layout=lay.pipeline_layout,
+        mtp_num_layers=m.mtp_num_layers or None,
         context_parallel_size=lay.cp,
         expert_model_parallel_size=lay.ep,
         expert_tensor_parallel_size=lay.expert_tp,
@@ -189,15 +191,23 @@ def build_model_chunks(cfg: JobConfig, tconfig: Any) -> list[Any]:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer.module import Float16Module
 
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
     m = cfg.model
     spec = _layer_spec(cfg)
     chunks = []
     for vp_stage in range(cfg.layout.vpp_size):
         vp = vp_stage if cfg.layout.vpp else None
+        # MTP layers take the decoder layer's spec (Megatron-LM gpt_builders.py); None on chunks without them
+        mtp = get_gpt_mtp_block_spec(tconfig, spec, use_transformer_engine=transformer_engine_available(),
+                                     vp_stage=vp) if m.mtp_num_layers else None
         model = GPTModel(
             config=tconfig,
             transformer_layer_spec=spec,
-            vocab_size=m.vocab_size,
+            # Megatron-LM pads the vocabulary to a multiple of 128 * TP (`_vocab_size_with_padding`): the
+            # embedding and the output layer split it over TP (GPT-3's 50,257 does not divide by any TP > 1)
+            vocab_size=padded_vocab_size(m.vocab_size, cfg.layout.tp),
+            mtp_block_spec=mtp,
             max_sequence_length=max(cfg.seq_length, m.max_position_embeddings),
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),

@@ -19,10 +19,12 @@ On a GPU the same function runs with `scale_model=False`: the model keeps its sh
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from math import lcm
 
 from search_spaces.layout import Layout
+from search_spaces.pipeline_layout import compress, parse_stages
 from search_spaces.training import TrainingSpec
 from search_spaces.model import ModelSpec, MoESpec
 
@@ -111,9 +113,14 @@ def proxy_pipeline_split(layout: Layout, layers_per_virtual_stage: int) -> tuple
     - even: `pp * vpp * k` layers (k = layers per virtual stage);
     - `embedding_loss_split`: (L + 2) spread over the PP * VPP chunks, so L = pp * vpp * max(2, k) - 2;
     - `first_stage_layers` / `last_stage_layers`: middle stages 2 * k * vpp layers, a given first stage the
-      same, a given last stage k * vpp (lighter, as autotune's split makes it: it also computes the loss).
+      same, a given last stage k * vpp (lighter, as autotune's split makes it: it also computes the loss);
+    - `pipeline_layout`: the same string with k layers in every chunk that has layers (the embedding, MTP and
+      loss stay where they are).
     """
     pp, v, k = layout.pp, layout.vpp_size, layers_per_virtual_stage
+    if layout.pipeline_layout is not None:
+        stages = [re.sub(r"t+", "t" * k, stage) for stage in parse_stages(layout.pipeline_layout)]
+        return sum(s.count("t") for s in stages), replace(layout, pipeline_layout=compress(stages))
     if layout.embedding_loss_split and pp > 1:
         return pp * v * max(2, k) - 2, layout
     first, last = layout.first_stage_layers, layout.last_stage_layers
@@ -150,6 +157,7 @@ def _proxy_model(model: ModelSpec, layout: Layout, num_layers: int) -> ModelSpec
         normalization=model.normalization,
         max_position_embeddings=0 if model.max_position_embeddings == 0 else 4 * SEQ_LENGTH,
         moe=None if model.moe is None else _proxy_moe(model.moe, layout, first_dense),
+        mtp_num_layers=model.mtp_num_layers,
         mla=None,  # MLA proxies run as GQA attention (the local spec's MLA needs fused kernels)
     )
 

@@ -17,6 +17,15 @@ on every rank while building leaves the group intact.
 Fresh path (`run_fresh`): Ray Train V2's `TorchTrainer` started from the caller (a Tune function
 trainable in a search), one new worker group per trial; used when reuse is turned off and as the
 baseline of `bench/bench_trainer_overhead.py`.
+
+Rendezvous closed to the network: rank 0 opens the TCPStore on a socket it binds to its own Ray node IP
+(127.0.0.1 on a local Ray; `TCPStore(master_listen_fd=...)`), never on all interfaces as torch's default
+does, and on a loopback node gloo and NCCL bind their sockets to the loopback interface
+(`GLOO_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`). Both paths (the pool and Ray Train's `TorchConfig`) use it.
+
+Placement: a group's workers are placed by one placement group (PACK: fill a node, then the next, as a
+multi-node job is laid out), each bundle holding the worker's CPU and, where asked, extra resources (GPUs, or
+a test's fake GPU resource); each rank reports the Ray node it ran on.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ class PoolOutcome:
     fresh_workers: bool  # True when this trial paid for starting workers
     startup_s: float  # worker start + process group + import, 0 when reused
     wall_s: float
+    nodes: tuple[str, ...] = ()  # the Ray node of each rank, in rank order (when known)
 
 
 def _classify(exc: BaseException) -> str:
@@ -77,6 +87,68 @@ def _worker_env(use_gpu: bool) -> None:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
 
 
+def _loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 (`lo` on Linux), or None."""
+    import socket
+
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+            return name
+    return None
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _is_loopback(ip: str) -> bool:
+    from search_spaces.ray_session import is_loopback
+
+    return is_loopback(ip)
+
+
+def open_store(timeout_s: float) -> tuple[Any, str, int]:
+    """Rank 0's TCPStore, listening on this node's Ray IP only (a socket bound there, handed to torch)."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    addr = _node_ip()
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((addr, 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach(),
+                          timeout=timedelta(seconds=timeout_s))
+    return store, addr, port
+
+
+def join_process_group(store: Any, addr: str, port: int, rank: int, world_size: int, backend: str,
+                       timeout_s: float) -> Any:
+    """torch.distributed on the store of rank 0 (created here for the other ranks); loopback sockets on a loopback node."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if _is_loopback(_node_ip()):
+        interface = _loopback_interface()
+        if interface:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+            os.environ["NCCL_SOCKET_IFNAME"] = interface
+    if store is None:
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    return store
+
+
 def _runtime_env() -> dict[str, Any]:
     """Workers import `trainers` and `search_spaces` from this checkout, wherever Ray starts them."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,20 +166,14 @@ def _make_worker_class() -> Any:
         def __init__(self, rank: int, world_size: int, use_gpu: bool) -> None:
             _worker_env(use_gpu)
             self.rank, self.world_size, self.use_gpu = rank, world_size, use_gpu
+            self.store: Any = None
 
-        def rendezvous(self) -> tuple[str, int]:
-            import socket
-
-            import ray
-
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
-            return ray.util.get_node_ip_address(), port
+        def rendezvous(self, timeout_s: float) -> tuple[str, int]:
+            """Rank 0: open the TCPStore (on this node's IP only) and say where it is."""
+            self.store, addr, port = open_store(timeout_s)
+            return addr, port
 
         def init(self, addr: str, port: int, timeout_s: float) -> float:
-            from datetime import timedelta
-
             import torch
 
             t0 = time.perf_counter()
@@ -115,10 +181,8 @@ def _make_worker_class() -> Any:
                 torch.set_num_threads(_cpu_threads(self.world_size))
             else:
                 torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
-            torch.distributed.init_process_group(
-                backend="nccl" if self.use_gpu else "gloo", init_method=f"tcp://{addr}:{port}",
-                rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s),
-            )
+            self.store = join_process_group(self.store, addr, port, self.rank, self.world_size,
+                                            "nccl" if self.use_gpu else "gloo", timeout_s)
             import megatron.core  # noqa: F401  (pay the import once, here)
 
             from trainers.cpu_patches import apply_cpu_patches
@@ -128,6 +192,11 @@ def _make_worker_class() -> Any:
 
         def run(self, cfg: Any) -> dict[str, Any]:
             return _run_on_rank(cfg)
+
+        def node(self) -> str:
+            import ray
+
+            return ray.get_runtime_context().get_node_id()
 
     return MegatronWorker
 
@@ -140,18 +209,23 @@ def _make_pool_class() -> Any:
         """Keeps worker groups alive by (world size, device); runs one trial at a time."""
 
         def __init__(self) -> None:
-            self.groups: dict[tuple[int, bool], tuple[list[Any], Any]] = {}
+            self.groups: dict[tuple[Any, ...], tuple[list[Any], Any]] = {}
+            self.nodes: dict[tuple[Any, ...], list[str]] = {}
             self.worker_cls = _make_worker_class()
 
-        def _start_group(self, world: int, use_gpu: bool, cpus_per_worker: float, timeout_s: float) -> list[Any]:
+        def _start_group(self, key: tuple[Any, ...], world: int, use_gpu: bool, cpus_per_worker: float,
+                         timeout_s: float, resources: dict[str, float]) -> list[Any]:
             import ray
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             bundle = {"GPU": 1.0, "CPU": max(cpus_per_worker, 1.0)} if use_gpu else {"CPU": cpus_per_worker}
+            bundle = {k: v for k, v in {**bundle, **resources}.items() if v > 0}  # Ray refuses zero amounts
             pg = None
             options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0.0), "num_gpus": bundle.get("GPU", 0.0)}
-            if any(v > 0 for v in bundle.values()):
+            if resources:
+                options["resources"] = dict(resources)
+            if bundle:
                 pg = placement_group([bundle] * world, strategy="PACK")
                 ray.get(pg.ready(), timeout=timeout_s)
             workers = []
@@ -162,9 +236,10 @@ def _make_pool_class() -> Any:
                         placement_group=pg, placement_group_bundle_index=rank)
                 opts["runtime_env"] = _runtime_env()
                 workers.append(self.worker_cls.options(**opts).remote(rank, world, use_gpu))
-            addr, port = ray.get(workers[0].rendezvous.remote(), timeout=timeout_s)
+            addr, port = ray.get(workers[0].rendezvous.remote(timeout_s), timeout=timeout_s)
             ray.get([w.init.remote(addr, port, timeout_s) for w in workers], timeout=timeout_s)
-            self.groups[(world, use_gpu)] = (workers, pg)
+            self.groups[key] = (workers, pg)
+            self.nodes[key] = ray.get([w.node.remote() for w in workers], timeout=timeout_s)
             return workers
 
         def _kill_group(self, key: tuple[int, bool]) -> None:
@@ -172,16 +247,19 @@ def _make_pool_class() -> Any:
             from ray.util.placement_group import remove_placement_group
 
             workers, pg = self.groups.pop(key, ([], None))
+            self.nodes.pop(key, None)
             for w in workers:
                 ray.kill(w, no_restart=True)
             if pg is not None:
                 remove_placement_group(pg)
 
-        def run(self, world: int, use_gpu: bool, cfg: Any, timeout_s: float, cpus_per_worker: float) -> dict[str, Any]:
+        def run(self, world: int, use_gpu: bool, cfg: Any, timeout_s: float, cpus_per_worker: float,
+                resources: dict[str, float] | None = None) -> dict[str, Any]:
             import ray
 
             t0 = time.perf_counter()
-            key = (world, use_gpu)
+            resources = dict(resources or {})
+            key = (world, use_gpu, tuple(sorted(resources.items())))
             fresh = key not in self.groups
             if fresh:
                 while len(self.groups) >= MAX_KEPT_GROUPS:  # dicts keep insertion order: the oldest goes first
@@ -189,11 +267,12 @@ def _make_pool_class() -> Any:
             else:
                 self.groups[key] = self.groups.pop(key)  # most recently used last
             try:
-                workers = self._start_group(world, use_gpu, cpus_per_worker, timeout_s) if fresh else self.groups[key][0]
+                workers = (self._start_group(key, world, use_gpu, cpus_per_worker, timeout_s, resources) if fresh
+                           else self.groups[key][0])
             except Exception as e:  # noqa: BLE001
                 self._kill_group(key)
                 return {"status": "failed", "reason": f"worker start-up failed: {type(e).__name__}: {e}"[:2000],
-                        "ranks": [], "fresh": True, "startup_s": time.perf_counter() - t0}
+                        "ranks": [], "fresh": True, "startup_s": time.perf_counter() - t0, "nodes": []}
             startup_s = time.perf_counter() - t0 if fresh else 0.0
             refs = [w.run.remote(cfg) for w in workers]
             deadline = time.perf_counter() + timeout_s
@@ -209,11 +288,12 @@ def _make_pool_class() -> Any:
                 if any(r["status"] != "ok" for r in results.values()) and pending:
                     deadline = min(deadline, time.perf_counter() + GRACE_AFTER_FIRST_ERROR_S)
             ranks = [results.get(ref) for ref in refs]
+            nodes = list(self.nodes.get(key, []))
             status, reason = _summarise(ranks, timeout_s)
             if not _group_reusable(ranks):  # a rank crashed or hung: these processes are not trusted again
                 self._kill_group(key)
             return {"status": status, "reason": reason, "ranks": [r for r in ranks if r is not None],
-                    "fresh": fresh, "startup_s": startup_s}
+                    "fresh": fresh, "startup_s": startup_s, "nodes": nodes}
 
         def shutdown(self) -> None:
             for key in list(self.groups):
@@ -255,15 +335,16 @@ def _get_pool() -> Any:
 
 
 def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
-               cpus_per_worker: float = 0.0) -> PoolOutcome:
-    """Run `cfg` on the kept-alive worker group of `world_size` ranks (started on first use)."""
+               cpus_per_worker: float = 0.0, resources: dict[str, float] | None = None) -> PoolOutcome:
+    """Run `cfg` on the kept-alive worker group of `world_size` ranks (started on first use); `resources`:
+    extra Ray resources each worker's bundle holds (e.g. {"GPU": 1} is implied by use_gpu)."""
     import ray
 
     t0 = time.perf_counter()
     pool = _get_pool()
-    out = ray.get(pool.run.remote(world_size, use_gpu, cfg, timeout_s, cpus_per_worker))
+    out = ray.get(pool.run.remote(world_size, use_gpu, cfg, timeout_s, cpus_per_worker, resources))
     return PoolOutcome(status=out["status"], reason=out["reason"], ranks=out["ranks"], fresh_workers=out["fresh"],
-                       startup_s=out["startup_s"], wall_s=time.perf_counter() - t0)
+                       startup_s=out["startup_s"], wall_s=time.perf_counter() - t0, nodes=tuple(out.get("nodes", ())))
 
 
 def shutdown_pool() -> None:
@@ -292,19 +373,61 @@ def _train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, Any]] | Non
     return gathered if torch.distributed.get_rank() == 0 else None
 
 
+def _closed_torch_config(*, backend: str, timeout_s: int) -> Any:
+    """Ray Train's TorchConfig, with the process group set up on `open_store` / `join_process_group` (the store
+    on the node IP only) instead of `env://`, whose TCPStore listens on every interface."""
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _TorchBackend
+
+    class _ClosedBackend(_TorchBackend):
+        def on_start(self, worker_group: Any, backend_config: Any) -> None:
+            import ray
+
+            from ray.train.torch import config as torch_config
+
+            env_vars = getattr(torch_config, "_set_torch_distributed_env_vars", None)
+            if env_vars is not None:  # LOCAL_RANK and friends, as Ray Train's own backend sets them
+                worker_group.execute(env_vars)
+            addr, port = worker_group.execute_single(0, _open_worker_store, backend_config.timeout_s)
+            ray.get([worker_group.execute_single_async(i, _join_worker_group, addr, port, i, len(worker_group),
+                                                       backend_config.backend, backend_config.timeout_s)
+                     for i in range(len(worker_group))])
+
+    class _ClosedTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return _ClosedBackend
+
+    return _ClosedTorchConfig(backend=backend, timeout_s=timeout_s)
+
+
+_WORKER_STORE: dict[str, Any] = {}  # rank 0 of a Ray Train group keeps its TCPStore here (the worker's process)
+
+
+def _open_worker_store(timeout_s: float) -> tuple[str, int]:
+    store, addr, port = open_store(timeout_s)
+    _WORKER_STORE["store"] = store
+    return addr, port
+
+
+def _join_worker_group(addr: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    _WORKER_STORE["store"] = join_process_group(_WORKER_STORE.get("store") if rank == 0 else None, addr, port, rank,
+                                                world_size, backend, timeout_s)
+
+
 def run_fresh(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
               cpus_per_worker: float = 0.5, storage_path: str | None = None) -> PoolOutcome:
     """Run `cfg` on new Ray Train workers (TorchTrainer, gloo on CPU, NCCL on GPU)."""
     import tempfile
 
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
 
     t0 = time.perf_counter()
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config={"job": cfg},
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(timeout_s)),
+        torch_config=_closed_torch_config(backend="nccl" if use_gpu else "gloo", timeout_s=int(timeout_s)),
         scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu,
                                      resources_per_worker=None if use_gpu else {"CPU": cpus_per_worker}),
         run_config=RunConfig(storage_path=storage_path or tempfile.mkdtemp(prefix="autotune-train-"),

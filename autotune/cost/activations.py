@@ -503,7 +503,7 @@ class UnitActivations:
             for name, value in terms:
                 out[name] = out.get(name, 0.0) + weight * value
 
-        for (k, start, n), n_inflight in zip(chunks, inflight):
+        for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
             dense = max(0, min(start + n, first_dense) - start)
             rd, rm, kd, km = self._split(dense, n - dense)
             add(self.dense_terms, n_inflight * rd)

@@ -90,7 +90,7 @@ def workspace_terms(job: Job, layout: Layout, *, has_output: bool = False) -> di
       bf16 (`tensor_parallel/layers.py`)."""
     one = _TE_WORKSPACE.get(job.cluster.gpu.arch, 32 * MIB)
     grouped = job.model.moe is not None and job.training.moe_grouped_gemm
-    terms = {"cublas_workspace": one * (2 + (_GROUPED_GEMM_STREAMS if grouped else 0))}
+    terms: dict[str, float] = {"cublas_workspace": one * (2 + (_GROUPED_GEMM_STREAMS if grouped else 0))}
     if has_output and layout.sp and layout.tp > 1:
         t = job.training
         terms["sp_gather_buffer"] = BF16 * t.seq_length * layout.mbs / layout.cp * job.model.hidden_size

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from autotune.cost.throughput import estimate_time
 from search_spaces.job import Job
 from search_spaces.layout import Layout
-
-from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from search_spaces.measurement import Measurement
-from autotune.cost.throughput import estimate_time
+from search_spaces.measurement import Measurement, Status
 
 __all__ = ["AnalyticBackend", "check_rules"]
 
@@ -56,7 +55,8 @@ class AnalyticBackend:
         time = estimate_time(job, layout, self.calibration)
         capacity = job.cluster.gpu.memory_bytes - self.headroom_bytes
         peak = memory.total_bytes
-        status, reason = "ok", ""
+        status: Status = "ok"
+        reason = ""
         if peak > capacity:
             status = "oom"
             reason = (f"peak memory {peak / GIB:.1f} GiB exceeds {capacity / GIB:.1f} GiB per GPU "

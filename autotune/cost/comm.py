@@ -9,9 +9,8 @@ of it NCCL's bus bandwidth reaches on large messages.
 
 from __future__ import annotations
 
-from search_spaces.cluster import ClusterSpec, LinkSpec
-
 from autotune.cost.efficiency import Calibration
+from search_spaces.cluster import ClusterSpec, LinkSpec
 
 __all__ = ["ring_collective_s", "group_collective_s", "all_to_all_s", "dispatch_s", "p2p_s"]
 
@@ -49,7 +48,8 @@ def group_collective_s(nbytes: float, n: int, stride: int, cluster: ClusterSpec,
 
 
 def all_to_all_s(nbytes_per_rank: float, n: int, link: LinkSpec, cal: Calibration) -> float:
-    """All-to-all where each rank holds `nbytes_per_rank`, keeps 1/n and sends the rest: (n-1)/n * bytes / bw + latency."""
+    """All-to-all where each rank holds `nbytes_per_rank`, keeps 1/n and sends the rest:
+    (n-1)/n * bytes / bw + latency."""
     if n <= 1 or nbytes_per_rank <= 0:
         return 0.0
     return (n - 1) / n * nbytes_per_rank / (link.bandwidth_bytes_per_s * cal.link_fraction) + link.latency_s

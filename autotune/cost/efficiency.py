@@ -188,5 +188,6 @@ def attention_time_s(flops: float, *, gpu: GPUSpec, cal: Calibration, block_toke
 
 
 def memory_bound_time_s(nbytes: float, *, gpu: GPUSpec, cal: Calibration) -> float:
-    """Elementwise kernels (norms, activations, casts, permutations, optimizer): bytes moved / achieved HBM bandwidth."""
+    """Elementwise kernels (norms, activations, casts, permutations, optimizer): bytes moved / achieved HBM
+    bandwidth."""
     return nbytes / (gpu.hbm_bytes_per_s * cal.hbm_fraction)

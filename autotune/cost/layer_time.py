@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from search_spaces.job import Job
-from search_spaces.model import ModelSpec
-
 from autotune.cost.comm import group_collective_s
 from autotune.cost.efficiency import Calibration, GemmCost, attention_time_s, gemm_cost, memory_bound_time_s
+from search_spaces.job import Job
+from search_spaces.model import ModelSpec
 
 __all__ = ["Pass", "Shape", "shape_of", "attention_block", "dense_mlp_block", "mlp_gemms_fwd_s", "tp_exposed_s",
            "fp8_cast_s", "graphed", "FP8_CAST_BYTES", "ATTENTION_HOST_OPS", "MLP_HOST_OPS"]

@@ -201,7 +201,8 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
         return 0.0
     if not layout.dist_opt:
         return 4.0 * sp.params_per_gpu
-    return 4.0 * (sp.dense_params_per_gpu / (layout.dp * layout.cp) + sp.expert_params_per_gpu / max(1, layout.expert_dp))
+    dense = sp.dense_params_per_gpu / (layout.dp * layout.cp)
+    return 4.0 * (dense + sp.expert_params_per_gpu / max(1, layout.expert_dp))
 
 
 @lru_cache(maxsize=4096)
@@ -274,7 +275,7 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
     inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage, extra_warmup=extra)
     has_moe = sp.moe_layers > 0
     activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
-    for (k, start, n), n_inflight in zip(chunks, inflight):
+    for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
         dense = max(0, min(start + n, first_dense) - start)
         activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0, has_output=k == last)
     breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
@@ -286,7 +287,6 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
         activations, phase = step, "optimizer step"
         breakdown = partial(lambda value: (("optimizer_step_fp32_grads", value),), step)
     workspace = sum(workspace_terms(job, layout, has_output=sp.has_output).values())
-    allocated = weights + grads + optim + activations + workspace
     overhead = device_terms(job, layout, assumptions.allowance)
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,

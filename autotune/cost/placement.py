@@ -8,6 +8,10 @@ Conventions (megatron-core 0.16): the vocabulary is padded to a multiple of 128 
 layer in the last stage's last chunk (a tied copy there when PP > 1), layers are split over the PP * VPP
 model chunks as `Layout.chunk_layer_counts` says (even, uneven, or embedding + loss counted as layers), and
 MoE models' leading dense layers land wherever the split puts them (stage 0 for DeepSeek-V3).
+A `pipeline_model_parallel_layout` string places layers and MTP layers itself (`Layout.chunk_layer_counts`,
+`Layout.chunk_mtp_counts`). Multi-token-prediction layers sit on the last chunk without a string
+(`get_mtp_num_layers_to_build`); a chunk holding MTP builds its own copy of the word embedding unless it is
+the first chunk (`GPTModel.__init__`: `if self.pre_process or self.mtp_process: self.embedding = ...`).
 Sources: `models/gpt/gpt_model.py`, `transformer/attention.py`, `transformer/multi_latent_attention.py`,
 `transformer/mlp.py`, `transformer/moe/`, Megatron-LM `_vocab_size_with_padding`. Checked exactly against real
 megatron-core models in `tests/test_memory_megatron_params.py`.
@@ -19,27 +23,26 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from search_spaces.layout import Layout
-from search_spaces.model import ModelSpec
+from search_spaces.model import VOCAB_DIVISOR, ModelSpec, padded_vocab_size
 
-__all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "padded_vocab_size",
-           "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR"]
+__all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "chunk_mtp_counts",
+           "padded_vocab_size", "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR"]
 
-VOCAB_DIVISOR = 128  # megatron `--make-vocab-size-divisible-by` default
-
-
-def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = VOCAB_DIVISOR) -> int:
-    """Megatron's `_vocab_size_with_padding`: round up to a multiple of `divisible_by * TP`."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
-
-
-Split = tuple[int | None, int | None, bool]  # (first_stage_layers, last_stage_layers, embedding_loss_split)
-EVEN: Split = (None, None, False)
+# (first_stage_layers, last_stage_layers, embedding_loss_split, pipeline_layout); 3-tuples (no layout string)
+# are accepted too
+Split = tuple[int | None, int | None, bool, str | None]
+EVEN: Split = (None, None, False, None)
 
 
 def pipeline_split(layout: Layout) -> Split:
     """The layout's pipeline split fields, as a hashable cache key."""
-    return (layout.first_stage_layers, layout.last_stage_layers, layout.embedding_loss_split)
+    return (layout.first_stage_layers, layout.last_stage_layers, layout.embedding_loss_split, layout.pipeline_layout)
+
+
+def _split_layout(pp: int, vpp: int, split: tuple) -> Layout:
+    first, last, embedding_loss, *rest = split
+    return Layout(pp=pp, vpp=vpp if vpp > 1 else None, first_stage_layers=first, last_stage_layers=last,
+                  embedding_loss_split=embedding_loss, pipeline_layout=rest[0] if rest else None)
 
 
 @lru_cache(maxsize=4096)
@@ -47,13 +50,17 @@ def chunk_layer_counts(num_layers: int, pp: int, vpp: int = 1, split: Split = EV
     """Transformer layers in each of the PP * VPP model chunks, in model order (chunk k on stage k % PP).
 
     Exactly `Layout.chunk_layer_counts`: megatron-core's even split, its uneven split
-    (`num_layers_in_first/last_pipeline_stage`) or its embedding+loss split
-    (`account_for_embedding/loss_in_pipeline_split`), from `transformer_config.py` / `get_num_layers_to_build`.
+    (`num_layers_in_first/last_pipeline_stage`), its embedding+loss split
+    (`account_for_embedding/loss_in_pipeline_split`) or a `pipeline_model_parallel_layout` string, from
+    `transformer_config.py` / `get_num_layers_to_build`.
     """
-    first, last, embedding_loss = split
-    layout = Layout(pp=pp, vpp=vpp if vpp > 1 else None, first_stage_layers=first, last_stage_layers=last,
-                    embedding_loss_split=embedding_loss)
-    return layout.chunk_layer_counts(num_layers)
+    return _split_layout(pp, vpp, split).chunk_layer_counts(num_layers)
+
+
+@lru_cache(maxsize=4096)
+def chunk_mtp_counts(mtp_layers: int, pp: int, vpp: int = 1, split: Split = EVEN) -> tuple[int, ...]:
+    """MTP layers in each model chunk (`Layout.chunk_mtp_counts`)."""
+    return _split_layout(pp, vpp, split).chunk_mtp_counts(mtp_layers)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,7 +68,9 @@ class StageParams:
     """Parameters of one pipeline stage (all its VPP chunks). `*_per_gpu` is what one GPU of the stage holds:
     dense parameters after the TP split (replicated norms, routers and row-parallel biases counted whole),
     expert parameters after the EP * ETP split. `dense_params` / `expert_params` are the unsplit stage totals
-    (padded vocabulary). `gemm_params_per_gpu` counts transformer-layer GEMM weights only (FP8 caches)."""
+    (padded vocabulary). `gemm_params_per_gpu` counts transformer-layer GEMM weights only (FP8 caches).
+    `layers` / `moe_layers` count decoder layers; `mtp_layers` the stage's multi-token-prediction layers
+    (their parameters, and the embedding copy their chunk builds, are in the totals)."""
 
     stage: int
     layers: int
@@ -73,6 +82,7 @@ class StageParams:
     dense_params_per_gpu: int
     expert_params_per_gpu: int
     gemm_params_per_gpu: int
+    mtp_layers: int = 0
 
     @property
     def params_per_gpu(self) -> int:
@@ -91,6 +101,8 @@ def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = 
     per_dim = _norm_params_per_dim(model)
     norm = h * per_dim
     proj_bias = h if model.add_bias_linear else 0
+    norm += h * per_dim if model.post_norms else 0  # Gemma's post-attention norm, replicated
+    sinks = a // tp if model.softmax_type == "learnable" else 0  # softmax_offset per local head
     if model.mla is not None:
         m = model.mla
         qk = m.qk_head_dim + m.qk_pos_emb_head_dim
@@ -103,13 +115,14 @@ def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = 
         proj = a * m.v_head_dim * h
         down = q_gemm_rep + kv_gemm_rep
         gemm = (down // tp if mla_down_split else down) + (q_split + kv_split + proj) // tp
-        return norm + gemm + q_norm + kv_norm + proj_bias, gemm
+        return norm + gemm + q_norm + kv_norm + proj_bias + sinks, gemm
     qkv = h * (a + 2 * g) * d
     proj = a * d * h
     qkv_bias = (a + 2 * g) * d if (model.add_bias_linear or model.add_qkv_bias) else 0
-    qk_norm = 2 * d * per_dim if model.qk_layernorm else 0
+    qk_width = 2 * d if model.qk_layernorm_per_head else (a + g) * d  # OLMoE: full-width, replicated
+    qk_norm = qk_width * per_dim if model.qk_layernorm else 0
     gemm = (qkv + proj) // tp
-    return norm + gemm + qkv_bias // tp + proj_bias + qk_norm, gemm
+    return norm + gemm + qkv_bias // tp + proj_bias + qk_norm + sinks, gemm
 
 
 def _norm_params_per_dim(model: ModelSpec) -> int:
@@ -131,12 +144,17 @@ def _mlp_params_per_gpu(model: ModelSpec, ffn: int, tp: int) -> tuple[int, int]:
 def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down_split: bool) -> dict[str, int]:
     """Per-GPU parameter counts of the building blocks for one (TP, EP, ETP)."""
     norm = model.hidden_size * _norm_params_per_dim(model)
+    post_norm = norm if model.post_norms else 0  # Gemma's post-feedforward norm, replicated
     attn, attn_gemm = _attention_params_per_gpu(model, tp, mla_down_split)
     dense_mlp, dense_mlp_gemm = _mlp_params_per_gpu(model, model.ffn_hidden_size, tp)
+    h = model.hidden_size
     out = {
         "attention": attn, "attention_gemm": attn_gemm,
-        "dense_mlp": norm + dense_mlp, "dense_mlp_gemm": dense_mlp_gemm,
+        "dense_mlp": norm + dense_mlp + post_norm, "dense_mlp_gemm": dense_mlp_gemm,
         "moe_dense": 0, "moe_dense_gemm": 0, "experts": 0, "experts_gemm": 0,
+        # MTP layer outside its decoder layer: enorm, hnorm, final_layernorm (replicated), eh_proj
+        # (ColumnParallelLinear 2h -> h, gather_output=False, no bias: h / TP rows of 2h)
+        "mtp_extra": 3 * norm + 2 * h * h // tp, "mtp_extra_gemm": 2 * h * h // tp,
     }
     if model.moe is not None:
         m = model.moe
@@ -145,7 +163,8 @@ def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down
             shared, shared_gemm = _mlp_params_per_gpu(model, m.shared_expert_ffn_hidden_size, tp)
         gate = model.hidden_size if m.shared_expert_gate else 0
         router = model.hidden_size * m.num_experts  # replicated on every rank (`moe/router.py`)
-        out["moe_dense"] = norm + router + shared + gate
+        router += m.num_experts if model.add_bias_linear else 0  # the router's bias (GPT-OSS)
+        out["moe_dense"] = norm + router + shared + gate + post_norm
         out["moe_dense_gemm"] = shared_gemm
         expert, expert_gemm = _mlp_params_per_gpu(model, m.expert_ffn_hidden_size, etp)
         local_experts = m.num_experts // ep
@@ -158,41 +177,62 @@ def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down
 def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, etp: int, split: Split,
                          divisible_by: int, mla_down_split: bool) -> tuple[StageParams, ...]:
     counts = chunk_layer_counts(model.num_layers, pp, vpp, split)
+    mtp_counts = chunk_mtp_counts(model.mtp_num_layers, pp, vpp, split) if model.mtp_num_layers else (0,) * len(counts)
     blocks = _layer_params_per_gpu(model, tp, ep, etp, mla_down_split)
     unsplit = _layer_params_per_gpu(model, 1, 1, 1, mla_down_split)
     h = model.hidden_size
     vocab = padded_vocab_size(model.vocab_size, tp, divisible_by)
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     norm = h * _norm_params_per_dim(model)
+    # an MTP layer's transformer layer has the spec of the decoder's last layer: MoE when the model is MoE
+    mtp_mlp = "moe_dense" if model.moe is not None else "dense_mlp"
+    mtp_mlp_gemm = blocks["moe_dense_gemm"] + blocks["experts_gemm"] if model.moe is not None else blocks["dense_mlp_gemm"]
+    embedding_gpu = vocab // tp * h + model.max_position_embeddings * h  # VocabParallelEmbedding + positions
+    embedding_all = vocab * h + model.max_position_embeddings * h
+    # the decoder's final norm: on the post-process chunk, or with MTP on the chunk of the last decoder layer
+    # (`TransformerBlock.has_final_layernorm_in_this_stage`)
+    final_chunk = max((k for k, n in enumerate(counts) if n), default=len(counts) - 1) if model.mtp_num_layers \
+        else len(counts) - 1
     stages = []
     for p in range(pp):
-        layers = moe_layers = 0
+        layers = moe_layers = mtp_layers = embedding_copies = 0
         start = 0
         for k, n in enumerate(counts):
             if k % pp == p:
                 layers += n
                 moe_layers += max(0, start + n - max(start, first_dense)) if model.moe is not None else 0
+                mtp_layers += mtp_counts[k]
+                embedding_copies += 1 if mtp_counts[k] and k != 0 else 0  # an MTP chunk builds the embedding
             start += n
         dense_layers = layers - moe_layers
         has_emb, has_out = p == 0, p == pp - 1
         dense_gpu = layers * blocks["attention"] + dense_layers * blocks["dense_mlp"]
         dense_gpu += moe_layers * blocks["moe_dense"]
+        dense_gpu += mtp_layers * (blocks["mtp_extra"] + blocks["attention"] + blocks[mtp_mlp])
         dense_all = layers * unsplit["attention"] + dense_layers * unsplit["dense_mlp"]
         dense_all += moe_layers * unsplit["moe_dense"]
+        dense_all += mtp_layers * (unsplit["mtp_extra"] + unsplit["attention"] + unsplit[mtp_mlp])
+        dense_gpu += embedding_copies * embedding_gpu
+        dense_all += embedding_copies * embedding_all
         if has_emb:  # VocabParallelEmbedding rows split over TP; learned positions replicated
-            dense_gpu += vocab // tp * h + model.max_position_embeddings * h
-            dense_all += vocab * h + model.max_position_embeddings * h
-        if has_out:  # final norm + column-parallel output layer (a tied copy when PP > 1)
+            dense_gpu += embedding_gpu
+            dense_all += embedding_all
+        if has_out:  # column-parallel output layer (a tied copy when PP > 1)
             output = 0 if (model.tied_embeddings and pp == 1) else vocab * h
-            dense_gpu += norm + output // tp
-            dense_all += norm + output
+            dense_gpu += output // tp
+            dense_all += output
+        if p == final_chunk % pp:  # the final norm, replicated
+            dense_gpu += norm
+            dense_all += norm
+        expert_layers = moe_layers + (mtp_layers if model.moe is not None else 0)
         gemm = layers * blocks["attention_gemm"] + dense_layers * blocks["dense_mlp_gemm"]
         gemm += moe_layers * (blocks["moe_dense_gemm"] + blocks["experts_gemm"])
+        gemm += mtp_layers * (blocks["mtp_extra_gemm"] + blocks["attention_gemm"] + mtp_mlp_gemm)
         stages.append(StageParams(
             stage=p, layers=layers, moe_layers=moe_layers, has_embedding=has_emb, has_output=has_out,
-            dense_params=dense_all, expert_params=moe_layers * unsplit["experts"],
-            dense_params_per_gpu=dense_gpu, expert_params_per_gpu=moe_layers * blocks["experts"],
-            gemm_params_per_gpu=gemm,
+            dense_params=dense_all, expert_params=expert_layers * unsplit["experts"],
+            dense_params_per_gpu=dense_gpu, expert_params_per_gpu=expert_layers * blocks["experts"],
+            gemm_params_per_gpu=gemm, mtp_layers=mtp_layers,
         ))
     return tuple(stages)
 

@@ -16,15 +16,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from search_spaces.job import Job
-from search_spaces.layout import Layout
-
 from autotune.cost.comm import group_collective_s, p2p_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration, gemm_cost, memory_bound_time_s
 from autotune.cost.flops import model_flops_per_step, padded_vocab_size
 from autotune.cost.layer_time import BF16, Pass, attention_block, dense_mlp_block, shape_of
 from autotune.cost.moe_time import moe_block
 from autotune.cost.placement import StageParams, heaviest_stage, pipeline_split, stage_params
+from search_spaces.job import Job
+from search_spaces.layout import Layout
 
 __all__ = ["TimeEstimate", "LayerTimes", "layer_times", "estimate_time", "pipeline_bubble_s", "dp_comm_s",
            "optimizer_step_s", "TIME_KEYS"]

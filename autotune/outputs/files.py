@@ -6,16 +6,24 @@
     report.html + plot PNGs    the self-contained report (`autotune.outputs.report`)
 
 `result_json` is the `--json` object of the search verb (and of `best.json`'s fields).
+
+Every file is written atomically (`autotune.tuning.run_folder.atomic_write`: temp file, fsync, rename): a kill
+or a full disk leaves the previous file or none, never half of one, and a failed write raises `OutputError`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from autotune.outputs.launch import launch_forms
 from autotune.tuning.results import GIB, SearchResult, job_summary
+from autotune.tuning.run_folder import OutputError, atomic_write
 
 __all__ = ["write_outputs", "result_json", "launch_of", "BEST_JSON", "LAUNCH_FILES"]
 
@@ -45,15 +53,41 @@ def result_json(result: SearchResult, *, top: int = 10) -> dict[str, Any]:
 
 
 def write_outputs(result: SearchResult, folder: str | Path) -> None:
-    """best.json, the two launch files and the report (trials.csv and study.db are written while the search runs)."""
-    from autotune.outputs.report import write_report
+    """best.json, the two launch files and the report (trials.csv and study.db are written while the search runs).
 
+    Raises `OutputError` (an OSError naming the file) when one cannot be written.
+    """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     best = result.best_record
     launch = launch_of(result)
     payload = None if best is None else {**best.summary(), "launch": launch, "job": job_summary(result.job)}
-    (folder / BEST_JSON).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    atomic_write(folder / BEST_JSON, json.dumps(payload, indent=2, default=str) + "\n")
     for key, name in LAUNCH_FILES.items():
-        (folder / name).write_text((launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")
-    write_report(result, folder)  # report.html and the four plot PNGs
+        atomic_write(folder / name, (launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")
+    if result.records:  # with no trial at all (no valid layout) there is nothing to plot
+        _write_report_atomically(result, folder)
+
+
+def _write_report_atomically(result: SearchResult, folder: Path) -> None:
+    """report.html and the plot PNGs, drawn into a temporary folder beside them and renamed in one by one."""
+    from autotune.outputs.report import write_report
+
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".report-", dir=folder))
+    except OSError as e:
+        raise OutputError(e.errno, f"cannot write the report in {folder}: {e.strerror or e}") from None
+    try:
+        try:
+            write_report(result, staging)  # report.html and the four plot PNGs
+        except OSError as e:
+            raise OutputError(e.errno, f"cannot write the report in {folder}: {e.strerror or e}") from None
+        for path in sorted(staging.iterdir()):
+            try:
+                with open(path, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(path, folder / path.name)
+            except OSError as e:
+                raise OutputError(e.errno, f"cannot write {folder / path.name}: {e.strerror or e}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staging)

@@ -13,8 +13,10 @@
   asked for another; when the sampler only repeats itself an unmeasured layout is enqueued.
 - When the feasible space is no larger than the budget (or `exhaustive_threshold`), it is
   evaluated whole, in batches of layouts per Tune trial.
-- Results last: trials.csv is appended per trial, the study lives in SQLite (study.db); `resume`
-  continues a folder without rerunning finished trials, and a completed search returns at once.
+- Results last: trials.csv is appended per trial (each row carries the job's fingerprint), the study is
+  written to SQLite (study.db) from the same records; `resume` continues a folder without rerunning
+  finished trials (and refuses rows of another job), and a completed search returns at once.
+- The folder is locked for the run and never mixed: see `autotune/tuning/run_folder.py`.
 
 Ray and Optuna are imported inside functions, so importing this module is cheap. The Tune glue
 (searcher subclass, callback, trainable) is in `autotune/tuning/tune_glue.py`.
@@ -23,12 +25,13 @@ Ray and Optuna are imported inside functions, so importing this module is cheap.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
+import gc
 import logging
 import math
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -46,6 +49,8 @@ from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
 from search_spaces.measurement import Backend
 from autotune.tuning.results import (META_JSON, STUDY_DB, SearchResult, TrialLog, TrialRecord, job_fingerprint, job_summary,
                               read_meta, read_trials, write_meta)
+from autotune.tuning.run_folder import claim
+from autotune.tuning.run_folder import default_output_dir as _default_output_dir
 from autotune.tuning.seeds import Seed, parse_user_layouts, rule_of_thumb_seeds
 from autotune.tuning.space_sampler import Naming
 
@@ -67,8 +72,8 @@ def default_headroom_bytes(job: Job) -> float:
 
 
 def default_output_dir(job: Job, root: str | Path = "autotune_runs") -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(root) / f"{job.model.name}-{job.cluster.nodes}n-{stamp}"
+    """A fresh folder name: `<model>-<nodes>n-<time to the microsecond>-<random>` (`run_folder`)."""
+    return _default_output_dir(job.model.name, job.cluster.nodes, root)
 
 
 class ProgressSink(Protocol):
@@ -106,7 +111,8 @@ class SearchPlan:
     fixed: tuple[Seed, ...]  # user layouts outside the space
     done: tuple[TrialRecord, ...]  # finished before (resume)
     folder: Path
-    max_concurrent: int = 1
+    fingerprint: str = ""  # job_fingerprint(job), written in every trials.csv row
+    max_concurrent: int | None = 1  # None: the connected cluster's CPUs
     progress: ProgressFactory | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
@@ -141,12 +147,22 @@ def _split_user(space: FeasibleSpace, user: Sequence[Seed]) -> tuple[list[Seed],
     return inside, outside
 
 
-def _check_resume(folder: Path, job: Job, meta: dict[str, Any] | None) -> None:
+def _check_resume(folder: Path, job: Job, meta: dict[str, Any] | None) -> dict[str, Any]:
     if meta is None:
         raise ValueError(f"--resume {folder}: no {META_JSON} there; give the folder of an earlier search.")
     if meta.get("fingerprint") != job_fingerprint(job):
         raise ValueError(f"--resume {folder}: that search was for {meta.get('job', {})}; give the same model, "
                          f"cluster and training options to resume it.")
+    return meta
+
+
+def _check_counts(trials: Any, exhaustive_threshold: Any, max_concurrent: Any) -> None:
+    for name, value, low in (("trials", trials, 1), ("exhaustive_threshold", exhaustive_threshold, 0),
+                             ("max_concurrent", max_concurrent, 1)):
+        if value is None and name != "trials":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"`{name} >= {low}` must hold (a whole number), but got ({name}={value!r}).")
 
 
 def run_search(
@@ -158,6 +174,7 @@ def run_search(
     headroom_bytes: float | None = None,
     output_dir: str | Path | None = None,
     resume: str | Path | None = None,
+    force: bool = False,
     compare: Sequence[str] = (),
     space_options: SpaceOptions | None = None,
     exhaustive_threshold: int | None = None,
@@ -166,58 +183,104 @@ def run_search(
     progress: ProgressFactory | bool | None = None,
     naming: Naming = "options",
     use_seeds: bool = True,
-    max_concurrent: int = 1,
+    max_concurrent: int | None = None,
+    finish: Callable[[SearchResult], None] | None = None,
 ) -> SearchResult:
-    """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C).
+    """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
     `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
     model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `exhaustive_threshold`:
     evaluate the whole feasible space when it has at most this many layouts (default: the budget).
-    `address`: an existing Ray cluster (`"auto"` or `ray://...`); without it a local Ray is started and
-    shut down. `progress`: a `ProgressFactory` (called once with the trial totals; the UI passes a rich bar,
-    `autotune.outputs.progress.progress_factory`), or None for no progress. Raises ValueError for bad input.
+    `address`: an existing Ray cluster (`"auto"`, `HOST:PORT` or `ray://...`); without it a local Ray (every
+    port on 127.0.0.1) is started and shut down. `max_concurrent`: trials at once (default 1 on a local Ray,
+    the cluster's CPUs with `address`). `progress`: a `ProgressFactory` (called once with the trial totals; the
+    UI passes a rich bar, `autotune.outputs.progress.progress_factory`), or None for no progress.
+
+    The result folder (`output_dir`, a fresh `autotune_runs/...` by default, or `resume`) must be empty or
+    missing unless resumed; `force=True` moves a non-empty one aside first. It is locked for the whole run.
+    `finish(result)` runs while the folder is still locked, before search.json says `completed` (the UI writes
+    best.json, the launch files and the report there). Raises ValueError for bad input and `OutputError` (an
+    OSError) when a result file cannot be written; either way nothing already in the folder is lost.
     """
     t_start = time.perf_counter()
-    if trials < 1:
-        raise ValueError(f"`trials >= 1` must hold, but got (trials={trials}).")
+    _check_counts(trials, exhaustive_threshold, max_concurrent)
     options = space_options or SpaceOptions()
     headroom = default_headroom_bytes(job) if headroom_bytes is None else float(headroom_bytes)
-    if not 0 <= headroom < job.cluster.gpu.memory_bytes:
-        raise ValueError(f"the memory headroom must be at least 0 and below the GPU's "
-                         f"{job.cluster.gpu.memory_gib:.0f} GiB, but got {headroom / GIB:.1f} GiB.")
+    _check_headroom(job, headroom)
     folder = Path(resume) if resume is not None else Path(output_dir) if output_dir else default_output_dir(job)
-    meta = read_meta(folder) if resume is not None else None
-    if resume is not None:
-        _check_resume(folder, job, meta)
-        trials = int(meta.get("trials", trials)) if meta else trials
-        seed, naming = int(meta.get("seed", seed)), meta.get("naming", naming)
-        headroom = float(meta.get("headroom_bytes", headroom))
-    folder.mkdir(parents=True, exist_ok=True)
-    capacity = job.cluster.gpu.memory_bytes - headroom
+    # Every input is checked before the folder is touched: a refused search changes nothing.
     space = feasible_space(job, options)
     backend_obj, backend_name = _resolve_backend(backend, headroom)
     user = parse_user_layouts(job, compare)
     inside, outside = _split_user(space, user)
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
-    done = read_trials(folder, capacity) if resume is not None else []
-    threshold = trials if exhaustive_threshold is None else exhaustive_threshold
-    exhaustive = meta["mode"] == "exhaustive" if meta else space.size <= threshold
-    plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name, capacity_bytes=capacity,
-                      headroom_bytes=headroom, seed=seed, trials=trials, exhaustive=exhaustive,
-                      naming=naming, seeds=tuple(seeds), fixed=tuple(outside), done=tuple(done), folder=folder,
-                      max_concurrent=max_concurrent, progress=progress if callable(progress) else None)
-    meta = {"fingerprint": job_fingerprint(job), "job": job_summary(job), "trials": trials, "seed": seed,
-            "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
-            "mode": "exhaustive" if plan.exhaustive else "search", "completed": bool(meta and meta.get("completed")),
-            "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}"}
-    write_meta(folder, meta)
-    stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start,
-                                         "started_at_s": _since_process_start() - (time.perf_counter() - t_start)}}
-    records, interrupted = list(done), False
-    if _remaining(plan) > 0 and space.size + len(outside) > 0:
-        log = TrialLog(folder)
+    fingerprint = job_fingerprint(job)
+    with claim(folder, resume=resume is not None, force=force):
+        meta = _check_resume(folder, job, read_meta(folder)) if resume is not None else None
+        if meta is not None:
+            trials, seed, naming = int(meta["trials"]), int(meta.get("seed", seed)), meta.get("naming", naming)
+            headroom = float(meta["headroom_bytes"])
+            _check_headroom(job, headroom)
+        capacity = job.cluster.gpu.memory_bytes - headroom
+        done = read_trials(folder, capacity, job=fingerprint) if meta is not None else []
+        threshold = trials if exhaustive_threshold is None else exhaustive_threshold
+        exhaustive = meta["mode"] == "exhaustive" if meta else space.size <= threshold
+        plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name,
+                          capacity_bytes=capacity, headroom_bytes=headroom, seed=seed, trials=trials,
+                          exhaustive=exhaustive, naming=naming, seeds=tuple(seeds), fixed=tuple(outside),
+                          done=tuple(done), folder=folder, fingerprint=fingerprint,
+                          max_concurrent=max_concurrent if max_concurrent is not None else (None if address else 1),
+                          progress=progress if callable(progress) else None)
+        meta = {"fingerprint": fingerprint, "job": job_summary(job), "trials": trials, "seed": seed,
+                "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
+                "mode": "exhaustive" if plan.exhaustive else "search", "completed": False,
+                "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}"}
+        write_meta(folder, meta)
+        stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start,
+                                             "started_at_s": _since_process_start() - (time.perf_counter() - t_start)}}
+        meta["stats"] = stats
         try:
-            with _ray_session(address=address, verbose=verbose, stats=stats):
+            records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
+            meta["finished_trials"] = len(records)
+            t_write = time.perf_counter()
+            if not plan.exhaustive and (len(records) > len(done) or not (folder / STUDY_DB).exists()):
+                from autotune.tuning.study_db import write_study
+
+                write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity)
+            stats["timings"]["study_write_s"] = time.perf_counter() - t_write
+            result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
+                                  mode=meta["mode"], backend=backend_name, seed=seed, space_size=space.size,
+                                  stats=stats, interrupted=interrupted, output_dir=str(folder))
+            if finish is not None:
+                finish(result)  # best.json, launch files, report: still under the lock, before `completed`
+        except BaseException:
+            with contextlib.suppress(Exception):  # say how far it got; the first error is the one to report
+                meta["finished_trials"] = len(read_trials(folder, capacity, job=fingerprint))
+                write_meta(folder, meta)
+            raise
+        stats["timings"]["run_search_s"] = time.perf_counter() - t_start
+        meta["completed"] = not interrupted and _remaining(plan, len(records) - len(done)) <= 0
+        write_meta(folder, meta)
+    return result
+
+
+def _check_headroom(job: Job, headroom: float) -> None:
+    if not (math.isfinite(headroom) and 0 <= headroom < job.cluster.gpu.memory_bytes):
+        raise ValueError(f"the memory headroom must be at least 0 and below the GPU's "
+                         f"{job.cluster.gpu.memory_gib:.0f} GiB, but got {headroom / GIB:.1f} GiB.")
+
+
+def _run_trials(plan: SearchPlan, *, address: str | None, verbose: bool,
+                stats: dict[str, Any]) -> tuple[list[TrialRecord], bool]:
+    """Run what is left of the plan on Ray; (every record, interrupted). trials.csv is closed and Ray's objects
+    are released before Ray shuts down (nothing touches Ray after `ray.shutdown()`)."""
+    records, interrupted = list(plan.done), False
+    if _remaining(plan) <= 0 or plan.space.size + len(plan.fixed) == 0:
+        return records, False
+    log = TrialLog(plan.folder)  # checks the header and cuts a torn last line before the first append
+    try:
+        with _ray_session(address=address, verbose=verbose, stats=stats):
+            try:
                 t0 = time.perf_counter()
                 from autotune.tuning.tune_glue import run_tune
 
@@ -225,24 +288,16 @@ def run_search(
                 records += new
                 stats.update(tune_stats)
                 stats["timings"]["search_s"] = time.perf_counter() - t0
-        except KeyboardInterrupt:
-            interrupted = True
-            records = read_trials(folder, capacity)
-        finally:
-            log.close()
-            writer = stats.pop("_study_writer", None)
-            if writer is not None:
-                writer.join()
-                stats.update({k: v for k, v in writer.stats.items() if k.startswith("study_write")})
-    result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
-                          mode=meta["mode"], backend=backend_name, seed=seed, space_size=space.size, stats=stats,
-                          interrupted=interrupted, output_dir=str(folder))
-    stats["timings"]["run_search_s"] = time.perf_counter() - t_start
-    meta["completed"] = not interrupted and _remaining(plan, len(records) - len(done)) <= 0
-    meta["finished_trials"] = len(records)
-    meta["stats"] = stats
-    write_meta(folder, meta)
-    return result
+            finally:
+                log.close()
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM) outside Tune's own handler: keep what is on disk
+        interrupted = True
+        records = read_trials(plan.folder, plan.capacity_bytes, job=plan.fingerprint)
+    finally:
+        log.close()
+    if _TERMINATED.is_set():
+        stats["interrupted_by"] = "SIGTERM"
+    return records, interrupted
 
 
 def _since_process_start() -> float:
@@ -263,20 +318,37 @@ def _remaining(plan: SearchPlan, new: int = 0) -> int:
     return plan.trials + len(plan.fixed) - finished
 
 
+_TERMINATED = threading.Event()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM does what Ctrl-C does: Tune stops gracefully (its SIGINT handler) or KeyboardInterrupt is raised."""
+    _TERMINATED.set()
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def terminate_like_ctrl_c() -> None:
+    """Install the SIGTERM handler above (main thread only; `ray.init` replaces the handler, so it is set again)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 @contextlib.contextmanager
 def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -> Iterator[None]:
-    """Connect to `address`, or start a quiet local Ray (dashboard on 127.0.0.1 only) and shut it down after.
-
-    A Ray this process already runs is used as is and left running (tests share one session).
-    """
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no ~/.ray/auth_token for a local, loopback-only Ray
+    """Connect to `address`, or start a local Ray closed to the network (`search_spaces.ray_session`), and shut it
+    down after. A Ray this process already runs is used as is and left running (tests share one session)."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TensorBoard files per trial
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")  # results persist in trials.csv and study.db
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # a failed trial has no metrics: it is recorded, not fatal
     t0 = time.perf_counter()
     import ray
+
+    from search_spaces import ray_session
 
     level = logging.INFO if verbose else logging.ERROR
     for name in ("ray", "ray.tune", "ray.train", "ray.data", "optuna"):
@@ -285,14 +357,16 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
     # Import Tune and Optuna (1-2 s) on a thread while ray.init waits for Ray's processes to come up.
     preload = threading.Thread(target=_preload_tune, name="autotune-preload", daemon=True)
     preload.start()
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": level, "configure_logging": True}
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, dashboard_host="127.0.0.1", **kwargs)
-        started = True
-    preload.join()
+    try:
+        if not ray.is_initialized():
+            if address:
+                ray_session.connect(address, log_to_driver=verbose, logging_level=level)
+            else:
+                ray_session.start_local(num_cpus=os.cpu_count() or 2, log_to_driver=verbose, logging_level=level)
+            started = True
+        terminate_like_ctrl_c()  # again: ray.init installs its own SIGTERM handler
+    finally:
+        preload.join()
     stats.setdefault("timings", {})["ray_start_s"] = time.perf_counter() - t0
     try:
         with warnings.catch_warnings():
@@ -302,7 +376,12 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
     finally:
         pool = sys.modules.get("trainers.worker_pool")  # megatron backend: its kept-alive workers end with the search
         if pool is not None:
-            pool.shutdown_pool()
+            with contextlib.suppress(Exception):
+                pool.shutdown_pool()
+        # Ray object references left in reference cycles (Tune's trials, actor handles) are collected now, while
+        # Ray is up: collected after `ray.shutdown()` (by Ray's GC thread or any thread's allocation) they call
+        # into the core worker, which then ends the process ("The core worker has already been shutdown").
+        gc.collect()
         if started:
             t1 = time.perf_counter()
             ray.shutdown()

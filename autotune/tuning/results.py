@@ -16,8 +16,10 @@ asked again).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
+import io
 import json
 import math
 import os
@@ -30,6 +32,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 
 from search_spaces.measurement import Measurement
+from autotune.tuning.run_folder import OutputError, atomic_write
 
 __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CSV_COLUMNS"]
@@ -37,11 +40,16 @@ __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_tria
 GIB = 1024**3
 TRIALS_CSV, META_JSON, STUDY_DB = "trials.csv", "search.json", "study.db"
 LAYOUT_COLUMNS = tuple(f.name for f in fields(Layout))  # tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, ...
-CSV_COLUMNS = ("number", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason", "tokens_per_s_per_gpu",
+CSV_COLUMNS = ("number", "job", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason", "tokens_per_s_per_gpu",
                "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s", "dominant_time", "source",
                "wall_s", "time_breakdown_s", "memory_breakdown_gib",
                # megatron backend: the analytic model's figures for the real model, beside the measured ones
-               "predicted_tokens_per_s_per_gpu", "predicted_memory_gib")
+               "predicted_tokens_per_s_per_gpu", "predicted_memory_gib", "node")
+# what a row needs to be read back (record_from_row); the per-field layout columns are a convenience
+REQUIRED_COLUMNS = ("number", "job", "origin", "layout", "status", "feasible", "reason", "tokens_per_s_per_gpu", "mfu",
+                    "tflops_per_gpu", "memory_gib", "step_time_s", "dominant_time", "source", "wall_s",
+                    "time_breakdown_s", "memory_breakdown_gib")
+FIELD_SIZE_LIMIT = 16 * 1024**2  # csv's default is 128 KiB; a row of ours is a few KiB
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +62,8 @@ class TrialRecord:
     feasible: bool
     capacity_bytes: float  # GPU memory minus the headroom
     wall_s: float = 0.0
+    job: str = ""  # the job's fingerprint (`job_fingerprint`): resume refuses rows of another job
+    node: str = ""  # the Ray node that ran the trial (its node id), when known
 
     @property
     def layout(self) -> Layout:
@@ -66,10 +76,10 @@ class TrialRecord:
 
     def row(self) -> dict[str, object]:
         m, lay = self.measurement, self.measurement.layout
-        row: dict[str, object] = {"number": self.number, "origin": self.origin, "layout": str(lay)}
+        row: dict[str, object] = {"number": self.number, "job": self.job, "origin": self.origin, "layout": str(lay)}
         row.update({k: _cell(v) for k, v in lay.short_dict().items()})
         row.update({
-            "status": m.status, "feasible": _cell(self.feasible), "reason": m.reason,
+            "status": m.status, "feasible": _cell(self.feasible), "reason": _one_line(m.reason),
             "tokens_per_s_per_gpu": _num(m.tokens_per_s_per_gpu), "mfu": _num(m.mfu),
             "tflops_per_gpu": _num(m.tflops_per_gpu), "memory_gib": _num(m.memory_gib),
             "headroom_gib": _num(self.headroom_gib), "step_time_s": _num(m.step_time_s),
@@ -81,6 +91,7 @@ class TrialRecord:
         row["predicted_tokens_per_s_per_gpu"] = _num(predicted.get("tokens_per_s_per_gpu"))
         row["predicted_memory_gib"] = _num(None if predicted.get("memory_bytes") is None
                                            else predicted["memory_bytes"] / GIB)
+        row["node"] = self.node
         return row
 
     def summary(self) -> dict[str, object]:
@@ -106,6 +117,11 @@ def _cell(value: object) -> object:
     if isinstance(value, bool):
         return "true" if value else "false"
     return value
+
+
+def _one_line(text: str) -> str:
+    """Rows stay one physical line each (so a torn last line is exactly the text after the last newline)."""
+    return " ".join(str(text).split("\n")).replace("\r", " ")
 
 
 def _num(value: float | None) -> object:
@@ -137,51 +153,135 @@ def record_from_row(row: dict[str, str], capacity_bytes: float) -> TrialRecord:
         mfu=_opt_float(row["mfu"]), extra=extra)
     return TrialRecord(number=int(row["number"]), origin=row["origin"], measurement=m,
                        feasible=row["feasible"] == "true", capacity_bytes=capacity_bytes,
-                       wall_s=float(row["wall_s"] or 0.0))
+                       wall_s=float(row["wall_s"] or 0.0), job=row["job"], node=row.get("node") or "")
+
+
+def _header_problem(header: list[str]) -> str:
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    unknown = [c for c in header if c not in CSV_COLUMNS]
+    if missing or unknown or len(set(header)) != len(header):
+        return (f"its header is not autotune's (missing {missing}, unknown {unknown[:5]}); it is damaged or from "
+                f"another version")
+    return ""
+
+
+def _split_rows(path: Path) -> tuple[list[str], str]:
+    """(complete lines, torn tail): every row is one line ending in a newline, so a kill mid-write leaves a tail."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    return [line.rstrip("\r") for line in lines[:-1]], lines[-1]
+
+
+def _parse_line(line: str) -> list[str]:
+    csv.field_size_limit(FIELD_SIZE_LIMIT)
+    return next(csv.reader([line]), [])
 
 
 class TrialLog:
-    """trials.csv, appended one row per finished trial and fsynced (a SIGKILL loses nothing finished)."""
+    """trials.csv, appended one row per finished trial and fsynced (a SIGKILL loses nothing finished).
+
+    Opening an existing file checks its header (ValueError naming the file when it is not autotune's) and cuts
+    a torn last line (a kill mid-write) before anything is appended. A failed write raises `OutputError`.
+    """
 
     def __init__(self, folder: str | Path) -> None:
         self.path = Path(folder) / TRIALS_CSV
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        self._file = open(self.path, "a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=CSV_COLUMNS)
+        self.columns: tuple[str, ...] = CSV_COLUMNS
+        try:
+            if self.path.exists() and self.path.stat().st_size > 0:
+                self._repair()
+            new = not self.path.exists() or self.path.stat().st_size == 0
+            self._file = open(self.path, "a", newline="", encoding="utf-8")
+        except OSError as e:
+            raise OutputError(e.errno, f"cannot open {self.path} for writing: {e.strerror or e}") from None
         if new:
-            self._writer.writeheader()
-            self.sync()
+            self._write(",".join(self.columns) + "\r\n")
+
+    def _repair(self) -> None:
+        lines, tail = _split_rows(self.path)
+        header = _parse_line(lines[0]) if lines else []
+        if lines and _header_problem(header):
+            raise ValueError(f"{self.path}: {_header_problem(header)}; move it away to start afresh.")
+        if header:
+            self.columns = tuple(header)
+        if tail:  # a torn last line: cut it (its trial is not finished as far as the record goes)
+            with open(self.path, "r+b") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.truncate(size - len(tail.encode("utf-8")))
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _write(self, text: str) -> None:
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except OSError as e:
+            raise OutputError(e.errno, f"cannot write {self.path}: {e.strerror or e}") from None
 
     def append(self, record: TrialRecord, *, sync: bool = True) -> None:
         """Add one row; `sync=False` defers the fsync to `sync()` (one per Tune trial, which may hold a batch)."""
-        self._writer.writerow(record.row())
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore").writerow(record.row())
+        self._write(buffer.getvalue())
         if sync:
             self.sync()
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        except OSError as e:
+            raise OutputError(e.errno, f"cannot write {self.path}: {e.strerror or e}") from None
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            with contextlib.suppress(OSError):  # the error, if any, was raised by the write that hit it
+                self._file.close()
 
 
-def read_trials(folder: str | Path, capacity_bytes: float) -> list[TrialRecord]:
-    """Records of a folder's trials.csv ([] when there is none); a torn last line is skipped."""
+def read_trials(folder: str | Path, capacity_bytes: float, *, job: str | None = None) -> list[TrialRecord]:
+    """Records of a folder's trials.csv ([] when there is none); a torn last line is left out.
+
+    ValueError naming the file (and line) for a damaged header or row, and, with `job` (a fingerprint), for a
+    row of another job: resume never mixes two searches.
+    """
     path = Path(folder) / TRIALS_CSV
     if not path.exists():
         return []
+    try:
+        lines, _torn = _split_rows(path)
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}.") from None
+    if not lines:
+        return []
+    try:
+        header = _parse_line(lines[0])
+    except csv.Error as e:
+        raise ValueError(f"{path}: line 1 (the header) is damaged: {e}.") from None
+    problem = _header_problem(header)
+    if problem:
+        raise ValueError(f"{path}: {problem}; move it away to start afresh.")
     records = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            if None in row.values() or None in row:
-                continue  # a line cut short (or run on) by a kill
-            try:
-                records.append(record_from_row(row, capacity_bytes))
-            except (KeyError, ValueError, TypeError, json.JSONDecodeError):
-                continue  # a line cut short by a kill
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            cells = _parse_line(line)
+            if len(cells) != len(header):
+                raise ValueError(f"{len(cells)} fields, the header has {len(header)}")
+            row = dict(zip(header, cells))
+            if job is not None and row["job"] != job:
+                raise _OtherJob(row["job"])
+            records.append(record_from_row(row, capacity_bytes))
+        except _OtherJob as e:
+            raise ValueError(f"{path}: line {number} is a trial of another job (fingerprint {str(e) or 'none'}, "
+                             f"this search is {job}); two searches were mixed in this folder, so it cannot be "
+                             f"resumed.") from None
+        except (KeyError, ValueError, TypeError, csv.Error, json.JSONDecodeError, AttributeError) as e:
+            raise ValueError(f"{path}: line {number} is damaged ({str(e)[:200]}).") from None
     return records
+
+
+class _OtherJob(Exception):
+    pass
 
 
 def job_fingerprint(job: Job) -> str:
@@ -189,15 +289,35 @@ def job_fingerprint(job: Job) -> str:
 
 
 def write_meta(folder: str | Path, meta: dict[str, Any]) -> None:
-    path = Path(folder) / META_JSON
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    """search.json, replaced atomically (OutputError when it cannot be written)."""
+    atomic_write(Path(folder) / META_JSON, json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+
+
+META_TYPES: dict[str, tuple[type, ...]] = {"fingerprint": (str,), "job": (dict,), "trials": (int,), "seed": (int,),
+                                           "mode": (str,), "naming": (str,), "headroom_bytes": (int, float)}
 
 
 def read_meta(folder: str | Path) -> dict[str, Any] | None:
+    """search.json (None when there is none); ValueError naming the file when it is damaged or incomplete."""
     path = Path(folder) / META_JSON
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({e}); it is damaged.") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path} does not hold an autotune search (expected a JSON object).")
+    for key, types in META_TYPES.items():
+        value = meta.get(key)
+        if value is None or isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"{path} is damaged or not autotune's: `{key}` is missing or not a "
+                             f"{'/'.join(t.__name__ for t in types)} (got {value!r:.60}).")
+    if meta["mode"] not in ("search", "exhaustive"):
+        raise ValueError(f"{path} is damaged: `mode` must be search or exhaustive, but got {meta['mode']!r:.60}.")
+    if meta["trials"] < 1 or meta["headroom_bytes"] < 0 or not math.isfinite(meta["headroom_bytes"]):
+        raise ValueError(f"{path} is damaged: trials={meta['trials']!r}, headroom_bytes={meta['headroom_bytes']!r}.")
+    return meta
 
 
 def distinct_feasible(records: Iterable[TrialRecord]) -> list[TrialRecord]:

@@ -10,20 +10,18 @@ Ray Tune and Optuna at module level.
   Optuna trial, failed trials told as FAIL, no layout measured twice, fixed user trials, and a count
   of invalid proposals.
 - `Recorder(Callback)`: turns finished Tune trials into `TrialRecord`s, appends trials.csv, drives
-  the progress bar.
+  the progress bar; a failed write stops the run (`_StopOnWriteError`) and `run_tune` raises it. The
+  study (study.db) is written by the driver from the records afterwards (`autotune.tuning.study_db`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
-import threading
 import time
 import warnings
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -37,15 +35,15 @@ from search_spaces.layout import Layout, parse_layout
 from search_spaces.rules import check
 
 from search_spaces.measurement import Backend, Measurement
-from autotune.tuning.results import STUDY_DB, TrialLog, TrialRecord
+from autotune.tuning.results import TrialLog, TrialRecord
+from autotune.tuning.run_folder import OutputError
+from autotune.tuning.study_db import CONSTRAINT, METRICS as _METRICS, MODES as _MODES, STUDY_NAME, objective
 from autotune.tuning.seeds import neighbours
 from autotune.tuning.space_sampler import define_by_run, distributions_of, layout_of, params_of
 
 __all__ = ["evaluate_trial", "LayoutSearch", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict"]
 
 GIB = 1024**3
-STUDY_NAME = "autotune"
-CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint convention)
 N_STARTUP_TRIALS = 10
 REPEATS_BEFORE_MOVE = 3  # proposals of measured layouts in a row before a neighbour is enqueued
 MAX_REPEATS = 12  # ... and before a random unmeasured layout is
@@ -89,6 +87,16 @@ def _measure(job: Job, backend: Backend, layout: Layout) -> tuple[Measurement, f
     return m, time.perf_counter() - t0
 
 
+def _node_id() -> str:
+    """The Ray node this trial runs on ('' outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    except Exception:  # noqa: BLE001 - only a label
+        return ""
+
+
 def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
     """Tune function trainable: measure `config["layout"]` or each of `config["batch"]`."""
     texts = config["batch"] if "batch" in config else [config["layout"]]
@@ -97,7 +105,7 @@ def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[s
         m, wall_s = _measure(job, backend, parse_layout(text))
         out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
     first = out[0]["m"]
-    result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"]}
+    result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"], "node": _node_id()}
     if first["tokens_per_s_per_gpu"] is not None:
         result["tokens_per_s_per_gpu"] = first["tokens_per_s_per_gpu"]
     if first["memory_bytes"] is not None:
@@ -105,17 +113,7 @@ def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[s
     return result
 
 
-# --- objective values and constraint -----------------------------------------------------------------
-def objective(m: Measurement, capacity_bytes: float) -> tuple[list[float] | None, float]:
-    """(values for Optuna or None when there are none, constraint value <= 0 when feasible)."""
-    if m.memory_bytes is None or m.status in ("failed", "timeout", "invalid"):
-        return None, 1.0
-    excess_gib = (m.memory_bytes - capacity_bytes) / GIB
-    if m.status == "oom":
-        excess_gib = max(excess_gib, 0.5)  # a measured OOM is infeasible whatever the model said
-    return [float(m.tokens_per_s_per_gpu or 0.0), m.memory_bytes / GIB], excess_gib
-
-
+# --- feasibility ---------------------------------------------------------------------------------------
 def is_feasible(m: Measurement, capacity_bytes: float) -> bool:
     return m.status == "ok" and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes
 
@@ -286,10 +284,6 @@ class LayoutSearch(OptunaSearch):
         self._completed_trials.add(trial_id)
 
 
-_METRICS = ("tokens_per_s_per_gpu", "memory_gib")
-_MODES = ("max", "min")
-
-
 def _first_measurement(result: dict[str, Any]) -> Measurement | None:
     try:
         return measurement_from_dict(json.loads(result["measurements"])[0]["m"])
@@ -299,45 +293,66 @@ def _first_measurement(result: dict[str, Any]) -> Measurement | None:
 
 # --- recording -------------------------------------------------------------------------------------------
 class Recorder(Callback):
-    """Finished Tune trials -> TrialRecords in trials.csv, in finishing order; progress updates."""
+    """Finished Tune trials -> TrialRecords in trials.csv, in finishing order; progress updates.
+
+    A row that cannot be written (full disk) is not counted: the error is kept, `stopper` stops the whole
+    run at Tune's next step, and `run_tune` raises it; every row written before stays.
+    """
 
     def __init__(self, plan: Any, log: TrialLog, total: int, progress: Any) -> None:
         self.plan, self.log, self.total, self.progress = plan, log, total, progress
         self.records: list[TrialRecord] = []
+        self.error: OutputError | None = None
         self._next = max((r.number for r in plan.done), default=-1) + 1
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its callbacks into the experiment state; the copy is never run, so leave out
         # the open trials.csv and the progress bar.
-        return {"plan": None, "log": None, "total": self.total, "progress": None, "records": [], "_next": self._next}
+        return {"plan": None, "log": None, "total": self.total, "progress": None, "records": [], "error": None,
+                "_next": self._next}
 
-    def _add(self, m: Measurement, origin: str, wall_s: float) -> None:
+    def _add(self, m: Measurement, origin: str, wall_s: float, node: str = "") -> None:
+        if self.error is not None:
+            return
         record = TrialRecord(number=self._next, origin=origin, measurement=m, wall_s=wall_s,
-                             feasible=is_feasible(m, self.plan.capacity_bytes), capacity_bytes=self.plan.capacity_bytes)
+                             feasible=is_feasible(m, self.plan.capacity_bytes), capacity_bytes=self.plan.capacity_bytes,
+                             job=self.plan.fingerprint, node=node)
+        try:
+            self.log.append(record, sync=False)  # fsynced once per finished Tune trial (a batch in exhaustive mode)
+        except OutputError as e:
+            self.error = e
+            return
         self._next += 1
         self.records.append(record)
-        self.log.append(record, sync=False)  # fsynced once per finished Tune trial (a batch in exhaustive mode)
         if self.progress is not None:
             self.progress(record, len(self.plan.done) + len(self.records), self.total)
+
+    def _sync(self) -> None:
+        if self.error is None:
+            try:
+                self.log.sync()
+            except OutputError as e:
+                self.error = e
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         try:
             self._record_result(trial)
         finally:
-            self.log.sync()
+            self._sync()
 
     def _record_result(self, trial: Any) -> None:
         result = trial.last_result or {}
         config = _config(trial)
         origin = config.get("origin", "search")
+        node = str(result.get("node") or "")
         try:
             items = json.loads(result["measurements"])
         except (KeyError, TypeError, ValueError):
             for text in _texts(config):
-                self._add(_failed(parse_layout(text), "the trial returned no metrics"), origin, 0.0)
+                self._add(_failed(parse_layout(text), "the trial returned no metrics"), origin, 0.0, node)
             return
         for item in items:
-            self._add(measurement_from_dict(item["m"]), origin, float(item.get("wall_s", 0.0)))
+            self._add(measurement_from_dict(item["m"]), origin, float(item.get("wall_s", 0.0)), node)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         error = trial.get_error()
@@ -345,7 +360,20 @@ class Recorder(Callback):
         config = _config(trial)
         for text in _texts(config):
             self._add(_failed(parse_layout(text), reason[:500]), config.get("origin", "search"), 0.0)
-        self.log.sync()
+        self._sync()
+
+
+class _StopOnWriteError(tune.stopper.Stopper):
+    """Ends the whole run once trials.csv cannot be written (the recorder keeps the error)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.recorder.error is not None
 
 
 def _config(trial: Any) -> dict[str, Any]:
@@ -363,7 +391,9 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
 
     optuna.logging.set_verbosity(optuna.logging.INFO if verbose else optuna.logging.WARNING)
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
-    trainable = tune.with_resources(trainable, {"cpu": 1})
+    spread = plan.max_concurrent is None and _alive_nodes() > 1  # a cluster: trials go to every node
+    trial_resources = tune.PlacementGroupFactory([{"CPU": 1}], strategy="SPREAD") if spread else {"cpu": 1}
+    trainable = tune.with_resources(trainable, trial_resources)
     measured = {r.layout for r in plan.done}
     storage_dir = tune_storage_dir()
     stats: dict[str, Any] = {}
@@ -375,7 +405,7 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         total = len(plan.done) + sum(len(c["batch"]) for c in configs)
         search_alg, num_samples, param_space = None, 1, {"cfg": tune.grid_search(configs)}
         trainable = tune.with_parameters(_unwrap_cfg, job=plan.job, backend=plan.backend)
-        trainable = tune.with_resources(trainable, {"cpu": 1})
+        trainable = tune.with_resources(trainable, trial_resources)
     else:
         search_alg = LayoutSearch(plan=plan)
         left = plan.trials + len(plan.fixed) - len(plan.done)
@@ -383,14 +413,15 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
     progress = None if plan.progress is None else plan.progress(
         total=total, done=len(plan.done), capacity_bytes=plan.capacity_bytes, records=list(plan.done))
     recorder = Recorder(plan, log, total, progress.update if progress else None)
+    concurrent = plan.max_concurrent or _cluster_cpus()
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
-        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=True,
-                                    max_concurrent_trials=plan.max_concurrent,
+        tune_config=tune.TuneConfig(search_alg=search_alg, num_samples=num_samples, reuse_actors=not spread,
+                                    max_concurrent_trials=concurrent,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="autotune", storage_path=storage_dir, verbose=2 if verbose else 0,
-                                  callbacks=[recorder], log_to_file=False),
+                                  callbacks=[recorder], log_to_file=False, stop=_StopOnWriteError(recorder)),
     )
     try:
         with progress or _nothing():
@@ -399,26 +430,26 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         cleanup_dir(storage_dir)
     if search_alg is not None:
         stats.update(search_alg.counts)
-        # study.db is written on a thread while Ray shuts down; `run_search` joins it before returning
-        stats["_study_writer"] = _start_study_writer(search_alg._ot_study, plan.folder / STUDY_DB, stats)
+    stats["max_concurrent"] = concurrent
+    del tuner, search_alg, trainable  # Ray objects go while Ray is up (the driver collects the cycles too)
+    if recorder.error is not None:
+        raise recorder.error
     expected = total - len(plan.done)
     interrupted = len(recorder.records) < expected
     return recorder.records, interrupted, stats
 
 
-def _start_study_writer(study: optuna.Study, path: Path, stats: dict[str, Any]) -> threading.Thread:
-    def write() -> None:
-        t0 = time.perf_counter()
-        try:
-            write_study(study, path)
-        except Exception as e:  # the trials are in trials.csv; say why the study is missing
-            stats["study_write_error"] = f"{type(e).__name__}: {e}"
-        stats["study_write_s"] = time.perf_counter() - t0
+def _alive_nodes() -> int:
+    import ray
 
-    thread = threading.Thread(target=write, name="autotune-study-writer", daemon=False)
-    thread.stats = stats  # type: ignore[attr-defined]
-    thread.start()
-    return thread
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+def _cluster_cpus() -> int:
+    """Trials at once on a cluster: one per CPU it has (so every node gets trials), at least 1."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def _unwrap_cfg(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
@@ -427,53 +458,6 @@ def _unwrap_cfg(config: dict[str, Any], job: Job, backend: Backend) -> dict[str,
 
 def _trial_name(trial: Any) -> str:
     return f"trial_{trial.trial_id}"
-
-
-def _fast_sqlite(storage: Any) -> None:
-    """No fsync per statement: the file is written once, at the end, and rewritten whole on resume."""
-    from sqlalchemy import event
-
-    def pragmas(connection: Any, _record: Any) -> None:
-        cursor = connection.cursor()
-        cursor.execute("PRAGMA synchronous=OFF")
-        cursor.execute("PRAGMA journal_mode=MEMORY")
-        cursor.close()
-
-    event.listen(storage.engine, "connect", pragmas)
-    storage.engine.dispose()
-
-
-def _add_trials_one_transaction(storage: Any, study: optuna.Study, trials: list) -> None:
-    """`study.add_trials` in one SQLite transaction (one commit per trial costs ~0.1 s each here).
-
-    Uses RDBStorage's own per-trial writer (`_get_prepared_new_trial`) inside one session; falls back
-    to the public `add_trials` where that private method is absent.
-    """
-    try:
-        from optuna.storages._rdb.storage import _create_scoped_session
-
-        with _create_scoped_session(storage.scoped_session, True) as session:
-            for trial in trials:
-                storage._get_prepared_new_trial(study._study_id, trial, session)
-    except (ImportError, AttributeError, TypeError):
-        study.add_trials(trials)
-
-
-def write_study(study: optuna.Study, path: Path) -> None:
-    """Write `study`'s finished trials to a fresh SQLite file (`optuna-dashboard sqlite:///PATH`)."""
-    tmp = path.with_suffix(".db.tmp")
-    tmp.unlink(missing_ok=True)
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp.resolve()}")
-    _fast_sqlite(storage)
-    out = optuna.create_study(storage=storage, study_name=STUDY_NAME, directions=study.directions)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        out.set_metric_names(list(_METRICS))
-    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and not t.user_attrs.get("repeat")]
-    _add_trials_one_transaction(storage, out, trials)
-    storage.remove_session()
-    storage.engine.dispose()
-    os.replace(tmp, path)
 
 
 class _nothing:

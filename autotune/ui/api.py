@@ -112,8 +112,9 @@ def search(
     training keywords. `trials`, `seed`, `backend` (`"auto"`: megatron where GPUs are visible, else
     analytic) and `headroom_gib` (default 0: the memory model keeps its own allowance) mean what the CLI's flags
     mean; with the same inputs the ranking is the same. The search writes its files (trials.csv, best.json, launch
-    files, plots, `report.html`) into `output_dir`, by default a new temporary folder (`tempfile.mkdtemp`, kept
-    after the call; `result.output_dir` says where), never into the notebook's or script's own folder.
+    files, plots, `report.html`) into `output_dir` (empty or new), by default a new temporary folder
+    (`tempfile.mkdtemp`, kept after the call; `result.output_dir` says where), never into the notebook's or
+    script's own folder. `force=True` moves a non-empty `output_dir` aside; `resume=DIR` continues one.
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.ui.dashboard`);
@@ -141,10 +142,11 @@ def search(
         import tempfile
 
         output_dir = tempfile.mkdtemp(prefix=f"autotune-{job.model.name}-{job.cluster.nodes}n-")
+    # best.json, launch files, report.html and the plots: written while the folder is locked, before
+    # search.json says `completed`
+    options.setdefault("finish", lambda r: write_outputs(r, r.output_dir))
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
                             output_dir=output_dir, **options)
-    if raw.output_dir is not None:
-        write_outputs(raw, raw.output_dir)  # best.json, launch files, report.html and the plots
     return Result(raw, dashboard_url=None if dash is None else dash.url)
 
 
@@ -206,6 +208,8 @@ def estimate(
 
 class RaySession:
     """One quiet local Ray kept up for several searches (each search otherwise starts and stops its own).
+
+    Started by `search_spaces.ray_session.start_local`: every port on 127.0.0.1, Ray's token auth on.
 
         >>> ray = ray_session()          # doctest: +SKIP
         >>> a = search("mixtral", nodes=4, trials=32); b = search("mixtral", nodes=8, trials=32)   # doctest: +SKIP

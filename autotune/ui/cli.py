@@ -4,13 +4,19 @@ Verbs: `search` (the default: `python -m autotune --model mixtral --nodes 4`), `
 `estimate`, `smoke`. Each verb's work lives in `autotune/commands/<verb>.py` and is imported only
 when that verb runs, so `--help` imports nothing heavy (no torch, ray or megatron).
 
-Bad input ends with one line on stderr and exit code 2; a layout that breaks rules is exit code 1.
+Bad input ends with one line on stderr and exit code 2 (argparse's own errors too), never a traceback: so
+does a result folder that cannot be used or written (full disk, read-only). A layout that breaks rules is exit
+code 1. Ctrl-C is 130, SIGTERM 143 (the search keeps its trials and prints the resume command); a closed
+stdout (`space --json | head -1`) ends quietly with 141. Anything unexpected is one line and exit code 1
+(`AUTOTUNE_DEBUG=1` shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 __all__ = ["main", "build_parser"]
@@ -27,20 +33,44 @@ DEFAULT_SEQ_LENGTH = 4096
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (no usage block): `autotune search: error: ...`, exit code 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def _positive_int(text: str) -> int:
+    """A whole number >= 1 in ASCII digits (argparse type)."""
+    value = _ascii_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, but got {value}")
+    return value
+
+
+def _ascii_int(text: str) -> int:
+    body = text.strip()
+    digits = body[1:] if body[:1] in "+-" else body
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 18:
+        raise argparse.ArgumentTypeError(f"expected a whole number, but got {text!r}")
+    return int(body)
+
+
 def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     g = p.add_argument_group("job")
     g.add_argument("--model", required=model_required,
                    help="catalog name (e.g. mixtral, llama3-70b; see `space --list-models`) or a path to a Hugging Face config.json")
-    g.add_argument("--nodes", type=int, default=None, help="number of nodes (default 1)")
-    g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default 8)")
+    g.add_argument("--nodes", type=_positive_int, default=None, help="number of nodes (default 1)")
+    g.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
     g.add_argument("--gpu", default=None, help="GPU type: h100, h200, a100-80gb, a100-40gb, b200, gb200 (default h100)")
     g.add_argument("--intra-node", default=None, help="link inside a node (default: the GPU's NVLink generation)")
     g.add_argument("--inter-node", default=None,
                    help="network between nodes: ib-ndr, ib-hdr, roce-400g, ethernet-100g (default ib-ndr)")
     g.add_argument("--cluster", default=None, metavar="YAML",
                    help="cluster from a YAML file (nodes, gpus_per_node, gpu, intra_node, inter_node); flags given explicitly win")
-    g.add_argument("--seq-length", type=int, default=DEFAULT_SEQ_LENGTH, help=f"sequence length (default {DEFAULT_SEQ_LENGTH})")
-    g.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH_SIZE,
+    g.add_argument("--seq-length", type=_positive_int, default=DEFAULT_SEQ_LENGTH,
+                   help=f"sequence length (default {DEFAULT_SEQ_LENGTH})")
+    g.add_argument("--global-batch-size", type=_positive_int, default=DEFAULT_GLOBAL_BATCH_SIZE,
                    help=f"global batch size in sequences (default {DEFAULT_GLOBAL_BATCH_SIZE})")
     g.add_argument("--precision", choices=("bf16", "fp8"), default="bf16", help="training precision (default bf16)")
     _add_training_options(p)
@@ -80,7 +110,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                         "(default: the whole layer)")
     g.add_argument("--recompute-modules", default=None, metavar="LIST",
                    help="what selective recompute recomputes, comma-separated (default core_attn)")
-    g.add_argument("--recompute-num-layers", type=int, default=None, metavar="N",
+    g.add_argument("--recompute-num-layers", type=_positive_int, default=None, metavar="N",
                    help="full recompute of N layers per chunk (block); default every layer (uniform)")
 
 
@@ -91,7 +121,7 @@ def _add_space_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m autotune",
         description="Find the fastest valid Megatron-Core parallel layout for a model on a GPU cluster.",
         epilog="Without a verb, `search` runs: python -m autotune --model mixtral --nodes 4",
@@ -123,19 +153,70 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in VERBS and argv[0] not in ("-h", "--help")):
         argv.insert(0, "search")
+    verb = argv[0] if argv[0] in VERBS else "search"
+    try:
+        return _main(argv)
+    except SystemExit as e:  # argparse (exit 2 with its one line), --help (0)
+        return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        terminated = _sigterm_seen()
+        print(f"autotune {verb}: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
+    except BrokenPipeError:  # `space --json | head -1`: the reader left; say nothing
+        _silence_stdout()
+        return 128 + signal.SIGPIPE
+    except (ValueError, OSError) as e:  # bad input, or a folder that cannot be used or written: one line
+        print(f"autotune {verb}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a bug: still one line, the traceback on request
+        if os.environ.get("AUTOTUNE_DEBUG"):
+            raise
+        print(f"autotune {verb}: internal error: {type(e).__name__}: {_one_line(e)} "
+              f"(AUTOTUNE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     module = _command_module(args.verb, optional=True)
     if module is None:
         parser.error(f"the {args.verb!r} verb is not available in this build")
+    if args.verb == "search":
+        _sigterm_like_ctrl_c()
     try:
-        return int(module.run(args) or 0)
-    except ValueError as e:  # bad user input: one clear line, exit code 2
-        print(f"autotune {args.verb}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"autotune {args.verb}: interrupted", file=sys.stderr)
-        return 130
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler above
+        return code
+    except RecursionError:
+        raise ValueError("the input is too deeply nested to read") from None
+
+
+def _one_line(e: BaseException) -> str:
+    output_error = type(e).__name__ == "OutputError" and isinstance(e, OSError) and e.strerror
+    text = " ".join(str(e.strerror if output_error else e).split())
+    return text[:2000] or type(e).__name__
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not complain about the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _sigterm_like_ctrl_c() -> None:
+    """SIGTERM ends a search the way Ctrl-C does (trials kept, resume command printed, exit 143)."""
+    from autotune.tuning import driver
+
+    driver.terminate_like_ctrl_c()
+
+
+def _sigterm_seen() -> bool:
+    driver = sys.modules.get("autotune.tuning.driver")
+    return bool(driver is not None and driver._TERMINATED.is_set())
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ prints its URL, runs the search, then keeps Ray up until you press Enter. The se
 as a job (named by its metadata), a named progress actor `autotune-search:<name>` whose description
 reads `12/64 trials, 9 feasible, best 3,120 tokens/s/GPU (tp=2,...)`, and the trials' own actors.
 
-The dashboard is never bound to all interfaces by default: Ray's dashboard has no authentication and
-exposed ones have been taken over (ShadowRay, CVE-2023-48022). To watch a remote cluster, forward
+The dashboard is never bound to all interfaces by default: exposed Ray dashboards have been taken over
+(ShadowRay, CVE-2023-48022). Every other port of that Ray is on 127.0.0.1 and Ray's token authentication is on
+(`search_spaces/ray_session.py`), so the browser asks for the token (`ray get-auth-token`). To watch a remote cluster, forward
 its port over SSH (`ssh -L 8265:127.0.0.1:8265 head-node`) instead of opening it.
 
     >>> from autotune import dashboard
@@ -117,21 +118,18 @@ def start_local(
     Raises ValueError for an all-interfaces host unless `allow_remote=True`.
     """
     _check_host(host, allow_remote)
+    from search_spaces import ray_session
+
+    ray_session.check_port(port, "--dashboard-port")
     import ray
 
     if ray.is_initialized():
         url = _http(_current_dashboard_url())
         return Dashboard(url=url, host=host, port=port, started_here=False)
-    context = ray.init(
-        include_dashboard=True,
-        dashboard_host=host,
-        dashboard_port=port,
-        num_cpus=num_cpus,
-        _temp_dir=temp_dir,
-        namespace=NAMESPACE,
-        job_config=_job_config(job_name),
-        log_to_driver=False,
-    )
+    # every other Ray port stays on 127.0.0.1 whatever the dashboard's host (search_spaces/ray_session.py)
+    context = ray_session.start_local(include_dashboard=True, dashboard_host=host, dashboard_port=port,
+                                      num_cpus=num_cpus, temp_dir=temp_dir, namespace=NAMESPACE,
+                                      job_config=_job_config(job_name))
     url = _http(context.dashboard_url or f"{host}:{port}")
     token_required = _wait_until_serving(url)
     bound_port = int(url.rsplit(":", 1)[1])
@@ -275,8 +273,9 @@ def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float 
         import ray as ray_module
 
         if not ray_module.is_initialized():
-            ray_module.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                            job_config=_job_config("autotune search"))
+            from search_spaces.ray_session import connect
+
+            connect(address, namespace=NAMESPACE, job_config=_job_config("autotune search"))
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return backend
@@ -290,13 +289,22 @@ def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float 
 
 
 # --- CLI hook -----------------------------------------------------------------------------------
+def _port(text: str) -> int:
+    """argparse type: a TCP port 1..65535."""
+    body = text.strip()
+    if not body.isascii() or not body.isdigit() or not 1 <= int(body) <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, but got {text!r}")
+    return int(body)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`--dashboard` and its options, for the search verb."""
     g = parser.add_argument_group("Ray dashboard")
     g.add_argument("--dashboard", action="store_true",
                    help=f"start a local Ray with its dashboard on {DEFAULT_HOST}, print its URL, "
                         "and keep it up after the search until Enter is pressed")
-    g.add_argument("--dashboard-port", type=int, default=DEFAULT_PORT, help=f"dashboard port (default {DEFAULT_PORT})")
+    g.add_argument("--dashboard-port", type=_port, default=DEFAULT_PORT,
+                   help=f"dashboard port, 1-65535 (default {DEFAULT_PORT})")
     g.add_argument("--dashboard-host", default=DEFAULT_HOST,
                    help=f"interface to bind (default {DEFAULT_HOST}; all interfaces needs --dashboard-allow-remote)")
     g.add_argument("--dashboard-allow-remote", action="store_true",

@@ -19,8 +19,9 @@ def add_layout_argument(parser: argparse.ArgumentParser) -> None:
         "--layout", required=True,
         help='layout as name=value pairs, e.g. "tp=2,pp=4,vpp=2,cp=1,ep=8,etp=1,mbs=1,sp=true,dist_opt=true,'
              'recompute=selective"; megatron-core\'s uneven pipeline split: first_stage_layers=3,last_stage_layers=2 '
-             "(num_layers_in_first/last_pipeline_stage) or embedding_loss_split=true "
-             "(account_for_embedding/loss_in_pipeline_split). Omitted fields take megatron-core's defaults (1, no "
+             "(num_layers_in_first/last_pipeline_stage), embedding_loss_split=true "
+             "(account_for_embedding/loss_in_pipeline_split) or pipeline_layout=Et|(tt|)*30mL "
+             "(pipeline_model_parallel_layout; quote it in the shell). Omitted fields take megatron-core's defaults (1, no "
              "VPP, ETP = TP, SP off, no distributed optimizer, no recompute); dp defaults to world / (tp * pp * cp)",
     )
 
@@ -33,7 +34,11 @@ def job_from_args(args: argparse.Namespace) -> Job:
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
 
-    model = get_model(args.model)
+    try:
+        model = get_model(args.model)
+    except (TypeError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
+        # a config.json whose values have the wrong types: bad input, one line (exit code 2)
+        raise ValueError(f"--model {args.model}: not a usable model config ({type(e).__name__}: {e}).") from None
     # Flags left unset are None: a --cluster YAML file fills them, then the documented defaults.
     cluster = build_cluster(
         nodes=args.nodes,

@@ -1,10 +1,13 @@
 """`python -m autotune check --model mixtral --nodes 4 --layout "tp=2,pp=2,ep=8"`: one layout vs every rule.
 
 Says valid (with the derived DP, expert DP, experts per GPU and micro-batches), or lists every
-violation with megatron-core's message and exits with code 1. A valid layout's peak memory is said beside it,
-against the GPU's memory minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown);
-the exit code is the rules' alone. With --json one object: valid, layout (megatron-core names plus dp and
-expert_dp), stage_layers, violations [{rule, fields, message}], notes, memory_gib, usable_gib, fits_in_memory.
+violation with megatron-core's message and exits with code 1; a deliberate refusal (megatron-core would
+accept the layout) is marked so. Both say which megatron-core's rules were applied
+(`search_spaces.megatron_version`). A valid layout's peak memory is said beside it, against the GPU's memory
+minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown); the exit code is the rules'
+alone. With --json one object: valid, layout (megatron-core names plus dp and expert_dp, and
+`pipeline_model_parallel_layout`), stage_layers, violations [{rule, fields, message, stricter}], notes,
+megatron_core {megatron_core_installed, megatron_core_rules, note}, memory_gib, usable_gib, fits_in_memory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from autotune.ui.commands.estimate import add_headroom_argument, headroom_bytes
 
 GIB = 1024**3
 
-__all__ = ["add_arguments", "run", "check_object", "notes"]
+__all__ = ["add_arguments", "run", "check_object", "notes", "megatron_fields"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,13 +51,24 @@ def notes(job, layout) -> list[str]:
     return out
 
 
+def megatron_fields(layout) -> dict[str, object]:
+    """`Layout.to_megatron()` plus the layout string under megatron-core's name (when the mapping lacks it)."""
+    out = layout.to_megatron()
+    out.setdefault("pipeline_model_parallel_layout", layout.pipeline_layout)
+    return out
+
+
 def check_object(job, layout, violations, memory: dict[str, object] | None = None) -> dict[str, object]:
+    from search_spaces.megatron_version import version_info
+
     return {
         "valid": not violations,
-        "layout": layout.to_megatron(),
+        "layout": megatron_fields(layout),
         "stage_layers": list(layout.stage_layer_counts(job.model.num_layers)),
-        "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message} for v in violations],
+        "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message, "stricter": v.stricter}
+                       for v in violations],
         "notes": notes(job, layout),
+        "megatron_core": version_info(),
         **(memory or {"memory_gib": None, "usable_gib": None, "fits_in_memory": None}),
     }
 
@@ -89,15 +103,18 @@ def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> No
     from rich.markup import escape
 
     from autotune.outputs.tables import make_console
+    from search_spaces.megatron_version import version_line
 
     console = make_console()
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"({job.world_size} GPUs), seq {job.training.seq_length}, GBS {job.training.global_batch_size}")
     console.print(f"layout: {escape(str(layout))}")
+    console.print(escape(version_line()))
     if violations:
         console.print(f"[red]invalid[/red]: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
         for v in violations:
-            console.print(f"  [red]x[/red] [bold]{v.rule}[/bold]: {escape(v.message)}")
+            kind = " (stricter than megatron-core)" if v.stricter else ""
+            console.print(f"  [red]x[/red] [bold]{v.rule}[/bold]{kind}: {escape(v.message)}")
     else:
         facts = [f"DP {layout.dp}"]
         if job.model.moe is not None:

@@ -5,7 +5,8 @@ step time), the Pareto front, and the winner as Megatron-Bridge overrides and Me
 arguments; `--json` prints one object instead. Every run writes a folder (docs/output-files.md).
 
 Exit codes: 0 a layout was found; 1 no layout fits (the closest ones and what ruled them out are
-printed); 2 bad input; 130 interrupted (what finished is printed and kept).
+printed); 2 bad input, or a result folder that cannot be used or written; 130 interrupted by Ctrl-C, 143 by
+SIGTERM (what finished is printed and kept, with the command that resumes it).
 Ray, Optuna and rich are imported inside `run`, so `--help` stays instant.
 """
 
@@ -32,12 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="analytic cost models, or megatron-core profiling jobs (default auto = analytic: real jobs "
                         "start only with --backend megatron, also where GPUs are visible)")
     g.add_argument("--output", metavar="DIR", default=None,
-                   help="output folder (default autotune_runs/<model>-<nodes>n-<timestamp>)")
+                   help="output folder, empty or new (default autotune_runs/<model>-<nodes>n-<time>-<random>)")
+    g.add_argument("--force", action="store_true",
+                   help="move a non-empty --output folder aside (to DIR.old-<time>) instead of refusing it")
     g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     g.add_argument("--resume", metavar="DIR", default=None,
                    help="continue an interrupted search in DIR without rerunning finished trials")
     g.add_argument("--address", default=None,
-                   help="run on an existing Ray cluster ('auto' or ray://host:port); default: a local Ray")
+                   help="run on an existing Ray cluster ('auto', HOST:PORT or ray://HOST:PORT); default: a local "
+                        "Ray with every port on 127.0.0.1")
     g.add_argument("--layout", "--compare", dest="layouts", action="append", default=[], metavar="LAYOUT",
                    help="also evaluate this layout, e.g. a recipe's 'tp=2,pp=4,ep=8,sp=true' (repeatable)")
     g.add_argument("--exhaustive-threshold", type=int, default=None, metavar="N",
@@ -62,6 +66,7 @@ def _space_options(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from autotune.ui import dashboard
 
+    _check_arguments(args)  # before --dashboard starts Ray
     with dashboard.session(args):  # --dashboard: Ray + dashboard on 127.0.0.1 first, wait for Enter after
         return _run(args)
 
@@ -73,10 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     from autotune.ui import dashboard
     from autotune.ui.commands import job_from_args
 
-    if args.trials < 1:
-        raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
-    if args.top < 1:
-        raise ValueError(f"--top must be at least 1, but got {args.top}.")
+    _check_arguments(args)
     t0 = time.perf_counter()
     if args.model is None:
         if not args.resume:
@@ -85,7 +87,8 @@ def _run(args: argparse.Namespace) -> int:
     job = job_from_args(args)
     headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
     result = run_search(
-        job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes,
+        job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes, force=args.force,
+        finish=lambda r: write_outputs(r, r.output_dir),  # best.json, launch files, report: before `completed`
         # trials named in the Ray dashboard when Ray is already connected (--dashboard, --address)
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
@@ -93,8 +96,6 @@ def _run(args: argparse.Namespace) -> int:
         progress=progress_factory(False if (args.no_progress or args.json) else None),
     )
     t_out = time.perf_counter()
-    if result.output_dir is not None:
-        write_outputs(result, result.output_dir)
     if args.json:
         from autotune.outputs.files import result_json
 
@@ -110,29 +111,65 @@ def _run(args: argparse.Namespace) -> int:
     if not args.json:
         print(_timing_line(timings), file=sys.stderr)
     if result.interrupted:
-        print(f"autotune search: interrupted; {len(result.records)} finished trials kept in {result.output_dir} "
-              f"(continue with --resume {result.output_dir})", file=sys.stderr)
-        return 130
+        by = result.stats.get("interrupted_by", "")
+        print(f"autotune search: interrupted{' by SIGTERM' if by else ''}; {len(result.records)} finished trials kept "
+              f"in {result.output_dir} (continue with --resume {result.output_dir})", file=sys.stderr)
+        return 143 if by == "SIGTERM" else 130
     return 0 if result.best is not None else 1
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """The search verb's own numbers, before anything runs (ValueError: one line, exit code 2)."""
+    import math
+
+    if args.trials < 1:
+        raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
+    if args.top < 1:
+        raise ValueError(f"--top must be at least 1, but got {args.top}.")
+    if args.exhaustive_threshold is not None and args.exhaustive_threshold < 0:
+        raise ValueError(f"--exhaustive-threshold must be at least 0, but got {args.exhaustive_threshold}.")
+    if args.headroom_gib is not None and not (math.isfinite(args.headroom_gib) and args.headroom_gib >= 0):
+        raise ValueError(f"--headroom-gib must be a finite number >= 0, but got {args.headroom_gib}.")
+    if args.resume and args.output:
+        raise ValueError("give --output DIR for a new search or --resume DIR to continue one, not both.")
+    if args.resume and args.force:
+        raise ValueError("--force moves an --output folder aside; it has no meaning with --resume.")
+    if args.address is not None:
+        from search_spaces.ray_session import check_address
+
+        check_address(args.address)
+    if any(not text.strip() for text in args.layouts):
+        raise ValueError("--layout needs a layout such as 'tp=2,pp=4,ep=8', but got an empty one.")
 
 
 def _job_flags_from_folder(args: argparse.Namespace) -> None:
     """`--resume FOLDER` without `--model`: the job flags come from the folder's search.json."""
     from autotune.tuning.results import read_meta
+    from search_spaces.training import TRAINING_FIELDS
 
+    from pathlib import Path
+
+    if not Path(args.resume).is_dir():
+        raise ValueError(f"--resume {args.resume}: no such folder; give the folder of an earlier search.")
     try:
         meta = read_meta(args.resume)
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise ValueError(f"cannot read the search in {args.resume!r}: {e}") from None
-    if not meta or "job" not in meta:
+    if not meta:
         raise ValueError(f"{args.resume!r} holds no autotune search (no search.json); give --model and the job flags.")
     job = meta["job"]
-    for flag in ("model", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "seq_length",
-                 "global_batch_size", "precision"):
+    flags = ("model", "nodes", "gpus_per_node", "gpu", "intra_node", "inter_node", "seq_length",
+             "global_batch_size", "precision")
+    missing = [f for f in flags if f not in job]
+    if missing or not isinstance(job.get("training") or {}, dict):
+        raise ValueError(f"{Path(args.resume) / 'search.json'} is damaged: its job lacks {missing or ['training']}; "
+                         f"give --model and the job flags.")
+    for flag in flags:
         setattr(args, flag, job[flag])
     for flag, value in (job.get("training") or {}).items():  # the recipe's switches, as the search ran them
-        setattr(args, flag, value)
-    if args.backend == "auto" and meta.get("backend"):
+        if flag in TRAINING_FIELDS:
+            setattr(args, flag, value)
+    if args.backend == "auto" and meta.get("backend") in ("analytic", "megatron"):
         args.backend = meta["backend"]
 
 

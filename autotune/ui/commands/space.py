@@ -5,7 +5,8 @@ candidate counted against the first rule it breaks, see `search_spaces/space.py`
 spread sample. With --json: one JSON object per line per valid layout, megatron-core field names as
 keys plus `dp` and `expert_dp` (the uneven pipeline split as `num_layers_in_first_pipeline_stage`,
 `num_layers_in_last_pipeline_stage`, `account_for_embedding_in_pipeline_split`,
-`account_for_loss_in_pipeline_split`). `--list-models` prints the catalog names.
+`account_for_loss_in_pipeline_split`, `pipeline_model_parallel_layout`). The summary says which
+megatron-core's rules were applied. `--list-models` prints the catalog names.
 """
 
 from __future__ import annotations
@@ -87,10 +88,12 @@ def run(args: argparse.Namespace) -> int:
     options = options_from_args(args)
     space = feasible_space(job, options)
     if args.json:
+        from autotune.ui.commands.check import megatron_fields
+
         for i, layout in enumerate(space.layouts()):
             if args.limit is not None and i >= args.limit:
                 break
-            print(json.dumps(layout.to_megatron()))
+            print(json.dumps(megatron_fields(layout)))
         return 0
     _print_rich(job, options, space, rejections(job, options), args.sample)
     return 0
@@ -100,10 +103,15 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rich.markup import escape
+
+    from search_spaces.megatron_version import version_line
+
     console = Console()
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"{job.cluster.gpu.name} ({job.world_size} GPUs), seq {job.training.seq_length}, "
                   f"GBS {job.training.global_batch_size}")
+    console.print(escape(version_line()))
     where = "inside one node" if options.tp_within_node else "across nodes allowed"
     console.print(f"feasible layouts: [bold]{space.size:,}[/bold] ({len(space.shapes):,} parallel shapes x "
                   f"{len(options.dist_opt)} dist_opt x {len(options.recompute)} recompute; TP and EP*ETP {where})")

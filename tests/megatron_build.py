@@ -1,0 +1,335 @@
+"""Real megatron-core GPT models for a `ModelSpec` and a `Layout` on a CPU: the tests' and benchmarks' builder.
+
+`build_chunks` builds one rank's model chunks (one `GPTModel` per virtual stage) the way Megatron-LM's
+`gpt_builders.gpt_builder` does in megatron-core 0.16.1: the decoder block spec of `get_gpt_decoder_block_spec`
+(so `moe_layer_freq` makes DeepSeek's first layers dense), an MTP block spec built from the last decoder layer's
+spec (`get_gpt_mtp_block_spec`, passing the layer spec so that an MTP chunk without decoder layers builds),
+the vocabulary padded to a multiple of 128 * TP, pre/post-process from `parallel_state`. Where megatron-core
+needs Megatron-Bridge's modules or Transformer Engine, the spec is patched with CPU stand-ins that build the
+same parameters:
+- the core attention is `TEStyleCoreAttention`: parameter-free like TE's and megatron-core's (except GPT-OSS's
+  learnable `softmax_offset`, one per local head), and without the local `DotProductAttention`'s CPU-only limits
+  (CP 1, no MLA head dims), which Transformer Engine's attention does not have;
+- MLA's down projections are `DuplicatedLinear` (Transformer Engine's `parallel_mode='duplicated'`), or
+  megatron-core's column-parallel local ones with `mla_down_proj="column"` (what the CPU proxy builds);
+- Gemma's post norms: `RowParallelLinearPostNorm` for `linear_proj` and `linear_fc2` (Bridge's
+  `TERowParallelLinearLayerNorm`); OLMoE's full-width q/k norms: `FullWidthQKNormSelfAttention` (Bridge's
+  `OLMoESelfAttention`).
+`with meta_device():` builds without allocating (numel and shapes only), so full-size models build in
+milliseconds per layer. Call `setup()` once per process first (CPU patches; imports megatron).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from typing import Any
+
+from search_spaces.layout import Layout
+from search_spaces.model import ModelSpec, padded_vocab_size
+
+__all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank"]
+
+_FUSIONS_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+                    persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False)
+mc: Any = None  # the megatron namespace, set by setup()
+
+
+def setup() -> Any:
+    """Import megatron-core and torch, apply the CPU patches once, define the stand-in modules."""
+    global mc
+    if mc is not None:
+        return mc
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+
+    apply_cpu_patches()
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_decoder_layer_specs,
+        get_gpt_mtp_block_spec,
+    )
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    class TEStyleCoreAttention(MegatronModule):
+        """Stands in for the core attention (TE's on a GPU): no parameters but GPT-OSS's sinks."""
+
+        def __init__(self, config, layer_number, attn_mask_type, attention_type=None, attention_dropout=None,
+                     softmax_scale=None, k_channels=None, v_channels=None, cp_comm_type=None, pg_collection=None,
+                     **kwargs):
+            super().__init__(config=config)
+            tp = parallel_state.get_tensor_model_parallel_world_size()
+            if config.softmax_type == "learnable":
+                self.softmax_offset = torch.nn.Parameter(torch.empty(config.num_attention_heads // tp,
+                                                                     dtype=config.params_dtype))
+
+    class DuplicatedLinear(torch.nn.Module):
+        """Transformer Engine's `TELinear(parallel_mode='duplicated')`: the whole weight on every TP rank."""
+
+        def __init__(self, input_size, output_size, *, config, bias=False, **kwargs):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype))
+            self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=config.params_dtype)) if bias else None
+
+    class RowParallelLinearPostNorm(RowParallelLinear):
+        """Megatron-Bridge's `TERowParallelLinearLayerNorm` (gemma2_provider.py): a norm after the projection."""
+
+        def __init__(self, input_size, output_size, *, config, **kwargs):
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.post_layernorm = WrappedTorchNorm(config=config, hidden_size=output_size,
+                                                   eps=config.layernorm_epsilon)
+
+    class FullWidthQKNormSelfAttention(SelfAttention):
+        """Megatron-Bridge's `OLMoESelfAttention` (olmoe_provider.py): q/k norms over all heads."""
+
+        def __init__(self, config, submodules, *args, **kwargs):
+            super().__init__(config, submodules, *args, **kwargs)
+            width = self.hidden_size_per_attention_head * self.config.num_attention_heads
+            self.q_layernorm = build_module(submodules.q_layernorm, hidden_size=width, config=self.config,
+                                            eps=self.config.layernorm_epsilon)
+            self.k_layernorm = build_module(submodules.k_layernorm, hidden_size=width, config=self.config,
+                                            eps=self.config.layernorm_epsilon)
+
+    multi_latent_attention.TELinear = DuplicatedLinear  # accepted as 'duplicated' by MLASelfAttention
+    mc = types.SimpleNamespace(**locals())
+    return mc
+
+
+@contextlib.contextmanager
+def meta_device():
+    """Build on torch's meta device (no memory) with megatron's `.cuda()` / `device="cuda"` sent to the CPU."""
+    with mc.cpu_device_mode(), mc.torch.device("meta"):
+        yield
+
+
+def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, training: Any = None) -> dict[str, Any]:
+    """TransformerConfig keyword arguments of the model in the layout (megatron-core names)."""
+    torch, F = mc.torch, mc.F
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    kw: dict[str, Any] = dict(
+        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads, num_query_groups=model.query_groups,
+        kv_channels=model.head_dim, gated_linear_unit=model.gated_linear_unit,
+        activation_func=F.silu if model.activation == "silu" else F.gelu, normalization=model.normalization,
+        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
+        softmax_type=model.softmax_type, mtp_num_layers=model.mtp_num_layers or None,
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp, context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.expert_tp,
+        sequence_parallel=layout.sp, pipeline_model_parallel_layout=layout.pipeline_layout,
+        num_layers_in_first_pipeline_stage=layout.first_stage_layers,
+        num_layers_in_last_pipeline_stage=layout.last_stage_layers,
+        account_for_embedding_in_pipeline_split=layout.embedding_loss_split,
+        account_for_loss_in_pipeline_split=layout.embedding_loss_split,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, use_cpu_initialization=True,
+        perform_initialization=False, hidden_dropout=0.0, attention_dropout=0.0, **_FUSIONS_OFF,
+    )
+    if layout.recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif layout.recompute == "selective":
+        kw.update(recompute_granularity="selective")
+        if training is not None:
+            kw.update(recompute_modules=list(training.recompute_modules))
+    if model.sliding_window is not None:
+        kw.update(window_size=(model.sliding_window - 1, 0), window_attn_skip_freq=model.window_attn_skip_freq)
+    if model.moe is not None:
+        m = model.moe
+        kw.update(num_moe_experts=m.num_experts, moe_router_topk=m.topk, moe_ffn_hidden_size=m.expert_ffn_hidden_size,
+                  moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
+                  moe_shared_expert_gate=m.shared_expert_gate,
+                  moe_layer_freq=[0] * m.first_dense_layers + [1] * model.num_moe_layers,
+                  moe_grouped_gemm=False, moe_token_dispatcher_type="alltoall",
+                  moe_router_score_function=m.score_function,
+                  moe_router_pre_softmax=m.pre_softmax or (m.topk == 1 and m.score_function == "softmax"),
+                  moe_router_num_groups=m.num_groups, moe_router_group_topk=m.group_topk,
+                  moe_router_topk_scaling_factor=m.topk_scaling_factor,
+                  moe_router_enable_expert_bias=m.expert_bias)
+    if model.mla is not None:
+        kw.update(q_lora_rank=model.mla.q_lora_rank, kv_lora_rank=model.mla.kv_lora_rank,
+                  qk_head_dim=model.mla.qk_head_dim, qk_pos_emb_head_dim=model.mla.qk_pos_emb_head_dim,
+                  v_head_dim=model.mla.v_head_dim, rope_type="rope", multi_latent_attention=True)
+        kw.pop("num_query_groups")
+        kw.pop("kv_channels")
+    if training is not None:
+        kw.update(overlap_moe_expert_parallel_comm=training.overlap_moe_expert_parallel_comm)
+        if training.cuda_graphs != "none":
+            kw.update(cuda_graph_impl=training.cuda_graphs)
+    return kw
+
+
+def make_config(model: ModelSpec, layout: Layout, **kwargs: Any) -> Any:
+    kw = config_kwargs(model, layout, **kwargs)
+    return (mc.MLATransformerConfig if model.mla is not None else mc.TransformerConfig)(**kw)
+
+
+def _patch_layer(model: ModelSpec, spec: Any, mla_down_proj: str) -> Any:
+    """A copy of one transformer layer spec with the CPU stand-ins (module docstring)."""
+    spec = dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules))
+    sub = spec.submodules
+    attn = dataclasses.replace(sub.self_attention, submodules=dataclasses.replace(sub.self_attention.submodules))
+    attn.submodules.core_attention = mc.TEStyleCoreAttention
+    if model.mla is not None and mla_down_proj == "duplicated":
+        if hasattr(attn.submodules, "linear_q_down_proj") and model.mla.q_lora_rank is not None:
+            attn.submodules.linear_q_down_proj = mc.DuplicatedLinear
+        attn.submodules.linear_kv_down_proj = mc.DuplicatedLinear
+    if model.post_norms:
+        attn.submodules.linear_proj = mc.RowParallelLinearPostNorm
+        if hasattr(sub.mlp, "submodules") and hasattr(sub.mlp.submodules, "linear_fc2"):
+            mlp = dataclasses.replace(sub.mlp, submodules=dataclasses.replace(sub.mlp.submodules))
+            mlp.submodules.linear_fc2 = mc.RowParallelLinearPostNorm
+            sub.mlp = mlp
+    if model.qk_layernorm and not model.qk_layernorm_per_head:
+        attn.module = mc.FullWidthQKNormSelfAttention
+    sub.self_attention = attn
+    return spec
+
+
+def build_chunks(model: ModelSpec, layout: Layout, config: Any, *, seq: int = 128,
+                 mla_down_proj: str = "duplicated") -> list[Any]:
+    """This rank's GPTModel chunks (parallel_state must be initialised for the layout)."""
+    ps = mc.parallel_state
+    vpp = config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for v in range(vpp or 1):
+        vp = v if vpp else None
+        block = mc.get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=model.normalization,
+                                              vp_stage=vp)
+        block = dataclasses.replace(block, layer_specs=[_patch_layer(model, s, mla_down_proj) for s in block.layer_specs])
+        mtp = None
+        if model.mtp_num_layers:
+            last = mc.get_gpt_decoder_layer_specs(config, use_transformer_engine=False,
+                                                  normalization=model.normalization)[-1]
+            mtp = mc.get_gpt_mtp_block_spec(config, _patch_layer(model, last, mla_down_proj),
+                                            use_transformer_engine=False, vp_stage=vp)
+        chunks.append(mc.GPTModel(
+            config=config, transformer_layer_spec=block, vocab_size=padded_vocab_size(model.vocab_size, layout.tp),
+            max_sequence_length=max(seq, model.max_position_embeddings),
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            share_embeddings_and_output_weights=model.tied_embeddings,
+            position_embedding_type="learned_absolute" if model.max_position_embeddings else "rope",
+            mtp_block_spec=mtp, vp_stage=vp,
+        ))
+    return chunks
+
+
+def stage_first_rank(world: int, layout: Layout, stage: int) -> int:
+    """The first global rank of pipeline stage `stage`: megatron-core orders ranks tp-cp-ep-dp-pp, PP outermost."""
+    return stage * (world // layout.pp)
+
+
+def init_rank(layout: Layout, rank: int, config: Any = None, world: int | None = None) -> None:
+    """A fake process group for `rank` of a world of `world` GPUs (default the layout's; no communication),
+    then megatron's groups."""
+    dist, ps = mc.dist, mc.parallel_state
+    ps.destroy_model_parallel()  # always: a failed initialize_model_parallel leaves globals (the VPP size) set
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=mc.FakeStore(), rank=rank, world_size=world or layout.world_size)
+    vpp = config.virtual_pipeline_model_parallel_size if config is not None else layout.vpp
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=vpp, context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.expert_tp,
+        create_gloo_process_groups=False)
+
+
+def teardown() -> None:
+    dist, ps = mc.dist, mc.parallel_state
+    ps.destroy_model_parallel()  # always: a failed initialize_model_parallel leaves globals (the VPP size) set
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- megatron-core's own decision on a layout: every stage, every chunk, the schedule's first step ------------
+class _ReachedForward(Exception):
+    """Raised by the forward-step stand-in: the pipeline schedule got as far as the first forward step."""
+
+
+def _run_schedule(config: Any, chunks: list[Any], layout: Layout, num_microbatches: int, seq: int) -> None:
+    """Call megatron-core's pipeline schedule (`get_forward_backward_func`: 1F1B, interleaved with VPP) until it
+    asks for the first forward step. Its checks (micro-batches vs PP for the interleaved schedule, p2p shapes)
+    run before that; the p2p receive of a later stage returns at once on the fake process group."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, model, **kwargs):  # noqa: ANN001 - EP overlap passes return_schedule_plan
+        raise _ReachedForward
+
+    schedule = get_forward_backward_func()
+    model = chunks if len(chunks) > 1 else chunks[0]
+    iterators = [iter(())] * len(chunks) if len(chunks) > 1 else iter(())
+    try:
+        with mc.cpu_device_mode():
+            schedule(forward_step_func=forward_step, data_iterator=iterators, model=model,
+                     num_microbatches=num_microbatches, seq_length=seq // layout.cp,
+                     micro_batch_size=layout.mbs, forward_only=False)
+    except _ReachedForward:
+        return
+    raise RuntimeError("the pipeline schedule returned without calling the forward step")
+
+
+def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tuple[bool, str]:
+    """megatron-core 0.16.1's own decision on `layout` in `job`, in the order a training run meets it:
+
+    1. `TransformerConfig` (its `__post_init__` checks, the layout string's validation);
+    2. for every pipeline stage, on the stage's first rank of a fake process group of the job's world:
+       `initialize_model_parallel`, every virtual chunk's `GPTModel` (layers and their offsets, MTP, the
+       splits over TP / EP / ETP), then the pipeline schedule up to its first forward step;
+    3. `get_batch_on_this_cp_rank` (the 2*CP split), `_split_along_first_dim` of seq / CP over TP (SP);
+    4. the first statement of `MoELayer.forward` in training (MoE with TP > 1 needs SP);
+    5. `ConstantNumMicroBatchesCalculator` (GBS vs MBS * DP).
+    Returns (accepted, "") or (False, "<stage>: <exception type>: <message>")."""
+    torch = mc.torch
+    model, seq, gbs = job.model, job.training.seq_length, job.training.global_batch_size
+    where = "config"
+    try:
+        config = make_config(model, layout, training=job.training)  # 1
+        num_microbatches = max(1, gbs // (layout.mbs * max(1, job.world_size // (layout.tp * layout.pp * layout.cp))))
+        for stage in range(layout.pp):  # 2
+            where = f"pp rank {stage}"
+            init_rank(layout, stage_first_rank(job.world_size, layout, stage), config, job.world_size)
+            with meta_device():
+                chunks = build_chunks(model, layout, config, seq=seq)
+            if schedule:
+                where = f"pp rank {stage} schedule"
+                _run_schedule(config, chunks, layout, num_microbatches, seq)
+        where = "rank 0"
+        init_rank(layout, 0, config, job.world_size)
+        from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+        from megatron.core.tensor_parallel.mappings import _split_along_first_dim
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+        from megatron.core.utils import get_batch_on_this_cp_rank
+
+        get_batch_on_this_cp_rank({"tokens": torch.zeros(1, seq)})  # 3
+        if config.sequence_parallel:
+            _split_along_first_dim(torch.zeros(seq // layout.cp, 1), mc.parallel_state.get_tensor_model_parallel_group())
+        if model.is_moe:  # 4
+            fake = types.SimpleNamespace(training=True, config=config,
+                                         attn_tp_group=mc.parallel_state.get_tensor_model_parallel_group())
+            try:
+                MoELayer.forward(fake, torch.zeros(1, 1, 1))
+            except AttributeError:
+                pass  # got past the check, into the layer body the stand-in lacks
+        dp = mc.parallel_state.get_data_parallel_world_size()
+        ConstantNumMicroBatchesCalculator(gbs, layout.mbs, dp, False, 0)  # 5
+        return True, ""
+    except Exception as error:  # noqa: BLE001 - any exception is megatron-core refusing the layout
+        return False, f"{where}: {type(error).__name__}: {str(error)[:300]}"
+    finally:
+        teardown()
