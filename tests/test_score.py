@@ -213,3 +213,16 @@ def test_time_only_for_the_rows_that_fit() -> None:
     assert np.isnan(fitting.step_time_s[~every.fits]).all()
     with pytest.raises(ValueError, match="time_for"):
         score_layouts(job, table, time_for="some")
+
+
+def test_rows_with_a_pipeline_layout_string_equal_the_analytic_backend() -> None:
+    # deepseek-v3 (61 layers + 1 MTP layer) on 32 nodes: PP 4/8/16 with VPP split 61 + 1 + 2 = 64 slots only by a
+    # pipeline_model_parallel_layout string (e.g. `Et|(tt|)*30mL`); those rows must score as the scalar models do
+    job, options = CASES[6][1], CASES[6][2]
+    table = LayoutTable.from_space(feasible_space(job, options))
+    with_string = np.flatnonzero(table.pipeline_layout > 0)
+    assert len(with_string) and len(table.layout_strings) > 2
+    scores = score_layouts(job, table)
+    for i in random.Random(1).sample(list(with_string), 40):
+        assert scores.table.layout(int(i)).pipeline_layout is not None
+        _assert_same(job, scores, int(i))

@@ -204,7 +204,7 @@ class _Rows:
         self.vpp = table.vpp_size
         self.etp = table.expert_tp
         self.placement = _group(table.tp, table.pp, self.vpp, table.ep, self.etp, table.first_stage_layers,
-                                table.last_stage_layers, table.embedding_loss_split)
+                                table.last_stage_layers, table.embedding_loss_split, table.pipeline_layout)
 
         self._layouts: dict[int, Layout] = {}
 
@@ -344,7 +344,8 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                   True: next((x for x in units if x.full_layers is not None), None)}
 
     # candidate peak stages per pipeline structure (pp, vpp, split)
-    structure = _group(table.pp, t.vpp, table.first_stage_layers, table.last_stage_layers, table.embedding_loss_split)
+    structure = _group(table.pp, t.vpp, table.first_stage_layers, table.last_stage_layers, table.embedding_loss_split,
+                       table.pipeline_layout)
     cands = structure.values(lambda i: _candidate_stages(model.num_layers, first_dense, int(table.pp[i]),
                                                          int(t.vpp[i]), _split_of(table, i)))
     width = max(len(c) for c in cands)
@@ -440,7 +441,7 @@ def _layer_split(units: Mapping[bool, Any], full: np.ndarray, dense: int, moe: i
     return tuple(np.where(full, float(b), float(a)) for a, b in zip(plain, block))
 
 
-def _split_of(table: LayoutTable, i: int) -> tuple[int | None, int | None, bool]:
+def _split_of(table: LayoutTable, i: int) -> tuple[int | None, int | None, bool, str | None]:
     """`placement.pipeline_split` of row i."""
     return (int(table.first_stage_layers[i]) or None, int(table.last_stage_layers[i]) or None,
-            bool(table.embedding_loss_split[i]))
+            bool(table.embedding_loss_split[i]), table.layout_strings[int(table.pipeline_layout[i])])
