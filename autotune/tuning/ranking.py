@@ -31,7 +31,7 @@ from autotune.cost.layout_table import LayoutTable
 from search_spaces.layout import RECOMPUTE_CHOICES, Layout
 
 __all__ = ["TIE_TOLERANCE", "Decision", "decide", "complexity", "layout_complexity", "equivalent_to_simpler",
-           "canonical"]
+           "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE"]
 
 TIE_TOLERANCE = 0.02  # relative tokens/s below which the model's ranking is no reason to prefer a layout
 GIB = 1024**3
@@ -147,3 +147,22 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         reason += "; no other layout lies within the model's band"
     return Decision(pick=pick, fastest=fastest, order=order, tied=tied, in_band=in_band, tolerance=tolerance,
                     band=band, reason=reason, confidence=confidence, details=details)
+
+
+MEASURED_TOLERANCE = 0.01  # the least spread a measured tokens/s is taken to have
+
+
+def measured_tolerance(step_times: Sequence[float], stdevs: Sequence[float]) -> float:
+    """The relative spread of the timed steps (the median over the measurements that report one), at least 1%."""
+    spreads = sorted(s / t for t, s in zip(step_times, stdevs) if t and t > 0 and s is not None and s >= 0)
+    return max(MEASURED_TOLERANCE, spreads[len(spreads) // 2] if spreads else 0.0)
+
+
+def decide_layouts(layouts: Sequence[Layout], tokens: Sequence[float], free_bytes: Sequence[float], *,
+                   tolerance: float, measured: bool) -> Decision:
+    """`decide` over a list of layouts (one entry per distinct layout), e.g. the measured ones."""
+    table = LayoutTable.from_layouts(layouts)
+    dist_opt = sorted({l.dist_opt for l in layouts})
+    eligible = ~equivalent_to_simpler(table, dist_opt) if len(dist_opt) > 1 else np.ones(len(layouts), dtype=bool)
+    return decide(np.asarray(tokens, dtype=np.float64), np.asarray(free_bytes, dtype=np.float64), complexity(table),
+                  eligible=eligible, tolerance=tolerance, measured=measured, labels=[str(l) for l in layouts])

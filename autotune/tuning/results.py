@@ -346,7 +346,10 @@ def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
-    """What a search found. `best` is the fastest feasible measurement (None when nothing fits)."""
+    """What a search found. `best` is the pick (None when nothing fits): `decision["pick"]` when the search
+    decided one (`autotune.tuning.ranking`: the fastest up to ties, broken by free memory then simplicity; by
+    measurement when there are measurements), else the fastest feasible record. `decision` also says how sure
+    the pick is (`confidence`, `reason`) and which layouts are tied with it (`tied_layouts`)."""
 
     job: Job
     records: tuple[TrialRecord, ...]
@@ -359,6 +362,7 @@ class SearchResult:
     stats: dict[str, Any] = field(default_factory=dict)  # proposals, invalid_proposals, duplicates, timings
     interrupted: bool = False
     output_dir: str | None = None
+    decision: dict[str, Any] = field(default_factory=dict)
 
     @property
     def measurements(self) -> list[Measurement]:
@@ -366,7 +370,18 @@ class SearchResult:
 
     @property
     def ranked(self) -> list[TrialRecord]:
-        return distinct_feasible(self.records)
+        """Distinct feasible records, the pick first, then fastest first."""
+        ranked = distinct_feasible(self.records)
+        pick = self.decision.get("pick")
+        for i, r in enumerate(ranked):
+            if pick is not None and str(r.layout) == pick:
+                return [r, *ranked[:i], *ranked[i + 1:]]
+        return ranked
+
+    @property
+    def tied(self) -> set[str]:
+        """Layout texts tied with the pick (the pick included), as the decision says."""
+        return set(self.decision.get("tied_layouts") or ())
 
     @property
     def best_record(self) -> TrialRecord | None:

@@ -115,9 +115,13 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_space_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("search space")
-    g.add_argument("--allow-cross-node-tp", action="store_true",
-                   help="let TP (and EP*ETP) span nodes; by default they stay inside one node")
+    g = p.add_argument_group("search space (what is kept inside a node's NVLink domain)")
+    g.add_argument("--cross-node-tp", "--allow-cross-node-tp", dest="cross_node_tp", action="store_true",
+                   help="let TP groups span nodes (default: TP stays inside a node, where NVLink carries its "
+                        "per-layer all-reduces); --allow-cross-node-tp is the old name")
+    g.add_argument("--experts-within-node", action="store_true",
+                   help="keep EP*ETP groups inside a node (default: expert parallelism may cross nodes, as NVIDIA's "
+                        "DeepSeek-V3 and Qwen3 recipes do)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,10 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _space_options(args: argparse.Namespace):
-    from search_spaces.space import SpaceOptions
+    """The search-space flags (`--cross-node-tp`, `--experts-within-node`, ...) as SpaceOptions, as `space` reads them."""
+    from autotune.ui.commands.space import options_from_args
 
-    cross = bool(getattr(args, "allow_cross_node_tp", False))
-    return SpaceOptions(tp_within_node=not cross, expert_within_node=not cross)
+    return options_from_args(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,15 +197,24 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
         return
     moe = j.model.moe is not None
     ranked = result.ranked[:top]
-    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide,
-                               title=f"Best layouts (of {len(result.records)} trials)"))
-    console.print(FLAGS_LEGEND, markup=False, highlight=False, style="dim")
+    title = (f"Best layouts (of {result.space_size:,} scored)" if result.mode == "analytic"
+             else f"Best layouts (of {len(result.records)} trials)")
+    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=result.tied))
+    console.print(FLAGS_LEGEND + ("; = tied with the pick" if result.tied else ""), markup=False, highlight=False,
+                  style="dim")
+    _decision_lines(console, result)
     if any(r.measurement.source == "megatron-cpu-proxy" for r in ranked):
         console.print("measured columns are CPU-proxy figures (a scaled-down model with the same parallel structure, "
                       "on gloo): they prove the layout builds and trains and rank layouts on this machine; they are "
                       "not GPU predictions. 'pred.' is the analytic model for the real model on this cluster.",
                       markup=False, highlight=False)
-    console.print(pareto_table(result.pareto, moe=moe, width=width, wide=wide))
+    front = result.pareto
+    shown = front if wide or len(front) <= 2 * top else [front[round(k * (len(front) - 1) / (2 * top - 1))]
+                                                           for k in range(2 * top)]
+    table = pareto_table(shown, moe=moe, width=width, wide=wide)
+    if len(shown) < len(front):
+        table.title = f"{table.title}: {len(shown)} of its {len(front)} layouts, evenly spaced (--wide: all)"
+    console.print(table)
     from autotune.outputs.files import launch_of
     from autotune.outputs.launch import launch_header
 
@@ -221,12 +230,39 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
 def _summary_line(console: Any, result: Any) -> None:
     s = result.stats
     feasible = sum(r.feasible for r in result.records)
-    if result.mode == "exhaustive":
-        what = f"the feasible space is small ({result.space_size} layouts): evaluated whole"
+    analytic = s.get("analytic", {})
+    if result.mode == "analytic":
+        seconds = s.get("timings", {}).get("analytic_s", 0.0)
+        what = (f"scored all {result.space_size:,} valid layouts with the cost models in {seconds:.1f} s "
+                f"({analytic.get('fits', feasible):,} fit in memory); backend analytic, no profiling")
+    elif result.mode == "exhaustive":
+        what = (f"the feasible space is small ({result.space_size} layouts): measured whole; {feasible} fit in "
+                f"memory; backend {result.backend}")
     else:
-        what = (f"searched {len(result.records)} of {result.space_size} valid layouts with Optuna TPE on Ray Tune "
-                f"({s.get('invalid_proposals', 0)} invalid proposals)")
-    console.print(f"{what}; {feasible} fit in memory; backend {result.backend}, seed {result.seed}")
+        rungs = s.get("rungs") or []
+        halving = f", successive halving on {'/'.join(map(str, rungs))} timed steps" if len(rungs) > 1 else ""
+        what = (f"measured {len(result.records)} of {result.space_size:,} valid layouts on Ray Tune (strategy "
+                f"{s.get('strategy', 'guided')}: the analytic front corrected by the measurements{halving}); "
+                f"{feasible} fit in memory; backend {result.backend}, seed {result.seed}")
+    console.print(what, markup=False, highlight=False)
+
+
+def _decision_lines(console: Any, result: Any) -> None:
+    """How sure the pick is and why; invalid --layouts with their violations; the pipeline-batch warning."""
+    d = result.decision
+    if d.get("confidence"):
+        console.print(f"Pick: {d['confidence']} ({d.get('stage', 'analytic')}): {d.get('reason', '')}.",
+                      markup=False, highlight=False)
+    if d.get("stage") == "measured" and d.get("analytic_pick") and d.get("analytic_pick") != d.get("pick"):
+        console.print(f"The model's own pick was {d['analytic_pick']}; the measurements overrule it.", markup=False,
+                      highlight=False)
+    for r in result.records:
+        if r.origin == "user" and r.measurement.status == "invalid":
+            console.print(f"--layout {r.layout}: invalid, {r.measurement.reason}", style="yellow", markup=False,
+                          highlight=False)
+    warning = d.get("pipeline_warning")
+    if warning:
+        console.print("Warning: " + warning["text"], style="yellow", markup=False, highlight=False)
 
 
 def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
@@ -291,7 +327,7 @@ def memory_hints(result: Any, terms: list[str]) -> list[str]:
 
 def _space_hints(result: Any) -> list[str]:
     return ["a cluster shape the model divides into (--nodes, --gpus-per-node) or another --global-batch-size",
-            "allow TP/EP across nodes (--allow-cross-node-tp)"]
+            "allow TP across nodes (--cross-node-tp)"]
 
 
 def _largest(memory: dict[str, float]) -> str:

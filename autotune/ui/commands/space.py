@@ -50,8 +50,8 @@ def options_from_args(args: argparse.Namespace):
     """SpaceOptions from the space flags (missing flags, e.g. on another verb, take the defaults)."""
     from search_spaces.space import SpaceOptions
 
-    cross_node = bool(getattr(args, "allow_cross_node_tp", False))
-    kwargs: dict[str, object] = {"tp_within_node": not cross_node, "expert_within_node": not cross_node}
+    kwargs: dict[str, object] = {"tp_within_node": not getattr(args, "cross_node_tp", False),
+                                 "expert_within_node": bool(getattr(args, "experts_within_node", False))}
     if getattr(args, "micro_batch_sizes", None):
         kwargs["micro_batch_sizes"] = tuple(args.micro_batch_sizes)
     if getattr(args, "max_vpp", None) is not None:
