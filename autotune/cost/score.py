@@ -168,6 +168,8 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
     if time_for not in ("all", "fits"):
         raise ValueError(f"time_for must be 'all' or 'fits', but got {time_for!r}.")
     capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)
+    if len(table) == 0:
+        return _empty(job, table, capacity)
     t = _Rows(table)
     memory = _memory(job, t, assumptions)
     if time_for == "all" or len(table) == 0:
@@ -176,6 +178,20 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
         rows = np.flatnonzero(memory["total_bytes"] <= capacity)
         time = _spread(_time(job, _Rows(table.take(rows)), cal) if len(rows) else None, rows, len(table))
     return Scores(job=job, table=table, capacity_bytes=capacity, **time, **memory)
+
+
+def _empty(job: Job, table: LayoutTable, capacity: float) -> Scores:
+    """The scores of a table without rows (a job no layout divides)."""
+    def none(dtype: type = np.float64) -> np.ndarray:
+        return np.zeros(0, dtype=dtype)
+
+    return Scores(job=job, table=table, capacity_bytes=capacity, step_time_s=none(),
+                  breakdown={k: none() for k in TIME_KEYS}, tokens_per_s_per_gpu=none(),
+                  tokens_per_s_per_gpu_low=none(), tokens_per_s_per_gpu_high=none(), tflops_per_gpu=none(), mfu=none(),
+                  model_flops_per_step=model_flops_per_step(job.model, job.training), memory={k: none() for k in TERMS},
+                  overhead_terms={k: none() for k in OVERHEAD_TERMS}, allocated_bytes=none(), total_bytes=none(),
+                  memory_stage=none(np.int64), optimizer_phase=none(bool), params_per_gpu=none(np.int64),
+                  dominant_time_index=none(np.int64), dominant_memory_index=none(np.int64))
 
 
 def _spread(part: dict[str, Any] | None, rows: np.ndarray, n: int) -> dict[str, Any]:

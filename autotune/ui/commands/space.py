@@ -112,9 +112,10 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
                   f"{job.cluster.gpu.name} ({job.world_size} GPUs), seq {job.training.seq_length}, "
                   f"GBS {job.training.global_batch_size}")
     console.print(escape(version_line()))
-    where = "inside one node" if options.tp_within_node else "across nodes allowed"
+    tp = "TP inside one node" if options.tp_within_node else "TP across nodes allowed"
+    ep = "EP*ETP inside one node" if options.expert_within_node else "EP*ETP across nodes allowed"
     console.print(f"feasible layouts: [bold]{space.size:,}[/bold] ({len(space.shapes):,} parallel shapes x "
-                  f"{len(options.dist_opt)} dist_opt x {len(options.recompute)} recompute; TP and EP*ETP {where})")
+                  f"{len(options.dist_opt)} dist_opt x {len(options.recompute)} recompute; {tp}, {ep})")
     ranges = ", ".join(f"{k} {len(v)}" for k, v in report.dimensions.items())
     console.print(f"candidates: {report.candidates:,} (product of per-dimension ranges: {ranges})")
     table = Table(title="rejected candidates, by the first rule each breaks")
