@@ -193,6 +193,7 @@ def run_search(
     max_concurrent: int | None = None,
     finish: Callable[[SearchResult], None] | None = None,
     strategy: str | None = None,
+    measured_stage: bool | None = None,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
@@ -208,6 +209,9 @@ def run_search(
     missing unless resumed; `force=True` moves a non-empty one aside first. It is locked for the whole run.
     `strategy`: the measured stage's strategy (`autotune.tuning.strategy.STRATEGIES`; default guided, or front
     when analytic trials run on Ray for the dashboard).
+    `measured_stage`: run the measured stage on Ray Tune (True) even with the analytic backend, whose trials then
+    carry the model's figures (the dashboard, tests of the Tune machinery); None: only for a measuring backend or
+    with `address`.
     `finish(result)` runs while the folder is still locked, before search.json says `completed` (the UI writes
     best.json, the launch files and the report there). Raises ValueError for bad input and `OutputError` (an
     OSError) when a result file cannot be written; either way nothing already in the folder is lost.
@@ -225,7 +229,7 @@ def run_search(
     inside, outside = _split_user(space, user)
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
     fingerprint = job_fingerprint(job)
-    analytic_only = _analytic_only(backend_obj, address)
+    analytic_only = _analytic_only(backend_obj, address) and not measured_stage
     with claim(folder, resume=resume is not None, force=force):
         meta = _check_resume(folder, job, read_meta(folder)) if resume is not None else None
         if meta is not None:
