@@ -196,3 +196,19 @@ def test_autotune_search_is_the_api_function_after_the_driver_loads():
     import autotune.tuning.driver  # the driver module has its own name: nothing shadows the API function
 
     assert autotune.search is autotune.ui.api.search
+
+
+def test_neighbours_of_a_layout_outside_the_space_do_not_crash():
+    # mixtral on 4 nodes: the recipe's tp1 pp4 vpp8 ep8 (one layer per chunk) is outside the default space; it
+    # used to raise "not a prefix of any valid layout"; its neighbours are those of the nearest layout of the space
+    from autotune.tuning.driver import DEFAULT_SPACE
+
+    job = _job("mixtral-8x7b", nodes=4)
+    space = feasible_space(job, DEFAULT_SPACE)
+    outside = parse_layout("tp=1,pp=4,vpp=8,ep=8,dist_opt=true", world_size=32)
+    with pytest.raises(ValueError):
+        params_of(space, outside)
+    near = neighbours(space, outside)
+    assert near and outside not in near
+    for n in near:
+        params_of(space, n)

@@ -145,7 +145,15 @@ def parse_user_layouts(job: Job, texts: Sequence[str]) -> list[Seed]:
 
 def neighbours(space: FeasibleSpace, layout: Layout) -> list[Layout]:
     """Layouts of `space` one move from `layout`: one dimension changed to another offered option, the
-    later dimensions kept where still offered and otherwise moved to the nearest (dp follows)."""
+    later dimensions kept where still offered and otherwise moved to the nearest (dp follows). A layout outside
+    the space (a user's `--layout`) has the neighbours of the nearest layout of the space instead."""
+    from autotune.tuning.space_sampler import params_of
+
+    try:
+        params_of(space, layout)
+    except ValueError:
+        nearest = nearest_layout(space, layout.short_dict())
+        return [nearest, *(n for n in neighbours(space, nearest) if n != layout)] if nearest != layout else []
     current = layout.short_dict()
     values: dict[str, object] = {}
     out: list[Layout] = []
