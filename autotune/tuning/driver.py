@@ -54,7 +54,7 @@ from autotune.tuning.run_folder import claim
 from autotune.tuning.run_folder import default_output_dir as _default_output_dir
 from autotune.tuning.seeds import Seed, parse_user_layouts, rule_of_thumb_seeds
 from autotune.tuning.space_sampler import Naming
-from autotune.tuning.strategy import DEFAULT_STRATEGY
+from autotune.tuning.strategy import DEFAULT_STRATEGY, STRATEGIES
 
 __all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "default_headroom_bytes", "DEFAULT_TRIALS",
            "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES", "ProgressFactory", "ProgressSink"]
@@ -194,6 +194,7 @@ def run_search(
     finish: Callable[[SearchResult], None] | None = None,
     strategy: str | None = None,
     measured_stage: bool | None = None,
+    status: Callable[[str], None] | None = None,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
@@ -212,17 +213,23 @@ def run_search(
     `measured_stage`: run the measured stage on Ray Tune (True) even with the analytic backend, whose trials then
     carry the model's figures (the dashboard, tests of the Tune machinery); None: only for a measuring backend or
     with `address`.
+    `status(text)` is told each phase ("scoring 33,768 layouts with the cost models", "starting Ray") for a
+    status line.
     `finish(result)` runs while the folder is still locked, before search.json says `completed` (the UI writes
     best.json, the launch files and the report there). Raises ValueError for bad input and `OutputError` (an
     OSError) when a result file cannot be written; either way nothing already in the folder is lost.
     """
     t_start = time.perf_counter()
     _check_counts(trials, exhaustive_threshold, max_concurrent)
+    if strategy is not None and strategy not in STRATEGIES and ":" not in str(strategy):
+        raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)} or module:Class, but got {strategy!r}.")
     options = space_options or DEFAULT_SPACE
     headroom = default_headroom_bytes(job) if headroom_bytes is None else float(headroom_bytes)
     _check_headroom(job, headroom)
     folder = Path(resume) if resume is not None else Path(output_dir) if output_dir else default_output_dir(job)
     # Every input is checked before the folder is touched: a refused search changes nothing.
+    say = status or (lambda text: None)
+    say("building the feasible space")
     space = feasible_space(job, options)
     backend_obj, backend_name = _resolve_backend(backend, headroom)
     user = parse_user_layouts(job, compare)
@@ -240,6 +247,7 @@ def run_search(
         done = read_trials(folder, capacity, job=fingerprint) if meta is not None else []
         threshold = trials if exhaustive_threshold is None else exhaustive_threshold
         t_analytic = time.perf_counter()
+        say(f"scoring {space.size:,} layouts with the cost models")
         from autotune.tuning.analytic_pass import analytic_pass
 
         answer = analytic_pass(job, space, capacity_bytes=capacity)
@@ -270,6 +278,7 @@ def run_search(
             if mode == "analytic":
                 records, interrupted = _record_analytic(plan, [s.layout for s in user], top=trials), False
             else:
+                say("starting Ray for the measured stage")
                 records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
             meta["finished_trials"] = len(records)
             t_write = time.perf_counter()
@@ -283,6 +292,7 @@ def run_search(
                                   mode=mode, backend=backend_name, seed=seed, space_size=space.size,
                                   stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision)
             if finish is not None:
+                say("writing best.json, the launch files and report.html")
                 finish(result)  # best.json, launch files, report: still under the lock, before `completed`
         except BaseException:
             with contextlib.suppress(Exception):  # say how far it got; the first error is the one to report

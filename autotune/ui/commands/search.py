@@ -25,7 +25,15 @@ GIB = 1024**3
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
-    g.add_argument("--trials", type=int, default=64, help="trial budget, seeds included (default 64)")
+    g.add_argument("--trials", type=int, default=64,
+                   help="measured trials with a measuring backend (default 64); with the analytic backend the "
+                        "whole space is scored and this many of its top layouts are kept in trials.csv")
+    g.add_argument("--strategy", default=None, metavar="NAME",
+                   help="measured-stage strategy: guided (default: the analytic front corrected by the "
+                        "measurements), tpe (Optuna), front (the analytic ranking), or module:Class")
+    g.add_argument("--measured-stage", action="store_true",
+                   help="run the measured stage on Ray Tune even with the analytic backend (its trials then carry "
+                        "the model's figures; to watch them in the dashboard)")
     g.add_argument("--headroom-gib", type=float, default=None,
                    help="GPU memory kept free per GPU beyond the memory model's own allowance (CUDA context, "
                         "NCCL, the allocator's reserve); a layout above capacity minus this is infeasible (default 0)")
@@ -72,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from autotune.outputs.progress import StatusLine
+
+    with StatusLine(enabled=not (args.no_progress or args.json)) as status:
+        return _search(args, status)
+
+
+def _search(args: argparse.Namespace, status: Any) -> int:
+    status.update("loading the cost models")
     from autotune.outputs.files import write_outputs
     from autotune.outputs.progress import progress_factory
     from autotune.tuning.driver import run_search
@@ -93,8 +109,10 @@ def _run(args: argparse.Namespace) -> int:
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
-        progress=progress_factory(False if (args.no_progress or args.json) else None),
+        progress=_after_status(status, progress_factory(False if (args.no_progress or args.json) else None)),
+        status=status.update, strategy=args.strategy, measured_stage=args.measured_stage or None,
     )
+    status.stop()
     t_out = time.perf_counter()
     if args.json:
         from autotune.outputs.files import result_json
@@ -116,6 +134,18 @@ def _run(args: argparse.Namespace) -> int:
               f"in {result.output_dir} (continue with --resume {result.output_dir})", file=sys.stderr)
         return 143 if by == "SIGTERM" else 130
     return 0 if result.best is not None else 1
+
+
+def _after_status(status: Any, factory: Any) -> Any:
+    """The progress factory, ending the status line before the bar takes the terminal."""
+    if factory is None:
+        return None
+
+    def make(**kwargs: Any) -> Any:
+        status.stop()
+        return factory(**kwargs)
+
+    return make
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
