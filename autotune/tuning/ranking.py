@@ -125,7 +125,7 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         details["runner_up_margin"] = float(1.0 - tokens[runner] / tokens[pick])
     what = "measured" if measured else "predicted"
     if len(tied) > 1:
-        reason = (f"{len(tied)} layouts are within {tolerance:.0%} of the fastest {what} one; picked the one with the "
+        reason = (f"{len(tied):,} layouts are within {tolerance:.0%} of the fastest {what} one; picked the one with the "
                   f"most free memory ({free_bytes[pick] / GIB:.1f} GiB")
         reason += f", vs {free_bytes[fastest] / GIB:.1f} GiB for {name(fastest)})" if pick != fastest else ")"
         if pick != fastest:
@@ -139,7 +139,7 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
     elif in_band > 0:
         confidence = "within the model's uncertainty"
         low, high = band  # type: ignore[misc]
-        reason += (f"; {in_band} other layouts lie within the model's band ({math.exp(low) - 1:+.0%} / "
+        reason += (f"; {in_band:,} other layouts lie within the model's band ({math.exp(low) - 1:+.0%} / "
                    f"{math.exp(high) - 1:+.0%} of tokens/s, held-out residuals): measure the top ones to settle it "
                    f"(--backend megatron)")
     else:

@@ -204,8 +204,9 @@ def _job_flags_from_folder(args: argparse.Namespace) -> None:
 
 
 def _timing_line(t: dict[str, float]) -> str:
-    parts = [f"{name} {t[key]:.1f} s" for name, key in (("total", "total_s"), ("ray start", "ray_start_s"),
-                                                          ("search", "search_s"), ("output", "output_s")) if key in t]
+    parts = [f"{name} {t[key]:.1f} s" for name, key in (("total", "total_s"), ("analytic", "analytic_s"),
+                                                          ("ray start", "ray_start_s"), ("trials", "search_s"),
+                                                          ("output", "output_s")) if key in t]
     return "time: " + ", ".join(parts)
 
 
@@ -253,8 +254,8 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
     for form in ("megatron_bridge", "megatron_lm"):
         console.print(launch_header(j, form) + ":", markup=False, highlight=False)
         console.print(launch[form], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
-    console.print(f"Results: {result.output_dir} (trials.csv, best.json, report.html, study.db)", markup=False,
-                  highlight=False, soft_wrap=True)
+    files = "trials.csv, best.json, report.html" + ("" if result.mode == "analytic" else ", study.db")
+    console.print(f"Results: {result.output_dir} ({files})", markup=False, highlight=False, soft_wrap=True)
 
 
 def _summary_line(console: Any, result: Any) -> None:
