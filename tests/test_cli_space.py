@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
+from test_rules import make_job
 
+from autotune.tuning.driver import DEFAULT_SPACE
 from autotune.ui.cli import main
 from search_spaces.catalog import get_model
-from autotune.tuning.driver import DEFAULT_SPACE
 from search_spaces.space import feasible_layouts
-from test_rules import make_job
 
 MEGATRON_KEYS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                  "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size",

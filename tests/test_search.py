@@ -8,10 +8,10 @@ import optuna
 import pytest
 
 from autotune.cost.analytic import AnalyticBackend
+from autotune.tuning.analytic_pass import analytic_pass
 from autotune.tuning.driver import SearchPlan
 from autotune.tuning.seeds import band_for, neighbours, parse_user_layouts, rule_of_thumb_seeds
 from autotune.tuning.space_sampler import define_by_run, layout_of, params_of
-from autotune.tuning.analytic_pass import analytic_pass
 from autotune.tuning.strategy import StrategyContext, make_strategy
 from autotune.tuning.tune_glue import evaluate_trial, is_feasible
 from autotune.tuning.tune_policy import PolicySearcher
@@ -19,9 +19,9 @@ from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
-from search_spaces.training import TrainingSpec
 from search_spaces.rules import check
 from search_spaces.space import SpaceOptions, feasible_space
+from search_spaces.training import TrainingSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 GIB = 1024**3
@@ -192,8 +192,8 @@ def test_searcher_covers_what_fits_when_the_budget_allows():
 
 def test_autotune_search_is_the_api_function_after_the_driver_loads():
     import autotune
-    import autotune.ui.api
     import autotune.tuning.driver  # the driver module has its own name: nothing shadows the API function
+    import autotune.ui.api
 
     assert autotune.search is autotune.ui.api.search
 

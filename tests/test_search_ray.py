@@ -8,16 +8,16 @@ import optuna
 import pytest
 
 from autotune.cost.analytic import AnalyticBackend
-from search_spaces.measurement import Measurement
-from autotune.tuning.results import read_meta, write_meta
 from autotune.outputs.files import write_outputs
 from autotune.tuning.driver import run_search
+from autotune.tuning.results import read_meta, write_meta
 from autotune.tuning.tune_glue import is_feasible
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
-from search_spaces.training import TrainingSpec
+from search_spaces.measurement import Measurement
 from search_spaces.space import SpaceOptions, feasible_space
+from search_spaces.training import TrainingSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 GIB = 1024**3

@@ -3,7 +3,8 @@
 A `LayoutTable` holds one numpy array per `Layout` field, all of the same length. Optional fields are stored as
 integers with 0 for None (`vpp`, `etp`, `first_stage_layers`, `last_stage_layers`), `recompute` as its index in
 `RECOMPUTE_CHOICES`, `pipeline_layout` as an index into the table's `layout_strings` (0 for None, the
-strings themselves kept once per table). Build one from Layout objects (`from_layouts`), from arrays (`from_arrays`), or straight from
+strings themselves kept once per table). Build one from Layout objects (`from_layouts`), from arrays
+(`from_arrays`), or straight from
 a feasible space without making a Layout per row (`from_space`, in the order `FeasibleSpace.layouts()` yields).
 `layout(i)` turns row i back into the Layout it stands for. The arrays are read-only.
 """
@@ -89,7 +90,7 @@ class LayoutTable:
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutTable:
-        rows = [l.short_dict() for l in layouts]
+        rows = [lay.short_dict() for lay in layouts]
         strings: dict[str | None, int] = {None: 0}
         columns: dict[str, list[int]] = {}
         for name in COLUMNS:
@@ -139,7 +140,7 @@ class LayoutTable:
         if python is None:
             python = [self._decoded(name) for name in COLUMNS]
             object.__setattr__(self, "_python", python)
-        return Layout(**{name: column[i] for name, column in zip(COLUMNS, python)})  # type: ignore[arg-type]
+        return Layout(**{name: column[i] for name, column in zip(COLUMNS, python, strict=True)})  # type: ignore[arg-type]
 
     def _decoded(self, name: str) -> list[object]:
         values = getattr(self, name).tolist()

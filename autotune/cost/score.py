@@ -38,8 +38,15 @@ from autotune.cost.allowance import device_terms, workspace_terms
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.flops import model_flops_per_step
 from autotune.cost.layout_table import LayoutTable
-from autotune.cost.memory import (DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, _candidate_stages, _lookups,
-                                  _optimizer_step_bytes, _state_bytes)
+from autotune.cost.memory import (
+    DEFAULT_ASSUMPTIONS,
+    TERMS,
+    MemoryAssumptions,
+    _candidate_stages,
+    _lookups,
+    _optimizer_step_bytes,
+    _state_bytes,
+)
 from autotune.cost.placement import heaviest_stage, stage_params
 from autotune.cost.throughput import LAYER_KEYS, TIME_KEYS, dp_comm_s, layer_times, optimizer_step_s, pipeline_p2p_s
 from search_spaces.job import Job
@@ -285,7 +292,8 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
 
     breakdown = {}
     for key in LAYER_KEYS:
-        breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key] + np.where(pace["out"], out[key], 0.0))
+        breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key]
+                              + np.where(pace["out"], out[key], 0.0))
     breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * emb, breakdown["compute"])
     p2p = _group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp)
     breakdown["pp_bubble"] = bubble
@@ -334,7 +342,8 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
 # --- memory ------------------------------------------------------------------------------------------------------
 def _chunk_shape(chunks: tuple[tuple[int, int, int], ...], first_dense: int, last: int,
                  ) -> list[tuple[int, int, bool, bool]]:
-    """(dense layers, MoE layers, embedding, output) of each chunk of a stage, as `memory._stage_estimate` reads them."""
+    """(dense layers, MoE layers, embedding, output) of each chunk of a stage, as `memory._stage_estimate` reads
+    them."""
     out = []
     for k, start, count in chunks:
         dense = max(0, min(start + count, first_dense) - start)
@@ -432,7 +441,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
         for c, (w, gr, o, act, ws, phase, p) in enumerate(parts):
             sel = best == c
             rows = idx[sel]
-            for name, value in zip(result, (w, gr, o, act, ws)):
+            for name, value in zip(result, (w, gr, o, act, ws), strict=True):
                 result[name][rows] = value[sel]
             phase_out[rows] = phase[sel]
             stage_out[rows] = p
@@ -454,7 +463,7 @@ def _layer_split(units: Mapping[bool, Any], full: np.ndarray, dense: int, moe: i
     if units[True] is None:
         return tuple(np.full(len(full), float(v)) for v in plain)
     block = units[True]._split(dense, moe)
-    return tuple(np.where(full, float(b), float(a)) for a, b in zip(plain, block))
+    return tuple(np.where(full, float(b), float(a)) for a, b in zip(plain, block, strict=True))
 
 
 def _split_of(table: LayoutTable, i: int) -> tuple[int | None, int | None, bool, str | None]:

@@ -5,7 +5,8 @@
     answer.records(top=64)      # TrialRecords of the ranked rows, the Pareto front and the closest misses
 
 Every layout of `space` is scored by `autotune.cost.score.score_layouts` (the memory and throughput models, vectorised;
-figures equal to `AnalyticBackend.evaluate` per layout; the step time only where the layout fits), then `autotune.tuning.ranking.decide` picks among the
+figures equal to `AnalyticBackend.evaluate` per layout; the step time only where the layout fits), then
+`autotune.tuning.ranking.decide` picks among the
 layouts that fit: the fastest, up to ties (most free memory, then the simplest), equivalent layouts merged. No Ray,
 no Optuna, no Layout object per row.
 """

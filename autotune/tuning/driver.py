@@ -43,20 +43,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from search_spaces.job import Job
-from search_spaces.layout import Layout
-from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
-
-from search_spaces.measurement import Backend
-from autotune.tuning.results import (META_JSON, STUDY_DB, SearchResult, TrialLog, TrialRecord, job_fingerprint, job_summary,
-                              read_meta, read_trials, write_meta)
+from autotune.tuning.results import (
+    META_JSON,
+    STUDY_DB,
+    SearchResult,
+    TrialLog,
+    TrialRecord,
+    job_fingerprint,
+    job_summary,
+    read_meta,
+    read_trials,
+    write_meta,
+)
 from autotune.tuning.run_folder import claim
 from autotune.tuning.run_folder import default_output_dir as _default_output_dir
 from autotune.tuning.seeds import Seed, parse_user_layouts, rule_of_thumb_seeds
 from autotune.tuning.space_sampler import Naming
 from autotune.tuning.strategy import DEFAULT_STRATEGY, STRATEGIES
+from search_spaces.job import Job
+from search_spaces.layout import Layout
+from search_spaces.measurement import Backend
+from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
 
-__all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "default_headroom_bytes", "DEFAULT_TRIALS",
+__all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "default_headroom_bytes",
+           "DEFAULT_TRIALS",
            "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES", "ProgressFactory", "ProgressSink"]
 
 GIB = 1024**3
@@ -199,7 +209,8 @@ def run_search(
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
     `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
-    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `exhaustive_threshold`:
+    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too.
+    `exhaustive_threshold`:
     evaluate the whole feasible space when it has at most this many layouts (default: the budget).
     `address`: an existing Ray cluster (`"auto"`, `HOST:PORT` or `ray://...`); without it a local Ray (every
     port on 127.0.0.1) is started and shut down. `max_concurrent`: trials at once (default 1 on a local Ray,
@@ -255,7 +266,9 @@ def run_search(
         if meta:
             mode = meta["mode"]
         else:
-            mode = "analytic" if analytic_only else "exhaustive" if space.size <= threshold else "search"
+            # nothing fits by the model: the measured stage has no candidate (the closest misses are the answer)
+            nothing = answer.decision.pick is None
+            mode = "analytic" if analytic_only or nothing else "exhaustive" if space.size <= threshold else "search"
         plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name,
                           capacity_bytes=capacity, headroom_bytes=headroom, seed=seed, trials=trials,
                           exhaustive=mode == "exhaustive", naming=naming, seeds=tuple(seeds), fixed=tuple(outside),
@@ -300,7 +313,8 @@ def run_search(
                 write_meta(folder, meta)
             raise
         stats["timings"]["run_search_s"] = time.perf_counter() - t_start
-        meta["completed"] = not interrupted and (mode == "analytic" or _remaining(plan, len(records) - len(done)) <= 0)
+        meta["completed"] = not interrupted and (mode == "analytic" or bool(stats.get("strategy_finished"))
+                                                 or _remaining(plan, len(records) - len(done)) <= 0)
         write_meta(folder, meta)
     return result
 
@@ -479,12 +493,12 @@ def exhaustive_batches(layouts: Sequence[Layout], batches: int = EXHAUSTIVE_BATC
     if not layouts:
         return []
     size = math.ceil(len(layouts) / batches)
-    return [[str(l) for l in layouts[i:i + size]] for i in range(0, len(layouts), size)]
+    return [[str(lay) for lay in layouts[i:i + size]] for i in range(0, len(layouts), size)]
 
 
 def unmeasured_layout(space: FeasibleSpace, measured: set[Layout], rng: random.Random) -> Layout | None:
     """A random layout of `space` not in `measured` (None when every layout is measured)."""
-    left = [l for l in space.layouts() if l not in measured]
+    left = [lay for lay in space.layouts() if lay not in measured]
     return rng.choice(left) if left else None
 
 

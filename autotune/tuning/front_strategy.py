@@ -6,10 +6,9 @@ through Ray Tune (`--dashboard`, `--address`) replays so its trials show in the 
 
 from __future__ import annotations
 
+from autotune.tuning.strategy import StrategyContext
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
-
-from autotune.tuning.strategy import StrategyContext
 
 __all__ = ["FrontStrategy"]
 

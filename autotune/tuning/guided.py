@@ -59,7 +59,8 @@ class GuidedStrategy:
             return None
         if not self.obs_y:
             order = self.context.analytic.decision.order
-            pos = next((p for p in (self._position_of_row(int(r)) for r in order) if p is not None and not self.taken[p]),
+            positions = (self._position_of_row(int(r)) for r in order)
+            pos = next((p for p in positions if p is not None and not self.taken[p]),
                        None)
         else:
             draw = self.model.sample(self.rng)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autotune.cost.layout_table import LayoutTable
-from search_spaces.layout import RECOMPUTE_CHOICES, Layout
+from search_spaces.layout import Layout
 
 __all__ = ["TIE_TOLERANCE", "Decision", "decide", "complexity", "layout_complexity", "equivalent_to_simpler",
            "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE"]
@@ -125,7 +125,8 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         details["runner_up_margin"] = float(1.0 - tokens[runner] / tokens[pick])
     what = "measured" if measured else "predicted"
     if len(tied) > 1:
-        reason = (f"{len(tied):,} layouts are within {tolerance:.0%} of the fastest {what} one; picked the one with the "
+        reason = (f"{len(tied):,} layouts are within {tolerance:.0%} of the fastest {what} one; picked the one "
+                  f"with the "
                   f"most free memory ({free_bytes[pick] / GIB:.1f} GiB")
         reason += f", vs {free_bytes[fastest] / GIB:.1f} GiB for {name(fastest)})" if pick != fastest else ")"
         if pick != fastest:
@@ -154,7 +155,7 @@ MEASURED_TOLERANCE = 0.01  # the least spread a measured tokens/s is taken to ha
 
 def measured_tolerance(step_times: Sequence[float], stdevs: Sequence[float]) -> float:
     """The relative spread of the timed steps (the median over the measurements that report one), at least 1%."""
-    spreads = sorted(s / t for t, s in zip(step_times, stdevs) if t and t > 0 and s is not None and s >= 0)
+    spreads = sorted(s / t for t, s in zip(step_times, stdevs, strict=True) if t and t > 0 and s is not None and s >= 0)
     return max(MEASURED_TOLERANCE, spreads[len(spreads) // 2] if spreads else 0.0)
 
 
@@ -162,7 +163,7 @@ def decide_layouts(layouts: Sequence[Layout], tokens: Sequence[float], free_byte
                    tolerance: float, measured: bool) -> Decision:
     """`decide` over a list of layouts (one entry per distinct layout), e.g. the measured ones."""
     table = LayoutTable.from_layouts(layouts)
-    dist_opt = sorted({l.dist_opt for l in layouts})
+    dist_opt = sorted({lay.dist_opt for lay in layouts})
     eligible = ~equivalent_to_simpler(table, dist_opt) if len(dist_opt) > 1 else np.ones(len(layouts), dtype=bool)
     return decide(np.asarray(tokens, dtype=np.float64), np.asarray(free_bytes, dtype=np.float64), complexity(table),
-                  eligible=eligible, tolerance=tolerance, measured=measured, labels=[str(l) for l in layouts])
+                  eligible=eligible, tolerance=tolerance, measured=measured, labels=[str(lay) for lay in layouts])

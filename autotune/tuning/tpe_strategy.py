@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 import warnings
 
-from search_spaces.layout import Layout
-from search_spaces.measurement import Measurement
-
 from autotune.tuning.space_sampler import define_by_run, layout_of, params_of
 from autotune.tuning.strategy import StrategyContext, usable
+from search_spaces.layout import Layout
+from search_spaces.measurement import Measurement
 
 __all__ = ["TPEStrategy", "FRONT", "MAX_REPEATS"]
 

@@ -23,12 +23,11 @@ from typing import Any
 from ray import tune
 from ray.tune import Callback
 
-from search_spaces.job import Job
-from search_spaces.layout import Layout, parse_layout
-
-from search_spaces.measurement import Backend, Measurement
 from autotune.tuning.results import TrialLog, TrialRecord
 from autotune.tuning.run_folder import OutputError
+from search_spaces.job import Job
+from search_spaces.layout import Layout, parse_layout
+from search_spaces.measurement import Backend, Measurement
 
 __all__ = ["evaluate_trial", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict", "is_feasible"]
 
@@ -215,7 +214,7 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
     storage_dir = tune_storage_dir()
     stats: dict[str, Any] = {}
     if plan.exhaustive:
-        layouts = [l for l in plan.space.layouts() if l not in measured]
+        layouts = [lay for lay in plan.space.layouts() if lay not in measured]
         batches = exhaustive_batches(layouts)
         configs = [{"batch": b, "origin": "exhaustive"} for b in batches]
         configs += [{"batch": [str(s.layout)], "origin": "user"} for s in plan.fixed if s.layout not in measured]
@@ -260,12 +259,13 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         cleanup_dir(storage_dir)
     if search_alg is not None:
         stats.update(search_alg.counts)
+        stats["strategy_finished"] = search_alg.finished
     stats["max_concurrent"] = concurrent
     del tuner, search_alg, trainable  # Ray objects go while Ray is up (the driver collects the cycles too)
     if recorder.error is not None:
         raise recorder.error
     expected = total - len(plan.done)
-    interrupted = len(recorder.records) < expected
+    interrupted = len(recorder.records) < expected and not getattr(search_alg, "finished", False)
     return recorder.records, interrupted, stats
 
 

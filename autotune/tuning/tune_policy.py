@@ -105,6 +105,7 @@ class PolicySearcher(Searcher):
         self.fixed = list(fixed or [])
         self.live: dict[str, tuple[Layout, str]] = {}
         self.counts = {"proposals": 0, "strategy": getattr(strategy, "name", type(strategy).__name__)}
+        self.finished = False  # the strategy has nothing left to propose (not an interruption)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if self.fixed:
@@ -112,6 +113,7 @@ class PolicySearcher(Searcher):
         else:
             layout = self.strategy.propose()
             if layout is None:
+                self.finished = True
                 return Searcher.FINISHED
             origin = "search"
             self.counts["proposals"] += 1

@@ -65,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _space_options(args: argparse.Namespace):
-    """The search-space flags (`--cross-node-tp`, `--experts-within-node`, ...) as SpaceOptions, as `space` reads them."""
+    """The search-space flags (`--cross-node-tp`, `--experts-within-node`, ...) as SpaceOptions, as `space` reads
+    them."""
     from autotune.ui.commands.space import options_from_args
 
     return options_from_args(args)
@@ -174,10 +175,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _job_flags_from_folder(args: argparse.Namespace) -> None:
     """`--resume FOLDER` without `--model`: the job flags come from the folder's search.json."""
+    from pathlib import Path
+
     from autotune.tuning.results import read_meta
     from search_spaces.training import TRAINING_FIELDS
-
-    from pathlib import Path
 
     if not Path(args.resume).is_dir():
         raise ValueError(f"--resume {args.resume}: no such folder; give the folder of an earlier search.")

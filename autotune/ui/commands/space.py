@@ -101,9 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_rich(job, options, space, report, n_sample: int) -> None:
     from rich.console import Console
-    from rich.table import Table
-
     from rich.markup import escape
+    from rich.table import Table
 
     from search_spaces.megatron_version import version_line
 
