@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ _DEFAULTS: dict[str, int] = {"tp": 1, "pp": 1, "vpp": 0, "cp": 1, "ep": 1, "etp"
 
 
 def _frozen(values: object, dtype: type) -> np.ndarray:
-    out = np.array(values, dtype=dtype)
+    out: np.ndarray = np.array(values, dtype=dtype)
     out.flags.writeable = False
     return out
 
@@ -90,9 +91,9 @@ class LayoutTable:
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutTable:
-        rows = [lay.short_dict() for lay in layouts]
+        rows: list[dict[str, Any]] = [lay.short_dict() for lay in layouts]
         strings: dict[str | None, int] = {None: 0}
-        columns: dict[str, list[int]] = {}
+        columns: dict[str, list[Any]] = {}
         for name in COLUMNS:
             if name == "pipeline_layout":
                 columns[name] = [strings.setdefault(r[name], len(strings)) for r in rows]
@@ -121,10 +122,11 @@ class LayoutTable:
         strings: dict[str | None, int] = {None: 0}
         pairs, inverse = np.unique(np.stack([pp, vpp], axis=1), axis=0, return_inverse=True) if len(tp) else ((), ())
         for k, (p, v) in enumerate(pairs):
-            fields_ = pipeline_fields(job.model.num_layers, int(p), int(v) or None, job.model.mtp_num_layers)
+            fields_: dict[str, Any] = pipeline_fields(job.model.num_layers, int(p), int(v) or None,
+                                                      job.model.mtp_num_layers)
             rows = np.asarray(inverse).reshape(-1) == k
             for name, value in fields_.items():
-                code = strings.setdefault(value, len(strings)) if name == "pipeline_layout" else int(value)  # type: ignore[arg-type]
+                code = strings.setdefault(value, len(strings)) if name == "pipeline_layout" else int(value)
                 split[name][rows] = code
         return cls.from_arrays(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp),
                                mbs=mbs, sp=sp, dist_opt=dist_opt, recompute=recompute, layout_strings=tuple(strings),

@@ -204,7 +204,7 @@ def _empty(job: Job, table: LayoutTable, capacity: float) -> Scores:
 def _spread(part: dict[str, Any] | None, rows: np.ndarray, n: int) -> dict[str, Any]:
     """Time figures of `rows` placed into full-length arrays (NaN elsewhere; dominant term 0)."""
     def full(values: np.ndarray | None, fill: float = np.nan, dtype: type = np.float64) -> np.ndarray:
-        out = np.full(n, fill, dtype=dtype)
+        out: np.ndarray = np.full(n, fill, dtype=dtype)
         if values is not None:
             out[rows] = values
         return out
@@ -270,9 +270,12 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     def per_layer(f: Callable[[Any], float]) -> np.ndarray:
         return _gather([f(lt) for lt in lts], layer)
 
-    dense = {k: per_layer(lambda lt, k=k: lt.dense[k]) for k in LAYER_KEYS}
-    moe = {k: per_layer(lambda lt, k=k: lt.moe[k]) for k in LAYER_KEYS}
-    out = {k: per_layer(lambda lt, k=k: lt.output[k]) for k in LAYER_KEYS}
+    def term(part: str, k: str) -> Callable[[Any], float]:
+        return lambda lt: getattr(lt, part)[k]
+
+    dense = {k: per_layer(term("dense", k)) for k in LAYER_KEYS}
+    moe = {k: per_layer(term("moe", k)) for k in LAYER_KEYS}
+    out = {k: per_layer(term("output", k)) for k in LAYER_KEYS}
     dense_sum, moe_sum = per_layer(lambda lt: sum(lt.dense.values())), per_layer(lambda lt: sum(lt.moe.values()))
     out_sum, emb = per_layer(lambda lt: sum(lt.output.values())), per_layer(lambda lt: lt.embedding_s)
 

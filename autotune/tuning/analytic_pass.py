@@ -149,5 +149,5 @@ class _Labels(Sequence[str]):
     def __len__(self) -> int:
         return len(self.table)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return str(self.table.layout(int(i)))

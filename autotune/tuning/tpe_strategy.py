@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 from autotune.tuning.space_sampler import define_by_run, layout_of, params_of
 from autotune.tuning.strategy import StrategyContext, usable
@@ -65,7 +66,7 @@ class TPEStrategy:
         self.define(trial)
         self._tell(trial, self.values[layout])
 
-    def _tell(self, trial: object, value: float | None) -> None:
+    def _tell(self, trial: Any, value: float | None) -> None:
         import optuna
 
         if value is None:

@@ -83,7 +83,7 @@ def _node_id() -> str:
 def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
     """Tune function trainable: measure `config["layout"]` or each of `config["batch"]`."""
     texts = config["batch"] if "batch" in config else [config["layout"]]
-    out = []
+    out: list[dict[str, Any]] = []
     for text in texts:
         m, wall_s = _measure(job, backend, parse_layout(text))
         out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
@@ -208,7 +208,7 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
 
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
     spread = plan.max_concurrent is None and _alive_nodes() > 1  # a cluster: trials go to every node
-    trial_resources = tune.PlacementGroupFactory([{"CPU": 1}], strategy="SPREAD") if spread else {"cpu": 1}
+    trial_resources: Any = tune.PlacementGroupFactory([{"CPU": 1}], strategy="SPREAD") if spread else {"cpu": 1}
     trainable = tune.with_resources(trainable, trial_resources)
     measured = {r.layout for r in plan.done}
     storage_dir = tune_storage_dir()
@@ -257,15 +257,16 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
             tuner.fit()
     finally:
         cleanup_dir(storage_dir)
+    finished = False  # the strategy had nothing left to propose
     if search_alg is not None:
         stats.update(search_alg.counts)
-        stats["strategy_finished"] = search_alg.finished
+        finished = stats["strategy_finished"] = bool(search_alg.finished)
     stats["max_concurrent"] = concurrent
     del tuner, search_alg, trainable  # Ray objects go while Ray is up (the driver collects the cycles too)
     if recorder.error is not None:
         raise recorder.error
     expected = total - len(plan.done)
-    interrupted = len(recorder.records) < expected and not getattr(search_alg, "finished", False)
+    interrupted = len(recorder.records) < expected and not finished
     return recorder.records, interrupted, stats
 
 

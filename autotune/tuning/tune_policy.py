@@ -39,10 +39,10 @@ def with_timed_steps(backend: Backend, steps: int) -> Backend | None:
     if dataclasses.is_dataclass(backend):
         names = {f.name for f in dataclasses.fields(backend)}
         if "timed_steps" in names:
-            return dataclasses.replace(backend, timed_steps=steps)  # type: ignore[type-var]
+            return dataclasses.replace(backend, timed_steps=steps)
         if "inner" in names:
-            inner = with_timed_steps(backend.inner, steps)  # type: ignore[attr-defined]
-            return None if inner is None else dataclasses.replace(backend, inner=inner)  # type: ignore[type-var]
+            inner = with_timed_steps(backend.inner, steps)
+            return None if inner is None else dataclasses.replace(backend, inner=inner)
     return None
 
 
@@ -104,7 +104,7 @@ class PolicySearcher(Searcher):
         self.strategy = strategy
         self.fixed = list(fixed or [])
         self.live: dict[str, tuple[Layout, str]] = {}
-        self.counts = {"proposals": 0, "strategy": getattr(strategy, "name", type(strategy).__name__)}
+        self.counts: dict[str, Any] = {"proposals": 0, "strategy": getattr(strategy, "name", type(strategy).__name__)}
         self.finished = False  # the strategy has nothing left to propose (not an interruption)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
@@ -114,7 +114,7 @@ class PolicySearcher(Searcher):
             layout = self.strategy.propose()
             if layout is None:
                 self.finished = True
-                return Searcher.FINISHED
+                return Searcher.FINISHED  # type: ignore[return-value]  # Ray's sentinel string
             origin = "search"
             self.counts["proposals"] += 1
         self.live[trial_id] = (layout, origin)

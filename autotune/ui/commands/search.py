@@ -105,7 +105,7 @@ def _search(args: argparse.Namespace, status: Any) -> int:
     headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
     result = run_search(
         job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes, force=args.force,
-        finish=lambda r: write_outputs(r, r.output_dir),  # best.json, launch files, report: before `completed`
+        finish=lambda r: write_outputs(r, str(r.output_dir)),  # best.json, launch files, report: before `completed`
         # trials named in the Ray dashboard when Ray is already connected (--dashboard, --address)
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
