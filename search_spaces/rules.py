@@ -301,9 +301,17 @@ def _version_checks(version: str):
                           f"{layout.pp}).", mtp_num_layers=mtp, pp=layout.pp, overlap_moe_expert_parallel_comm=True)
 
     def ep_overlap_cuda_graphs(job: Job, layout: Layout) -> Violation | None:
-        """0.16.1: any CUDA graph implementation must be Transformer Engine's with EP overlap; 0.19 allows local."""
+        """0.16.1: any CUDA graph implementation must be Transformer Engine's with EP overlap; 0.19 allows local.
+        Both refuse Transformer Engine graphs whose scope holds `moe` or `mlp` (transformer_config.py, 0.16.1
+        :1897-1906, 0.19.0 :2738-2746)."""
         t = job.training
-        if version >= "0.17" or not t.overlap_moe_expert_parallel_comm or t.cuda_graphs != "local":
+        if not t.overlap_moe_expert_parallel_comm or layout.ep <= 1:
+            return None
+        if t.cuda_graphs == "transformer_engine" and {"moe", "mlp"} & set(t.cuda_graph_scope):
+            return _violation("ep_overlap_cuda_graphs", "CUDA graph scope on moe and mlp is not supported with "
+                              f"overlap_moe_expert_parallel_comm (cuda_graph_scope {list(t.cuda_graph_scope)}).",
+                              cuda_graphs="transformer_engine", overlap_moe_expert_parallel_comm=True)
+        if version >= "0.17" or t.cuda_graphs != "local":
             return None
         return _violation("ep_overlap_cuda_graphs", "CUDA graph scope on moe and mlp is not supported with "
                           "overlap_moe_expert_parallel_comm (cuda_graph_impl local; megatron-core 0.16.1 asks for "
@@ -385,8 +393,7 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
     ("ep_overlap_no_full_recompute", frozenset({"recompute"}), _EP_OVERLAP),
     ("ep_overlap_recompute_modules", frozenset({"recompute"}), _EP_OVERLAP + " (0.19)"),
     ("ep_overlap_mtp", frozenset({"pp"}), _EP_OVERLAP),
-    # reads no layout field (any layout of the job breaks it); checked with the first dimension
-    ("ep_overlap_cuda_graphs", frozenset({"tp"}), _EP_OVERLAP + " (0.16.1)"),
+    ("ep_overlap_cuda_graphs", frozenset({"ep"}), _EP_OVERLAP),
     ("global_batch_divisible", frozenset({"mbs", "dp"}),
      _CORE + "num_microbatches_calculator.py (ConstantNumMicroBatchesCalculator)"),
     ("vpp_microbatches", frozenset({"pp", "vpp", "mbs", "dp"}) | SPLIT_FIELDS,

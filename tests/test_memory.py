@@ -286,3 +286,21 @@ def test_allocated_peak_matches_public_measured_runs():
     assert s["rows"] >= 15
     assert s["mean_abs_error"] <= 0.10, s
     assert s["max_abs_error"] <= 0.20, s
+
+
+def test_mtp_activations_sit_on_the_last_stage_with_their_own_logits():
+    # deepseek-v3's MTP layer on the last stage of PP 4 (1F1B: the last stage holds 1 micro-batch in flight):
+    # one more MoE layer's tensors, enorm / hnorm, eh_proj's [s, b, 2h] input and a second logits tensor
+    # (TE's fused cross-entropy: bf16 logits, s * b * V / t * 2 B = 4096 * 129280 / 2 * 2 B = 0.49 GiB at TP 2)
+    job = _job("deepseek-v3", seq=4096, gbs=512, nodes=64)
+    no_mtp = replace(job, model=replace(job.model, mtp_num_layers=0))
+    layout = Layout(tp=2, pp=4, ep=32, etp=1, dp=64, mbs=1, sp=True, dist_opt=True,
+                    first_stage_layers=16, last_stage_layers=13)
+    with_stages, without_stages = estimate_memory_per_stage(job, layout), estimate_memory_per_stage(no_mtp, layout)
+    for a, b in zip(with_stages[:-1], without_stages[:-1], strict=True):
+        assert a.activations_bytes == pytest.approx(b.activations_bytes)
+    last = dict(with_stages[-1].activation_terms)
+    assert last["mtp_logits_bf16"] == pytest.approx(4096 * 129280 / 2 * 2)
+    assert last["mtp_eh_proj_input"] > 0 and any(k.startswith("mtp_layer_") for k in last)
+    extra = with_stages[-1].activations_bytes - without_stages[-1].activations_bytes
+    assert extra == pytest.approx(sum(v for k, v in last.items() if k.startswith("mtp_")))

@@ -66,6 +66,29 @@ def test_moe_flops_count_topk_and_shared_experts() -> None:
     assert model_flops_per_step(model, training) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize(("mtp", "tflops", "tokens"), [
+    # Megatron-Bridge performance summary: DeepSeekV3 on 256 B200, MXFP8, 26.02 (with MTP): 699 TFLOP/s/GPU at
+    # 2,689 tokens/s/GPU; 25.11 'DeepSeekV3 (w/o MTP)' on 256 GB200, BF16: 782 at 3,139. Their ratio is the model
+    # FLOPs per token of Megatron-LM's formula (3 digits published, so 0.5%)
+    (1, 699e12, 2689),
+    (0, 782e12, 3139),
+])
+def test_mtp_flops_match_the_published_tflops_per_token(mtp: int, tflops: float, tokens: float) -> None:
+    model = replace(get_model("deepseek-v3"), mtp_num_layers=mtp)
+    assert 3 * forward_flops_per_token(model, 4096) == pytest.approx(tflops / tokens, rel=0.005)
+
+
+def test_an_mtp_layer_adds_a_layer_its_projection_and_one_more_logits_gemm() -> None:
+    # Megatron-LM core_v0.16.1 training.py:354-360, 553-572: attention + MLP of the last layer's kind, then
+    # 2 * (3h + 2h^2) for the norms and eh_proj, and 2 * h * V more logits, per token forward
+    base = get_model("llama3-8b")
+    with_mtp = replace(base, mtp_num_layers=2)
+    h, v = base.hidden_size, 128256
+    one_layer = (forward_flops_per_token(base, 4096) - 2.0 * h * v) / base.num_layers
+    expected = 2 * (one_layer + 2 * (3 * h + 2 * h * h) + 2.0 * h * v)
+    assert forward_flops_per_token(with_mtp, 4096) - forward_flops_per_token(base, 4096) == pytest.approx(expected)
+
+
 def test_causal_attention_is_half_the_square_term() -> None:
     # doubling s adds 2*s*a*d per token per layer forward (causal), i.e. the core term is linear in s
     model = get_model("tiny-gpt")

@@ -123,3 +123,16 @@ def test_forced_balance_is_faster_than_aux_loss_routing() -> None:
 def test_band_brackets_the_prediction() -> None:
     est = estimate_time(_job("mixtral", nodes=4), Layout(tp=1, pp=4, vpp=8, ep=8, dp=16))
     assert est.tokens_per_s_per_gpu_low < est.tokens_per_s_per_gpu < est.tokens_per_s_per_gpu_high
+
+
+def test_an_mtp_layer_costs_more_than_a_moe_layer_and_lengthens_the_step() -> None:
+    # deepseek-v3's MTP layer sits on the last stage (megatron-core `get_mtp_num_layers_to_build`): one more MoE
+    # layer, eh_proj and a second output layer + loss, so it costs at least a MoE layer plus the logits
+    job = _job("deepseek-v3", 32, seq=4096, gbs=512)
+    no_mtp = replace(job, model=replace(job.model, mtp_num_layers=0))
+    layout = Layout(tp=2, pp=8, ep=8, etp=1, dp=16, mbs=1, first_stage_layers=7, last_stage_layers=6)
+    lt = layer_times(job, layout)
+    assert sum(lt.mtp.values()) > sum(lt.moe.values()) + sum(lt.output.values()) * 0.99
+    with_t, without_t = estimate_time(job, layout), estimate_time(no_mtp, layout)
+    assert with_t.step_time_s > without_t.step_time_s
+    assert with_t.model_flops_per_step > without_t.model_flops_per_step

@@ -390,6 +390,31 @@ def output_activation_bytes(model: ModelSpec, x: Shape, vocab: int) -> dict[str,
     return terms
 
 
+def mtp_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssumptions,
+                         vocab: int) -> dict[str, float]:
+    """One multi-token-prediction layer, one micro-batch (megatron-core 0.16.1
+    `transformer/multi_token_prediction.py::MultiTokenPredictionLayer`, `models/gpt/gpt_model.py:608-660`): the
+    embedding of the shifted tokens, `enorm` and `hnorm` (inputs and statistics), `eh_proj`'s input [s, b, 2h]
+    (a TE column-parallel linear, saved like the other GEMM inputs), one transformer layer of the decoder's last
+    kind, `final_layernorm`, and the output layer's input and logits once more. With full recompute the MTP layer
+    is checkpointed (`_checkpointed_forward`): it keeps its two inputs, the logits stay."""
+    model = job.model
+    x = shape_of(job, layout, assumptions)
+    T, h = x.tokens, model.hidden_size
+    out = {f"mtp_{k}": v for k, v in output_activation_bytes(model, x, vocab).items()}
+    if x.recompute == "full":
+        out["mtp_layer_inputs"] = 2 * BF16 * T * h / x.sp_div
+        return out
+    terms = {f"mtp_{k}": v for k, v in embedding_activation_bytes(model, x).items()}
+    terms.update({f"mtp_{k}": v for k, v in _norm_terms("enorm", x, h).items()})
+    terms.update({f"mtp_{k}": v for k, v in _norm_terms("hnorm", x, h).items()})
+    terms["mtp_eh_proj_input"] = x.gemm_in * T * 2 * h / x.sp_div
+    layer = layer_activation_bytes(job, layout, assumptions, moe=model.moe is not None)
+    terms.update({f"mtp_layer_{k}": v for k, v in layer.items()})
+    terms.update(out)
+    return terms
+
+
 def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool) -> float:
     """The gradients alive while one layer runs its backward: the activation gradients of the MLP (d of the
     fc2 input and of the fc1 output, 3 x ffn wide when gated) or of the experts, or of attention (dQ, dK, dV
@@ -460,6 +485,7 @@ class UnitActivations:
     moe_kept_terms: tuple[tuple[str, float], ...]
     embedding_terms: tuple[tuple[str, float], ...]
     output_terms: tuple[tuple[str, float], ...]
+    mtp_terms: tuple[tuple[str, float], ...]
     transient_terms: dict[tuple[bool, bool], tuple[tuple[str, float], ...]]
     full_layers: int | None
     dense_layer: float
@@ -468,6 +494,7 @@ class UnitActivations:
     moe_kept: float
     embedding: float
     output: float
+    mtp: float
 
     def _split(self, dense: int, moe: int) -> tuple[int, int, int, int]:
         """(recomputed dense, recomputed MoE, kept dense, kept MoE) layers of a chunk: the block of
@@ -479,9 +506,10 @@ class UnitActivations:
         rm = n - rd
         return rd, rm, dense - rd, moe - rm
 
-    def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool) -> float:
+    def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool, mtp: int = 0) -> float:
         rd, rm, kd, km = self._split(dense, moe)
         total = rd * self.dense_layer + rm * self.moe_layer + kd * self.dense_kept + km * self.moe_kept
+        total += mtp * self.mtp
         if has_embedding:
             total += self.embedding
         if has_output:
@@ -493,8 +521,9 @@ class UnitActivations:
 
     def breakdown(self, *, chunks: tuple[tuple[int, int, int], ...], inflight: tuple[int, ...], first_dense: int,
                   last: int, has_output: bool, has_moe: bool, transients: bool = True,
-                  ) -> tuple[tuple[str, float], ...]:
-        """The named terms of one stage: in-flight micro-batches x chunk terms, plus (optionally) transients."""
+                  mtp: tuple[int, ...] | None = None) -> tuple[tuple[str, float], ...]:
+        """The named terms of one stage: in-flight micro-batches x chunk terms, plus (optionally) transients.
+        `mtp` gives the MTP layers of every model chunk (by chunk index k), None for none."""
         out: dict[str, float] = {}
 
         def add(terms: tuple[tuple[str, float], ...], weight: float) -> None:
@@ -514,6 +543,8 @@ class UnitActivations:
                 add(self.embedding_terms, n_inflight)
             if k == last:
                 add(self.output_terms, n_inflight)
+            if mtp is not None and mtp[k]:
+                add(self.mtp_terms, n_inflight * mtp[k])
         if transients:
             add(self.transient_terms[(has_output, has_moe)], 1)
         return tuple(out.items())
@@ -536,6 +567,7 @@ def unit_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssum
         dense_kept, moe_kept = (), ()
     emb = tuple(embedding_activation_bytes(model, x).items())
     out = tuple(output_activation_bytes(model, x, vocab).items())
+    mtp = tuple(mtp_activation_bytes(job, layout, assumptions, vocab).items()) if model.mtp_num_layers else ()
     transients = {
         (o, m): tuple(transient_activation_bytes(job, layout, assumptions, has_output=o, has_moe=m,
                                                  vocab=vocab).items())
@@ -543,10 +575,10 @@ def unit_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssum
     }
     return UnitActivations(
         dense_terms=dense, moe_terms=moe, dense_kept_terms=dense_kept, moe_kept_terms=moe_kept,
-        embedding_terms=emb, output_terms=out, transient_terms=transients, full_layers=full_layers,
+        embedding_terms=emb, output_terms=out, mtp_terms=mtp, transient_terms=transients, full_layers=full_layers,
         dense_layer=sum(v for _, v in dense), moe_layer=sum(v for _, v in moe),
         dense_kept=sum(v for _, v in dense_kept), moe_kept=sum(v for _, v in moe_kept),
-        embedding=sum(v for _, v in emb), output=sum(v for _, v in out),
+        embedding=sum(v for _, v in emb), output=sum(v for _, v in out), mtp=sum(v for _, v in mtp),
     )
 
 

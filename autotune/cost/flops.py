@@ -45,18 +45,27 @@ def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     (QK^T and PV, halved for causality), MLP 2*h*f*(3 if gated else 2) for dense layers, and
     top-k routed experts plus shared experts for MoE layers; logits 2*h*V (padded V). Router,
     norms and embeddings are not counted (as in Megatron-LM).
+
+    Multi-token prediction (core_v0.16.1 `megatron/training/training.py:354-360, 553-572`): each MTP layer counts
+    as one more layer of the decoder's last kind (attention and a MoE or dense MLP), plus its norms and `eh_proj`
+    2*(3h + 2h^2), plus one more logits GEMM 2*h*V.
     """
     h = model.hidden_size
     gate = 3 if model.gated_linear_unit else 2
-    attention = model.num_layers * _attention_forward_flops_per_token(model, seq_length)
-    dense_mlp = model.num_dense_mlp_layers * 2.0 * h * model.ffn_hidden_size * gate
+    mtp = model.mtp_num_layers
+    attention = (model.num_layers + mtp) * _attention_forward_flops_per_token(model, seq_length)
+    dense_mlp_layer = 2.0 * h * model.ffn_hidden_size * gate
+    dense_mlp = model.num_dense_mlp_layers * dense_mlp_layer
     moe_mlp = 0.0
     if model.moe is not None:
         x = model.moe
         per_layer = 2.0 * h * gate * (x.topk * x.expert_ffn_hidden_size + x.shared_expert_ffn_hidden_size)
-        moe_mlp = model.num_moe_layers * per_layer
-    logits = 2.0 * h * padded_vocab_size(model)
-    return attention + dense_mlp + moe_mlp + logits
+        moe_mlp = (model.num_moe_layers + mtp) * per_layer
+    else:
+        dense_mlp += mtp * dense_mlp_layer
+    mtp_proj = mtp * 2.0 * (3 * h + 2 * h * h)
+    logits = (1 + mtp) * 2.0 * h * padded_vocab_size(model)
+    return attention + dense_mlp + moe_mlp + mtp_proj + logits
 
 
 @lru_cache(maxsize=256)

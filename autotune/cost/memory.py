@@ -207,11 +207,12 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
 
 @lru_cache(maxsize=4096)
 def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, split: Split = EVEN,
+                      mtp: tuple[int, ...] | None = None,
                       ) -> tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]:
     """Stages that can be the peak, with their chunks as (chunk index k, first layer, layers).
 
     In-flight micro-batches never grow with the stage index, so among stages holding the same layers
-    (same dense/MoE counts per chunk, same embedding/output) only the first can be the heaviest."""
+    (same dense/MoE counts per chunk, same embedding/output/MTP layers) only the first can be the heaviest."""
     counts = chunk_layer_counts(num_layers, pp, vpp, split)
     starts = [sum(counts[:k]) for k in range(len(counts))]
     last = len(counts) - 1
@@ -219,7 +220,8 @@ def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, spli
     out = []
     for p in range(pp):
         chunks = tuple((k, starts[k], counts[k]) for k in range(p, len(counts), pp))
-        key = tuple((k == 0, k == last, n, max(0, min(start + n, first_dense) - start)) for k, start, n in chunks)
+        key = tuple((k == 0, k == last, n, max(0, min(start + n, first_dense) - start), mtp[k] if mtp else 0)
+                    for k, start, n in chunks)
         if key not in seen:
             seen.add(key)
             out.append((p, chunks))
@@ -261,6 +263,11 @@ def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
     return stages, unit
 
 
+def _mtp_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...] | None:
+    """MTP layers per model chunk (`Layout.chunk_mtp_counts`), None for a model without them."""
+    return layout.chunk_mtp_counts(model.mtp_num_layers) if model.mtp_num_layers else None
+
+
 def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp: StageParams,
                     unit: UnitActivations, chunks: tuple[tuple[int, int, int], ...]) -> MemoryEstimate:
     """One GPU of stage `sp.stage`: its own parameters' state plus the larger of its in-flight activations
@@ -274,13 +281,15 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
     extra = 1 if (job.training.overlap_moe_expert_parallel_comm and model.moe is not None and vpp > 1) else 0
     inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage, extra_warmup=extra)
     has_moe = sp.moe_layers > 0
+    mtp = _mtp_counts(model, layout)
     activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
     for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
         dense = max(0, min(start + n, first_dense) - start)
-        activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0, has_output=k == last)
+        activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0, has_output=k == last,
+                                               mtp=mtp[k] if mtp else 0)
     breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
         unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-        has_output=sp.has_output, has_moe=has_moe)
+        has_output=sp.has_output, has_moe=has_moe, mtp=mtp)
     phase = "activations"
     step = _optimizer_step_bytes(job, sp, layout)
     if step > activations:
@@ -307,7 +316,7 @@ def estimate_memory(job: Job, layout: Layout,
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     best: MemoryEstimate | None = None
     for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size,
-                                        pipeline_split(layout)):
+                                        pipeline_split(layout), _mtp_counts(model, layout)):
         est = _stage_estimate(job, layout, assumptions, stages[p], unit, chunks)
         if best is None or est.total_bytes > best.total_bytes:
             best = est

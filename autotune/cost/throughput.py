@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from autotune.cost.comm import group_collective_s, p2p_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration, gemm_cost, memory_bound_time_s
 from autotune.cost.flops import model_flops_per_step, padded_vocab_size
-from autotune.cost.layer_time import BF16, Pass, attention_block, dense_mlp_block, shape_of
+from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_mlp_block, fp8_cast_s, shape_of
 from autotune.cost.moe_time import moe_block
 from autotune.cost.placement import StageParams, heaviest_stage, pipeline_split, stage_params
 from search_spaces.job import Job
@@ -64,17 +64,21 @@ class TimeEstimate:
 
 @dataclass(frozen=True, slots=True)
 class LayerTimes:
-    """One micro-batch's forward + backward through one dense and one MoE layer, and the last stage's extras
-    (seconds by LAYER_KEYS); fwd_s / bwd_s are the wall times DP communication can hide under."""
+    """One micro-batch's forward + backward through one dense and one MoE layer, one multi-token-prediction layer,
+    and the last stage's extras (seconds by LAYER_KEYS); fwd_s / bwd_s are the wall times DP communication can
+    hide under."""
 
     dense: dict[str, float]
     moe: dict[str, float]
+    mtp: dict[str, float]
     output: dict[str, float]
     embedding_s: float
     dense_fwd_s: float
     dense_bwd_s: float
     moe_fwd_s: float
     moe_bwd_s: float
+    mtp_fwd_s: float
+    mtp_bwd_s: float
 
 
 def _recompute_pass(job: Job, layout: Layout, blocks: list[dict[str, Pass]]) -> Pass:
@@ -151,8 +155,27 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     output["compute"] = out_gpu
     output["host"] = max(0.0, out_host - out_gpu)
     embedding = memory_bound_time_s(3 * x.tokens * h * BF16, gpu=gpu, cal=cal)  # gather fwd, scatter-add bwd
-    return LayerTimes(dense=dense, moe=moe, output=output, embedding_s=embedding, dense_fwd_s=dense_f,
-                      dense_bwd_s=dense_b, moe_fwd_s=moe_f, moe_bwd_s=moe_b)
+    last = (moe, moe_f, moe_b) if job.model.moe is not None else (dense, dense_f, dense_b)
+    mtp, mtp_f, mtp_b = _mtp_layer(x, layout, last, output, embedding)
+    return LayerTimes(dense=dense, moe=moe, mtp=mtp, output=output, embedding_s=embedding, dense_fwd_s=dense_f,
+                      dense_bwd_s=dense_b, moe_fwd_s=moe_f, moe_bwd_s=moe_b, mtp_fwd_s=mtp_f, mtp_bwd_s=mtp_b)
+
+
+def _mtp_layer(x: Shape, layout: Layout, last: tuple[dict[str, float], float, float], output: dict[str, float],
+               embedding_s: float) -> tuple[dict[str, float], float, float]:
+    """One multi-token-prediction layer for one micro-batch (megatron-core 0.16.1
+    `transformer/multi_token_prediction.py::MultiTokenPredictionLayer.forward`, `models/gpt/gpt_model.py:608-660`):
+    the embedding of the shifted tokens, `enorm` and `hnorm`, `eh_proj` (2h -> h/t, column-parallel over the
+    gathered b*s/c rows), one transformer layer of the decoder's last kind (`last`: its terms and pass walls),
+    `final_layernorm`, then the output layer and the loss once more."""
+    terms, fwd_s, bwd_s = last
+    h = x.model.hidden_size
+    eh_fwd = x.gemm.time_s(x.rows, h / layout.tp, 2 * h) + fp8_cast_s(x, x.rows * 2 * h)
+    norms = memory_bound_time_s(BF16 * 3 * 2 * x.tokens * h, gpu=x.job.cluster.gpu, cal=x.cal)  # read + write
+    out = dict(terms)
+    out["compute"] += 3 * eh_fwd + 3 * norms + embedding_s + output["compute"]
+    out["host"] += output["host"]
+    return out, fwd_s + eh_fwd + norms, bwd_s + 2 * eh_fwd + 2 * norms
 
 
 def _stage_s(stage: StageParams, lt: LayerTimes) -> float:
@@ -160,6 +183,8 @@ def _stage_s(stage: StageParams, lt: LayerTimes) -> float:
     total = dense_layers * sum(lt.dense.values()) + stage.moe_layers * sum(lt.moe.values())
     if stage.has_output:
         total += sum(lt.output.values())
+    if stage.mtp_layers:
+        total += stage.mtp_layers * sum(lt.mtp.values())
     if stage.has_embedding:
         total += lt.embedding_s
     return total
@@ -261,7 +286,7 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     dense_layers = pace.layers - pace.moe_layers
     for key in LAYER_KEYS:
         breakdown[key] = m * (dense_layers * lt.dense[key] + pace.moe_layers * lt.moe[key]
-                              + (lt.output[key] if pace.has_output else 0.0))
+                              + pace.mtp_layers * lt.mtp[key] + (lt.output[key] if pace.has_output else 0.0))
     if pace.has_embedding:
         breakdown["compute"] += m * lt.embedding_s
     breakdown["pp_bubble"] = pipeline_bubble_s(stage_s, layout)
@@ -269,8 +294,8 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
 
     heavy = heaviest_stage(stages)
     grads, gather, params = dp_comm_s(job, layout, cal, heavy)
-    bwd_window = dense_layers * lt.dense_bwd_s + pace.moe_layers * lt.moe_bwd_s
-    fwd_window = dense_layers * lt.dense_fwd_s + pace.moe_layers * lt.moe_fwd_s
+    bwd_window = dense_layers * lt.dense_bwd_s + pace.moe_layers * lt.moe_bwd_s + pace.mtp_layers * lt.mtp_bwd_s
+    fwd_window = dense_layers * lt.dense_fwd_s + pace.moe_layers * lt.moe_fwd_s + pace.mtp_layers * lt.mtp_fwd_s
     breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
                                             and training.overlap_grad_reduce, params, cal))
