@@ -240,14 +240,15 @@ class _Rows:
 
 
 # --- step time ---------------------------------------------------------------------------------------------------
-def _stage_kinds(stages: Sequence[Any]) -> list[tuple[int, int, bool, bool, int, int]]:
-    """Distinct stages as (dense layers, MoE layers, embedding, output, last stage index, count), the latest
-    stage first: equal stages take equal time, and the scalar model's pace is the latest of the slowest."""
-    kinds: dict[tuple[int, int, bool, bool], list[int]] = {}
+def _stage_kinds(stages: Sequence[Any]) -> list[tuple[int, int, bool, bool, int, int, int]]:
+    """Distinct stages as (dense layers, MoE layers, embedding, output, MTP layers, last stage index, count), the
+    latest stage first: equal stages take equal time, and the scalar model's pace is the latest of the slowest."""
+    kinds: dict[tuple[int, int, bool, bool, int], list[int]] = {}
     for s in stages:
-        entry = kinds.setdefault((s.layers - s.moe_layers, s.moe_layers, s.has_embedding, s.has_output), [0, 0])
+        key = (s.layers - s.moe_layers, s.moe_layers, s.has_embedding, s.has_output, s.mtp_layers)
+        entry = kinds.setdefault(key, [0, 0])
         entry[0], entry[1] = s.stage, entry[1] + 1
-    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[4])
+    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[5])
 
 
 def _exposed(comm: np.ndarray, window: np.ndarray, overlap: bool | np.ndarray, params: np.ndarray,
@@ -276,6 +277,8 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     dense = {k: per_layer(term("dense", k)) for k in LAYER_KEYS}
     moe = {k: per_layer(term("moe", k)) for k in LAYER_KEYS}
     out = {k: per_layer(term("output", k)) for k in LAYER_KEYS}
+    mtp = {k: per_layer(term("mtp", k)) for k in LAYER_KEYS}
+    mtp_sum = per_layer(lambda lt: sum(lt.mtp.values()))
     dense_sum, moe_sum = per_layer(lambda lt: sum(lt.dense.values())), per_layer(lambda lt: sum(lt.moe.values()))
     out_sum, emb = per_layer(lambda lt: sum(lt.output.values())), per_layer(lambda lt: lt.embedding_s)
 
@@ -283,19 +286,20 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     stage_lists = t.placement.values(lambda i: stage_params(job.model, t.layout(i)))
     kinds = [_stage_kinds(s) for s in stage_lists]
     width = max(len(k) for k in kinds)
-    pad = [k + [(0, 0, False, False, -1, 0)] * (width - len(k)) for k in kinds]
+    pad = [k + [(0, 0, False, False, 0, -1, 0)] * (width - len(k)) for k in kinds]
     kind = {name: np.array([[row[j] for row in k] for k in pad])[t.placement.inverse]
-            for j, name in enumerate(("dense", "moe", "emb", "out", "last", "count"))}
+            for j, name in enumerate(("dense", "moe", "emb", "out", "mtp", "last", "count"))}
     stage_s = kind["dense"] * dense_sum[:, None] + kind["moe"] * moe_sum[:, None]
     stage_s = np.where(kind["out"], stage_s + out_sum[:, None], stage_s)
+    stage_s = np.where(kind["mtp"] > 0, stage_s + kind["mtp"] * mtp_sum[:, None], stage_s)
     stage_s = np.where(kind["emb"], stage_s + emb[:, None], stage_s)
     slow = np.argmax(np.where(kind["last"] >= 0, stage_s, -np.inf), axis=1)
-    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out")}
+    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out", "mtp")}
     bubble = ((kind["count"] * stage_s).sum(axis=1) - stage_s[rows, slow]) / t.vpp
 
     breakdown = {}
     for key in LAYER_KEYS:
-        breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key]
+        breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key] + pace["mtp"] * mtp[key]
                               + np.where(pace["out"], out[key], 0.0))
     breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * emb, breakdown["compute"])
     p2p = _group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp)
@@ -314,8 +318,10 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
 
     dp_terms = dp.values(dp_and_optimizer)
     grads, gather, params, optimizer = (_gather([v[j] for v in dp_terms], dp) for j in range(4))
-    bwd_window = pace["dense"] * per_layer(lambda lt: lt.dense_bwd_s) + pace["moe"] * per_layer(lambda lt: lt.moe_bwd_s)
-    fwd_window = pace["dense"] * per_layer(lambda lt: lt.dense_fwd_s) + pace["moe"] * per_layer(lambda lt: lt.moe_fwd_s)
+    bwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_bwd_s)
+                  + pace["moe"] * per_layer(lambda lt: lt.moe_bwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_bwd_s))
+    fwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_fwd_s)
+                  + pace["moe"] * per_layer(lambda lt: lt.moe_fwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_fwd_s))
     breakdown["dp_comm"] = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
                                        & training.overlap_grad_reduce, params, cal))
@@ -364,7 +370,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     units = unit.values(lambda i: _lookups(job, t.layout(i), assumptions)[1])
     u_rows = unit.inverse
     u = {name: np.array([getattr(x, name) for x in units], dtype=np.float64)[u_rows]
-         for name in ("dense_layer", "moe_layer", "dense_kept", "moe_kept", "embedding", "output")}
+         for name in ("dense_layer", "moe_layer", "dense_kept", "moe_kept", "embedding", "output", "mtp")}
     combos = [(o, h) for o in (False, True) for h in (False, True)]
     transients = np.array([[x.transient(has_output=o, has_moe=h) for o, h in combos] for x in units])
     u_full = np.array([x.full_layers is not None for x in units])[u_rows]
@@ -374,8 +380,10 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     # candidate peak stages per pipeline structure (pp, vpp, split)
     structure = _group(table.pp, t.vpp, table.first_stage_layers, table.last_stage_layers, table.embedding_loss_split,
                        table.pipeline_layout)
-    cands = structure.values(lambda i: _candidate_stages(model.num_layers, first_dense, int(table.pp[i]),
-                                                         int(t.vpp[i]), _split_of(table, i)))
+    mtp_of = structure.values(lambda i: t.layout(i).chunk_mtp_counts(model.mtp_num_layers) if model.mtp_num_layers
+                              else None)  # `memory._mtp_counts`
+    cands = [_candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
+                               mtp_of[g]) for g, i in enumerate(structure.first)]
     width = max(len(c) for c in cands)
     depth = int(t.vpp.max())
     s_rows = structure.inverse
@@ -425,9 +433,13 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
             sp0 = stage_lists[t.placement.inverse[i0]][p]
             has_out, has_moe = sp0.has_output, sp0.moe_layers > 0
             act = transients[u_rows[idx], combos.index((has_out, has_moe))]
-            for j, (dense, moe, has_emb, is_last) in enumerate(_chunk_shape(chunks, first_dense, pp * vpp - 1)):
+            shapes = _chunk_shape(chunks, first_dense, pp * vpp - 1)
+            for j, ((k, _, _), (dense, moe, has_emb, is_last)) in enumerate(zip(chunks, shapes, strict=True)):
                 rd, rm, kd, km = _layer_split(split_unit, full, dense, moe)
                 value = rd * uu["dense_layer"] + rm * uu["moe_layer"] + kd * uu["dense_kept"] + km * uu["moe_kept"]
+                mtp_k = mtp_of[g][k] if mtp_of[g] else 0
+                if mtp_k:
+                    value = value + mtp_k * uu["mtp"]
                 if has_emb:
                     value = value + uu["embedding"]
                 if is_last:
