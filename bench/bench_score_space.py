@@ -1,83 +1,118 @@
-"""Speed of the analytic path: score every feasible layout of a job, print layouts/s.
+"""Speed of the analytic path: score every feasible layout of a job, scalar and vectorised side by side.
 
-    python bench/bench_score_space.py                 # deepseek-v3 on 256 nodes and mixtral on 4 nodes
-    python bench/bench_score_space.py --limit 20000   # stop each job after that many layouts
+    python bench/bench_score_space.py                    # the four jobs below
+    python bench/bench_score_space.py --scalar-sample 0  # the scalar path over the whole space (slow)
 
-For each job it times three things over the same layouts: enumeration alone
-(`search_spaces.space.feasible_layouts`), the throughput model alone (`estimate_time`), and the whole
-backend (`AnalyticBackend.evaluate`: rules + memory + time). Pure arithmetic, no torch import.
+For each job it times, in CPU seconds of this process (the machine is shared; wall time is printed too):
+- enumerate: `search_spaces.space.feasible_space(job)` (the validity helper's code) and the `LayoutTable` built
+  from it (`LayoutTable.from_space`, no Layout object per row);
+- vectorised: `autotune.cost.score.score_layouts` over the whole table (memory, time, verdict);
+- scalar: `estimate_memory` + `estimate_time` + the verdict per Layout, over a random sample of the space
+  (`--scalar-sample`, default 3000; 0 = all), the figure per layout extrapolated;
+and checks that both give the same figures on the sample (largest relative difference of tokens/s and memory).
+Both paths start with cold caches (the cost models' per-job memos cleared). No torch, ray or optuna import.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.analytic import AnalyticBackend  # noqa: E402
-from autotune.cost.throughput import estimate_time  # noqa: E402
+import numpy as np  # noqa: E402
+
+import autotune.cost.memory as memory_model  # noqa: E402
+import autotune.cost.throughput as throughput_model  # noqa: E402
+from autotune.cost.layout_table import LayoutTable  # noqa: E402
+from autotune.cost.score import score_layouts  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
 
+# (model, nodes, sequence, global batch): the README command, and the jobs of issue 11
 JOBS = (
-    ("deepseek-v3", 256, 4096, 8192),
     ("mixtral", 4, 4096, 256),
+    ("deepseek-v3", 128, 4096, 8192),
+    ("llama3-8b", 4, 32768, 256),
+    ("qwen3-235b-a22b", 32, 4096, 256),
 )
 
 
-def _layouts(job: Job, limit: int | None) -> list:
-    from search_spaces.space import feasible_layouts
-
-    out = []
-    for layout in feasible_layouts(job):
-        out.append(layout)
-        if limit is not None and len(out) >= limit:
-            break
-    return out
+def _cold() -> None:
+    throughput_model._MEMOS.clear()
+    memory_model._job_cache.cache_clear()
 
 
-def bench_job(model: str, nodes: int, seq: int, gbs: int, limit: int | None) -> None:
+class _Clock:
+    def __init__(self) -> None:
+        self.cpu, self.wall = time.process_time(), time.perf_counter()
+
+    def lap(self) -> tuple[float, float]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        out = (cpu - self.cpu, wall - self.wall)
+        self.cpu, self.wall = cpu, wall
+        return out
+
+
+def bench_job(model: str, nodes: int, seq: int, gbs: int, sample: int) -> None:
+    from search_spaces.space import feasible_space
+
     job = Job(model=get_model(model), cluster=build_cluster(nodes=nodes),
               training=TrainingSpec(seq_length=seq, global_batch_size=gbs))
-    t0 = time.perf_counter()
-    layouts = _layouts(job, limit)
-    t1 = time.perf_counter()
+    clock = _Clock()
+    space = feasible_space(job)
+    enum_cpu, enum_wall = clock.lap()
+    table = LayoutTable.from_space(space)
+    table_cpu, _ = clock.lap()
+    n = len(table)
+    _cold()
+    clock.lap()
+    scores = score_layouts(job, table)
+    vec_cpu, vec_wall = clock.lap()
+
+    rows = list(range(n)) if sample <= 0 or sample >= n else random.Random(0).sample(range(n), sample)
+    layouts = [table.layout(i) for i in rows]
+    capacity = job.cluster.gpu.memory_bytes
+    _cold()
+    clock.lap()
+    figures = []
     for layout in layouts:
-        estimate_time(job, layout)
-    t2 = time.perf_counter()
-    backend = AnalyticBackend()
-    status: dict[str, int] = {}
-    best = None
-    for layout in layouts:
-        m = backend.evaluate(job, layout)
-        status[m.status] = status.get(m.status, 0) + 1
-        if m.ok and (best is None or m.tokens_per_s_per_gpu > best.tokens_per_s_per_gpu):
-            best = m
-    t3 = time.perf_counter()
-    n = len(layouts)
-    print(f"{model} on {nodes} nodes (seq {seq}, GBS {gbs}): {n} feasible layouts"
-          f"{' (limited)' if limit is not None and n >= limit else ''}")
-    print(f"  enumerate: {t1 - t0:.2f} s   estimate_time: {t2 - t1:.2f} s ({n / max(t2 - t1, 1e-9):,.0f} layouts/s, "
-          f"{(t2 - t1) / max(n, 1) * 1e6:.1f} us each)   evaluate: {t3 - t2:.2f} s "
-          f"({n / max(t3 - t2, 1e-9):,.0f} layouts/s, {(t3 - t2) / max(n, 1) * 1e6:.1f} us each)")
-    print(f"  verdicts: {status}")
+        mem = memory_model.estimate_memory(job, layout)
+        est = throughput_model.estimate_time(job, layout)
+        figures.append((est.tokens_per_s_per_gpu, mem.total_bytes, mem.total_bytes <= capacity))
+    scalar_cpu, scalar_wall = clock.lap()
+
+    ref = np.array([f[:2] for f in figures])
+    got = np.stack([scores.tokens_per_s_per_gpu[rows], scores.total_bytes[rows]], axis=1)
+    worst = float(np.max(np.abs(got - ref) / np.abs(ref))) if len(rows) else 0.0
+    verdicts = sum(f[2] != bool(scores.fits[i]) for f, i in zip(figures, rows))
+    fits = scores.fits
+    best = int(np.argmax(np.where(fits, scores.tokens_per_s_per_gpu, -np.inf))) if fits.any() else None
+
+    print(f"{model} on {nodes} nodes (seq {seq}, GBS {gbs}): {n:,} feasible layouts, {int(fits.sum()):,} fit")
+    print(f"  enumerate  {enum_cpu:6.2f} s cpu ({enum_wall:.2f} s wall)   LayoutTable {table_cpu:.2f} s cpu")
+    print(f"  vectorised {vec_cpu:6.2f} s cpu ({vec_wall:.2f} s wall)   {n / max(vec_cpu, 1e-9):>10,.0f} layouts/s")
+    print(f"  scalar     {scalar_cpu:6.2f} s cpu ({scalar_wall:.2f} s wall)   {len(rows) / max(scalar_cpu, 1e-9):>10,.0f} "
+          f"layouts/s over {len(rows):,} layouts{' (random sample)' if len(rows) < n else ''}"
+          f"; whole space ~{n * scalar_cpu / max(len(rows), 1):.1f} s")
+    print(f"  agreement on those {len(rows):,}: largest relative difference {worst:.1e}, verdicts differing: {verdicts}")
     if best is not None:
-        print(f"  best: {best.layout}  {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {best.mfu:.1%}, "
-              f"{best.memory_gib:.1f} GiB")
+        print(f"  best: {table.layout(best)}  {scores.tokens_per_s_per_gpu[best]:,.0f} tokens/s/GPU, "
+              f"MFU {scores.mfu[best]:.1%}, {scores.total_bytes[best] / 1024**3:.1f} GiB")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--limit", type=int, default=None, help="at most this many layouts per job")
+    p.add_argument("--scalar-sample", type=int, default=3000, help="layouts the scalar path scores (0: all)")
     args = p.parse_args(argv)
     for model, nodes, seq, gbs in JOBS:
-        bench_job(model, nodes, seq, gbs, args.limit)
-    heavy = [m for m in ("torch", "ray", "megatron", "optuna") if m in sys.modules]
+        bench_job(model, nodes, seq, gbs, args.scalar_sample)
+    heavy = [m for m in ("torch", "ray", "megatron", "optuna", "pandas") if m in sys.modules]
     print(f"heavy modules imported: {heavy or 'none'}")
     return 0
 

@@ -1,13 +1,17 @@
-"""End-to-end time of the README command, Ray start-up included, with its split.
+"""Wall time of the README command, and of Ray's own start alone, measured side by side.
 
-    python bench/bench_search_e2e.py              # 3 runs of: python -m autotune --model mixtral --nodes 4
-    python bench/bench_search_e2e.py --runs 5 -- --model llama3-70b --nodes 8
+    python bench/bench_search_e2e.py              # 3 rounds: python -m autotune --model mixtral --nodes 4
+    python bench/bench_search_e2e.py --runs 5 -- --model deepseek-v3 --nodes 128 --global-batch-size 8192
 
-Each run is a fresh process (a fresh local Ray), as a user would type it. The split comes from the
-run's own `search.json`: interpreter and imports until the search starts, Ray start-up, the search
-(Tune trials, Optuna), Ray shut-down, writing results (study.db, best.json), and printing. Target:
-under 20 s in total on a 2-core machine. The machine's load average is printed with each run, since
-other work on the same cores stretches every figure.
+Each round runs, in fresh processes as a user would type them:
+- the command (default the README's `python -m autotune --model mixtral --nodes 4`), its wall time and its split
+  from its own `search.json` (interpreter and imports until the search starts, the analytic pass, Ray if it
+  started, writing the results);
+- Ray's start alone: `ray.init()` with the search's own arguments (a local Ray on 127.0.0.1, no dashboard) and
+  `ray.shutdown()`, in a fresh interpreter: what any Ray-based search pays before its first trial;
+- the time to the first line the command prints (its status line), from the same run.
+Target: the README command in at most 10 s on 2 cores. The machine's load average is printed with each round,
+since other work on the same cores stretches every figure.
 """
 
 from __future__ import annotations
@@ -23,27 +27,59 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+RAY_ALONE = """
+import os, time
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+t0 = time.perf_counter()
+import ray
+t1 = time.perf_counter()
+ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+         _temp_dir=os.environ["BENCH_RAY_TMP"])
+t2 = time.perf_counter()
+ray.shutdown()
+t3 = time.perf_counter()
+print(f"{t1 - t0} {t2 - t1} {t3 - t2}")
+"""
 
 
-def one_run(args: list[str]) -> dict[str, float]:
+def _env(tmp: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_RAY_TMP": os.path.join(tmp, "ray")}
+
+
+def run_command(args: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="autotune-e2e-") as tmp:
         out_dir = Path(tmp) / "run"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "autotune", *args, "--output", str(out_dir), "--no-progress"],
-                              cwd=tmp, env=env, capture_output=True, text=True)
+        # FORCE_COLOR: rich draws the status line on the pipe as on a terminal; its first character is timed
+        proc = subprocess.Popen([sys.executable, "-m", "autotune", *args, "--output", str(out_dir)],
+                                cwd=tmp, env={**_env(tmp), "FORCE_COLOR": "1"}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        first = proc.stderr.read(1)  # the status line comes first, on stderr
+        t_first = time.perf_counter() - t0
+        out, err = proc.communicate()
         wall = time.perf_counter() - t0
         if proc.returncode not in (0, 1):
-            raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+            raise SystemExit(f"run failed ({proc.returncode}):\n{first}{err[-3000:]}")
         meta = json.loads((out_dir / "search.json").read_text())
     t = meta["stats"]["timings"]
-    ray_start, search = t.get("ray_start_s", 0.0), t.get("search_s", 0.0)
-    shutdown, study = t.get("ray_shutdown_s", 0.0), meta["stats"].get("study_write_s", 0.0)
-    run_search_total = t.get("run_search_s", 0.0)
-    return {"wall_s": wall, "ray_start_s": ray_start, "search_s": search, "study_write_s": study,
-            "ray_shutdown_s": shutdown, "startup_s": t.get("started_at_s", 0.0),
-            "output_s": max(0.0, wall - t.get("started_at_s", 0.0) - run_search_total),
-            "trials": meta.get("finished_trials", 0), "load": os.getloadavg()[0]}
+    return {"wall_s": wall, "first_line_s": t_first if first else float("nan"),
+            "startup_s": t.get("started_at_s", 0.0), "analytic_s": t.get("analytic_s", 0.0),
+            "ray_start_s": t.get("ray_start_s", 0.0), "trials_s": t.get("search_s", 0.0),
+            "output_s": max(0.0, wall - t.get("started_at_s", 0.0) - t.get("run_search_s", 0.0)),
+            "load": os.getloadavg()[0]}
+
+
+def run_ray_alone() -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="autotune-ray-") as tmp:
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", RAY_ALONE], env=_env(tmp), capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode:
+            raise SystemExit(f"ray alone failed:\n{proc.stderr[-2000:]}")
+        imp, init, shutdown = map(float, proc.stdout.split()[-3:])
+    return {"ray_wall_s": wall, "ray_import_s": imp, "ray_init_s": init, "ray_shutdown_s": shutdown}
 
 
 def main() -> int:
@@ -52,19 +88,21 @@ def main() -> int:
     ap.add_argument("cli", nargs="*", default=["--model", "mixtral", "--nodes", "4"],
                     help="arguments after --: the command (default --model mixtral --nodes 4)")
     args = ap.parse_args()
-    cols = ("wall_s", "startup_s", "ray_start_s", "search_s", "study_write_s", "ray_shutdown_s", "output_s")
-    print(f"python -m autotune {' '.join(args.cli)}   ({os.cpu_count()} cores)")
-    print(f"{'run':>3} " + " ".join(f"{c:>14}" for c in cols) + f" {'trials':>6} {'load1':>6}")
+    cmd_cols = ("wall_s", "first_line_s", "startup_s", "analytic_s", "ray_start_s", "trials_s", "output_s")
+    ray_cols = ("ray_wall_s", "ray_import_s", "ray_init_s", "ray_shutdown_s")
+    print(f"python -m autotune {' '.join(args.cli)}   vs   Ray's start alone   ({os.cpu_count()} cores)")
+    print(f"{'run':>3} " + " ".join(f"{c:>13}" for c in cmd_cols + ray_cols) + f" {'load1':>6}")
     rows = []
     for i in range(args.runs):
-        r = one_run(args.cli)
+        r = {**run_command(args.cli), **run_ray_alone()}
         rows.append(r)
-        print(f"{i + 1:>3} " + " ".join(f"{r[c]:>14.2f}" for c in cols) + f" {r['trials']:>6} {r['load']:>6.1f}",
+        print(f"{i + 1:>3} " + " ".join(f"{r[c]:>13.2f}" for c in cmd_cols + ray_cols) + f" {r['load']:>6.1f}",
               flush=True)
-    print("med " + " ".join(f"{statistics.median(r[c] for r in rows):>14.2f}" for c in cols))
-    print("\nstartup: interpreter + imports + job until run_search starts; ray_start: ray.init (Tune and Optuna "
-          "imported meanwhile); search: Tune trials and Optuna; study_write: study.db, on a thread during "
-          "ray_shutdown; output: best.json, table, exit (the rest of the wall time)")
+    print("med " + " ".join(f"{statistics.median(r[c] for r in rows):>13.2f}" for c in cmd_cols + ray_cols))
+    print("\nwall: the command, start to exit; first_line: to its status line; startup: interpreter + imports until "
+          "run_search; analytic: scoring and ranking the whole space; ray_start / trials: Ray and its Tune trials "
+          "(0 when the search starts no Ray); output: tables, files, report. ray_*: a fresh interpreter importing "
+          "ray, ray.init() as the search calls it, ray.shutdown().")
     return 0
 
 

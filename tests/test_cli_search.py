@@ -63,7 +63,7 @@ def test_json_output_is_one_object_with_best_pareto_and_trials(tmp_path, capsys,
     assert payload["best"]["layout"]["tensor_model_parallel_size"] >= 1
     assert set(payload["best"]["launch"]) == {"megatron_bridge", "megatron_lm"}
     assert len(payload["trials"]) == 12 and payload["pareto"]
-    assert payload["stats"]["invalid_proposals"] == 0
+    assert payload["decision"]["pick"] == payload["best"]["layout_text"]
 
 
 def test_resume_alone_reads_the_job_from_the_folder(tmp_path, capsys, ray_session):
@@ -108,7 +108,7 @@ def _wait_for_rows(csv_path: Path, rows: int, proc: subprocess.Popen[str], timeo
 
 
 def test_sigkill_then_resume_finishes_without_rerunning(tmp_path):
-    args = [*SMALL_ARGS, "--trials", "40", "--exhaustive-threshold", "0", "--output", "run"]
+    args = [*SMALL_ARGS, "--trials", "40", "--exhaustive-threshold", "0", "--measured-stage", "--output", "run"]
     proc = _cli(args, tmp_path)
     csv_path = tmp_path / "run" / "trials.csv"
     try:
@@ -132,7 +132,8 @@ def test_sigkill_then_resume_finishes_without_rerunning(tmp_path):
 
 
 def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path):
-    proc = _cli([*SMALL_ARGS, "--trials", "150", "--exhaustive-threshold", "0", "--output", "run"], tmp_path)
+    proc = _cli([*SMALL_ARGS, "--trials", "150", "--exhaustive-threshold", "0", "--measured-stage", "--output", "run"],
+                tmp_path)
     csv_path = tmp_path / "run" / "trials.csv"
     try:
         _wait_for_rows(csv_path, 5, proc)
@@ -166,7 +167,8 @@ def test_megatron_backend_ranks_real_cpu_proxy_trials_beside_the_prediction(tmp_
 
 
 def test_sigterm_keeps_what_finished_and_prints_the_resume_command(tmp_path):
-    proc = _cli([*SMALL_ARGS, "--trials", "150", "--exhaustive-threshold", "0", "--output", "run"], tmp_path)
+    proc = _cli([*SMALL_ARGS, "--trials", "150", "--exhaustive-threshold", "0", "--measured-stage", "--output", "run"],
+                tmp_path)
     csv_path = tmp_path / "run" / "trials.csv"
     try:
         _wait_for_rows(csv_path, 5, proc)
@@ -182,7 +184,8 @@ def test_sigterm_keeps_what_finished_and_prints_the_resume_command(tmp_path):
 
 
 def test_a_second_search_on_the_same_folder_is_refused_and_mixes_nothing(tmp_path):
-    first = _cli([*SMALL_ARGS, "--trials", "60", "--exhaustive-threshold", "0", "--output", "run"], tmp_path)
+    first = _cli([*SMALL_ARGS, "--trials", "60", "--exhaustive-threshold", "0", "--measured-stage", "--output", "run"],
+                 tmp_path)
     csv_path = tmp_path / "run" / "trials.csv"
     try:
         _wait_for_rows(csv_path, 2, first)

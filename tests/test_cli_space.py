@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from autotune.tuning.driver import DEFAULT_SPACE
 from autotune.ui.cli import main
 from search_spaces.catalog import get_model
 from search_spaces.space import feasible_layouts
@@ -85,14 +86,14 @@ def _independently_valid(obj: dict, model, world: int, gpus_per_node: int, seq: 
         "experts": ep == 1 if model.moe is None else model.moe.num_experts % ep == 0,
         "batch": gbs % (mbs * dp) == 0,
         "ffn": model.ffn_hidden_size % tp == 0 and (model.moe is None or model.moe.expert_ffn_hidden_size % etp == 0),
-        "in node": gpus_per_node % tp == 0 and (model.moe is None or gpus_per_node % (ep * etp) == 0),
+        "in node": gpus_per_node % tp == 0,  # TP inside a node; EP*ETP may cross nodes (the search's default space)
     }
     return [name for name, ok in checks.items() if not ok]
 
 
 def test_space_prints_size_rejections_and_sample(capsys) -> None:
     code, out, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "4", "--sample", "3")
-    size = len(list(feasible_layouts(make_job("mixtral", 32))))
+    size = len(list(feasible_layouts(make_job("mixtral", 32), DEFAULT_SPACE)))
     assert code == 0
     assert f"feasible layouts: {size:,}" in out
     assert "world_size_divisible" in out and "tp_within_node" in out  # rejection table rows
@@ -102,7 +103,7 @@ def test_space_prints_size_rejections_and_sample(capsys) -> None:
 def test_space_json_prints_only_valid_layouts_and_all_of_them(capsys) -> None:
     code, out, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "4", "--json")
     lines = [json.loads(line) for line in out.splitlines()]
-    assert code == 0 and len(lines) == len(list(feasible_layouts(make_job("mixtral", 32))))
+    assert code == 0 and len(lines) == len(list(feasible_layouts(make_job("mixtral", 32), DEFAULT_SPACE)))
     model = get_model("mixtral")
     for obj in lines:
         assert set(obj) == MEGATRON_KEYS
@@ -126,6 +127,17 @@ def test_allow_cross_node_tp_widens_the_space(capsys) -> None:
     tps = {json.loads(line)["tensor_model_parallel_size"] for line in out.splitlines()}
     wide_tps = {json.loads(line)["tensor_model_parallel_size"] for line in wide.splitlines()}
     assert max(tps) == 8 and max(wide_tps) == 16  # 16 heads, 2 nodes of 8
+    _, new_name, _ = _run(capsys, "space", "--model", "tiny-gpt", "--nodes", "2", "--json", "--cross-node-tp")
+    assert new_name == wide  # --allow-cross-node-tp is the old name of --cross-node-tp
+
+
+def test_experts_cross_nodes_unless_kept_inside(capsys) -> None:
+    # mixtral (8 experts) on 2 nodes of 8: EP 8 x ETP 2 = 16 spans both nodes, allowed by default
+    _, out, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "2", "--json")
+    _, kept, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "2", "--json", "--experts-within-node")
+    def groups(text: str) -> set[int]:
+        return {o["expert_model_parallel_size"] * o["expert_tensor_parallel_size"] for o in map(json.loads, text.splitlines())}
+    assert max(groups(out)) == 16 and max(groups(kept)) == 8
 
 
 @pytest.mark.parametrize(("model", "nodes", "pp", "vpp"), [

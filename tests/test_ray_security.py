@@ -67,7 +67,8 @@ def test_a_local_search_listens_on_loopback_only_with_token_auth(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     args = ["--model", "tiny-gpt", "--nodes", "1", "--gpus-per-node", "2", "--seq-length", "1024",
-            "--global-batch-size", "16", "--trials", "40", "--exhaustive-threshold", "0", "--no-progress",
+            "--global-batch-size", "16", "--trials", "40", "--exhaustive-threshold", "0", "--measured-stage",
+            "--no-progress",
             "--output", "run"]
     proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp_path, env=_env(home),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

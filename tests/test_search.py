@@ -1,5 +1,5 @@
 """The search's pieces without Ray: the define-by-run space, seeds, neighbours, and the searcher's
-proposal loop (the OptunaSearch subclass Ray Tune drives, stepped by hand here)."""
+proposal loop (the Tune searcher around the guided strategy, stepped by hand here)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -8,17 +8,20 @@ import optuna
 import pytest
 
 from autotune.cost.analytic import AnalyticBackend
+from autotune.tuning.analytic_pass import analytic_pass
 from autotune.tuning.driver import SearchPlan
 from autotune.tuning.seeds import band_for, neighbours, parse_user_layouts, rule_of_thumb_seeds
 from autotune.tuning.space_sampler import define_by_run, layout_of, params_of
-from autotune.tuning.tune_glue import LayoutSearch, evaluate_trial, is_feasible
+from autotune.tuning.strategy import StrategyContext, make_strategy
+from autotune.tuning.tune_glue import evaluate_trial, is_feasible
+from autotune.tuning.tune_policy import PolicySearcher
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
-from search_spaces.training import TrainingSpec
 from search_spaces.rules import check
 from search_spaces.space import SpaceOptions, feasible_space
+from search_spaces.training import TrainingSpec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 GIB = 1024**3
@@ -131,10 +134,15 @@ def _plan(job: Job, *, budget: int, seed: int, headroom_bytes: float, options: S
 
 
 def _step(plan, budget: int):
-    searcher = LayoutSearch(plan=plan)
+    answer = analytic_pass(plan.job, plan.space, capacity_bytes=plan.capacity_bytes)
+    context = StrategyContext(job=plan.job, space=plan.space, analytic=answer, capacity_bytes=plan.capacity_bytes,
+                              budget=budget, seed=plan.seed)
+    searcher = PolicySearcher(make_strategy("guided", context))
     measured = []
     for t in range(budget):
         config = searcher.suggest(f"t{t}")
+        if not isinstance(config, dict):
+            break
         result = evaluate_trial(config, plan.job, plan.backend)
         searcher.on_trial_complete(f"t{t}", result)
         measured.append(parse_layout(config["layout"]))
@@ -162,7 +170,7 @@ def test_search_best_equals_exhaustive_best_on_a_small_space(use_seeds):
     searcher, measured = _step(plan, 60)
     best = max(scores.get(l, 0.0) for l in measured)
     assert best == max(scores.values())
-    assert searcher.counts["invalid_proposals"] == 0
+    assert all(not check(CONSTRAINED, l) for l in measured)  # every proposal is a valid layout
 
 
 def test_the_searcher_never_runs_a_layout_twice():
@@ -171,18 +179,36 @@ def test_the_searcher_never_runs_a_layout_twice():
     assert len(set(measured)) == 60
 
 
-def test_searcher_covers_a_space_no_larger_than_the_budget():
-    # the sampler repeats itself near the end; unmeasured layouts are enqueued so all 48 are reached
+def test_searcher_covers_what_fits_when_the_budget_allows():
+    # the guided strategy proposes only layouts the model says fit (equivalents merged), each once; with a budget
+    # as large as the space it proposes all of them and then says it is finished
     job = _job("tiny-gpt", gpus_per_node=2, seq=1024, gbs=16)
     plan = _plan(job, budget=48, seed=2, headroom_bytes=0.0, options=SpaceOptions(micro_batch_sizes=(1,), dist_opt=(True,)))
     assert plan.space.size <= 60
     _, measured = _step(plan, plan.space.size)
-    assert set(measured) == set(plan.space.layouts())
+    answer = analytic_pass(plan.job, plan.space, capacity_bytes=plan.capacity_bytes)
+    assert set(measured) == {answer.layout(int(i)) for i in answer.eligible.nonzero()[0]}
 
 
 def test_autotune_search_is_the_api_function_after_the_driver_loads():
     import autotune
-    import autotune.ui.api
     import autotune.tuning.driver  # the driver module has its own name: nothing shadows the API function
+    import autotune.ui.api
 
     assert autotune.search is autotune.ui.api.search
+
+
+def test_neighbours_of_a_layout_outside_the_space_do_not_crash():
+    # mixtral on 4 nodes: the recipe's tp1 pp4 vpp8 ep8 (one layer per chunk) is outside the default space; it
+    # used to raise "not a prefix of any valid layout"; its neighbours are those of the nearest layout of the space
+    from autotune.tuning.driver import DEFAULT_SPACE
+
+    job = _job("mixtral-8x7b", nodes=4)
+    space = feasible_space(job, DEFAULT_SPACE)
+    outside = parse_layout("tp=1,pp=4,vpp=8,ep=8,dist_opt=true", world_size=32)
+    with pytest.raises(ValueError):
+        params_of(space, outside)
+    near = neighbours(space, outside)
+    assert near and outside not in near
+    for n in near:
+        params_of(space, n)

@@ -46,10 +46,17 @@ def result_json(result: SearchResult, *, top: int = 10) -> dict[str, Any]:
         "mode": result.mode, "backend": result.backend, "seed": result.seed, "space_size": result.space_size,
         "interrupted": result.interrupted, "output_dir": result.output_dir, "stats": result.stats,
         "best": None if best is None else {**best.summary(), "launch": launch_of(result)},
-        "ranked": [r.summary() for r in result.ranked[:top]],
+        "decision": _decision(result),
+        "ranked": [{**r.summary(), "tied": str(r.layout) in result.tied} for r in result.ranked[:top]],
         "pareto": [r.summary() for r in result.pareto],
         "trials": [r.summary() for r in result.records],
     }
+
+
+def _decision(result: SearchResult) -> dict[str, Any]:
+    """How sure the pick is and why (`SearchResult.decision`): confidence, reason, the tied layouts, the stage
+    (analytic or measured) and, when the global batch starves the pipeline, the warning with a suggested batch."""
+    return {k: v for k, v in result.decision.items() if k != "seconds"}
 
 
 def write_outputs(result: SearchResult, folder: str | Path) -> None:
@@ -60,7 +67,8 @@ def write_outputs(result: SearchResult, folder: str | Path) -> None:
     folder = Path(folder)
     best = result.best_record
     launch = launch_of(result)
-    payload = None if best is None else {**best.summary(), "launch": launch, "job": job_summary(result.job)}
+    payload = None if best is None else {**best.summary(), "launch": launch, "job": job_summary(result.job),
+                                         "decision": _decision(result)}
     atomic_write(folder / BEST_JSON, json.dumps(payload, indent=2, default=str) + "\n")
     for key, name in LAUNCH_FILES.items():
         atomic_write(folder / name, (launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")

@@ -14,7 +14,7 @@ from typing import Any
 
 from autotune.tuning.results import TrialRecord
 
-__all__ = ["make_progress", "progress_factory", "RichProgress", "CallbackProgress"]
+__all__ = ["make_progress", "progress_factory", "RichProgress", "CallbackProgress", "StatusLine"]
 
 
 class CallbackProgress:
@@ -96,3 +96,36 @@ def progress_factory(spec: Any) -> Callable[..., RichProgress | CallbackProgress
         return make_progress(resolved, total=total, done=done, capacity_bytes=capacity_bytes, records=records)
 
     return factory
+
+
+class StatusLine:
+    """A transient rich status line on stderr (`autotune: scoring 33,768 layouts ...`) from the search's first
+    second until its first trial's bar or its tables; nothing when stderr is not a terminal (rich's `is_terminal`)
+    or `enabled` is False.
+    `update(text)` changes the line; `stop()` ends it (a progress bar cannot share the terminal with it)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._status: Any = None
+        if enabled:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+            if console.is_terminal:  # a terminal, or FORCE_COLOR set (bench/bench_search_e2e.py)
+                self._status = console.status("autotune: starting ...")
+
+    def update(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(f"autotune: {text} ...")
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __enter__(self) -> StatusLine:
+        if self._status is not None:
+            self._status.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +105,7 @@ def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]
         return r.measurement
 
     predicted = any("analytic_prediction" in r.measurement.extra for r in records)
-    cols = [_Column("#", lambda r: str(r._rank), 0)] if ranks else []
+    cols = [_Column("#", lambda r: f"{r._rank}{'=' if r._tied else ''}", 0)] if ranks else []
     for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
         if key in ("ep", "etp") and not moe:
             continue
@@ -140,8 +140,8 @@ def _layout_cell(key: str) -> Callable[[Any], str]:
 class _Ranked:
     """A record with its rank, for the '#' column."""
 
-    def __init__(self, record: Any, rank: int) -> None:
-        self._record, self._rank = record, rank
+    def __init__(self, record: Any, rank: int, tied: bool = False) -> None:
+        self._record, self._rank, self._tied = record, rank, tied
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._record, name)
@@ -168,11 +168,12 @@ def _flags(columns: list[_Column]) -> _Column | None:
     return next((c for c in columns if c.header == "flags"), None)
 
 
-def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width: int, wide: bool) -> Any:
+def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width: int, wide: bool,
+           tied: Collection[str] = ()) -> Any:
     from rich import box
     from rich.table import Table
 
-    rows = [_Ranked(r, i) for i, r in enumerate(records, 1)]
+    rows = [_Ranked(r, i, str(r.layout) in tied) for i, r in enumerate(records, 1)]
     shown = _fit(_columns(records, moe=moe, ranks=ranks), rows, width, wide)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
                   show_edge=False)
@@ -184,9 +185,11 @@ def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width:
     return table
 
 
-def ranked_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, title: str = "") -> Any:
-    """The ranked layouts (TrialRecords, best first) as a rich Table that fits `width`."""
-    return _table(title or "Best layouts", records, moe=moe, ranks=True, width=width, wide=wide)
+def ranked_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, title: str = "",
+                 tied: Collection[str] = ()) -> Any:
+    """The ranked layouts (TrialRecords, best first) as a rich Table that fits `width`; the ranks of the layouts
+    in `tied` (layout texts: tied with the pick) carry an '='."""
+    return _table(title or "Best layouts", records, moe=moe, ranks=True, width=width, wide=wide, tied=tied)
 
 
 def pareto_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False) -> Any:

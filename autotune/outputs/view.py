@@ -46,12 +46,18 @@ class Result:
 
     @property
     def best_measurement(self) -> Measurement | None:
-        """The fastest feasible trial (highest tokens/s per GPU, then least memory), or None when nothing fits."""
+        """The pick's figures: the fastest feasible layout up to ties (within the model's 2%, or the measurements'
+        spread: the most free memory, then the simplest), or None when nothing fits."""
         return self.raw.best
 
     @property
+    def decision(self) -> dict[str, Any]:
+        """How sure the pick is and why: `confidence`, `reason`, `tied_layouts`, `stage`, `pipeline_warning`."""
+        return dict(self.raw.decision)
+
+    @property
     def best(self) -> Layout | None:
-        """The fastest feasible layout, or None when nothing fits."""
+        """The picked layout, or None when nothing fits."""
         best = self.best_measurement
         return None if best is None else best.layout
 

@@ -1,25 +1,26 @@
-"""The search driver: Ray Tune runs the trials, Optuna (through Ray's OptunaSearch) proposes them.
+"""The search driver: the whole space scored by the model, then (with a measuring backend) Ray Tune measures.
 
     run_search(job, trials=64, backend="analytic", seed=0) -> SearchResult
 
-- The space is `search_spaces.space.feasible_space(job, options)`; Optuna walks it with the
-  define-by-run function of `autotune.tuning.space_sampler`, so every proposal is a valid layout (each
-  proposal is checked again against `rules.check` and counted; the count must stay 0).
-- Two objectives: tokens/s per GPU (max) and peak memory per GPU (min), with Optuna's constraint
-  support (`TPESampler(constraints_func=...)`): memory above the GPU's capacity minus the headroom
-  is infeasible. The rules-of-thumb seeds (`autotune.tuning.seeds`) and in-space user layouts are
-  enqueued first (points_to_evaluate); user layouts outside the space run as fixed trials.
-- A layout already measured is never run twice: its values are told to Optuna again and Optuna
-  asked for another; when the sampler only repeats itself an unmeasured layout is enqueued.
-- When the feasible space is no larger than the budget (or `exhaustive_threshold`), it is
-  evaluated whole, in batches of layouts per Tune trial.
+1. The analytic stage (always; no Ray): every layout of `search_spaces.space.feasible_space(job, options)` is
+   scored by the vectorised cost models (`autotune.tuning.analytic_pass`), so the pick is the exact optimum of the
+   model, up to ties (`autotune.tuning.ranking`: within 2% the most free memory, then the simplest layout; the
+   confidence says whether other layouts lie within the model's band). With the analytic backend that is the
+   answer: trials.csv holds the ranked top `trials`, the Pareto front and the user's `--layout`s (an invalid one is
+   recorded with its violations), and Ray is never started.
+2. The measured stage (a measuring backend, e.g. `--backend megatron`, or `--address`/`--dashboard`): Ray Tune runs
+   the trials, a strategy (`autotune.tuning.strategy`: a plain policy object, `guided` by default) proposes them
+   from the analytic front corrected by the measurements, and Ray Tune's successive halving on timed steps
+   (`autotune.tuning.tune_policy`) stops the slower candidates early. User layouts run as fixed trials. The pick
+   is by measurement (`autotune.tuning.analytic_search.measured_decision`). When the feasible space is no larger
+   than the budget (or `exhaustive_threshold`) it is measured whole, in batches of layouts per Tune trial.
 - Results last: trials.csv is appended per trial (each row carries the job's fingerprint), the study is
   written to SQLite (study.db) from the same records; `resume` continues a folder without rerunning
   finished trials (and refuses rows of another job), and a completed search returns at once.
 - The folder is locked for the run and never mixed: see `autotune/tuning/run_folder.py`.
 
 Ray and Optuna are imported inside functions, so importing this module is cheap. The Tune glue
-(searcher subclass, callback, trainable) is in `autotune/tuning/tune_glue.py`.
+(searcher, callback, trainable) is in `autotune/tuning/tune_glue.py` and `autotune/tuning/tune_policy.py`.
 """
 
 from __future__ import annotations
@@ -42,19 +43,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from search_spaces.job import Job
-from search_spaces.layout import Layout
-from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
-
-from search_spaces.measurement import Backend
-from autotune.tuning.results import (META_JSON, STUDY_DB, SearchResult, TrialLog, TrialRecord, job_fingerprint, job_summary,
-                              read_meta, read_trials, write_meta)
+from autotune.tuning.results import (
+    META_JSON,
+    STUDY_DB,
+    SearchResult,
+    TrialLog,
+    TrialRecord,
+    job_fingerprint,
+    job_summary,
+    read_meta,
+    read_trials,
+    write_meta,
+)
 from autotune.tuning.run_folder import claim
 from autotune.tuning.run_folder import default_output_dir as _default_output_dir
 from autotune.tuning.seeds import Seed, parse_user_layouts, rule_of_thumb_seeds
 from autotune.tuning.space_sampler import Naming
+from autotune.tuning.strategy import DEFAULT_STRATEGY, STRATEGIES
+from search_spaces.job import Job
+from search_spaces.layout import Layout
+from search_spaces.measurement import Backend
+from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
 
-__all__ = ["run_search", "SearchPlan", "default_output_dir", "default_headroom_bytes", "DEFAULT_TRIALS",
+__all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "default_headroom_bytes",
+           "DEFAULT_TRIALS",
            "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES", "ProgressFactory", "ProgressSink"]
 
 GIB = 1024**3
@@ -65,6 +77,9 @@ DEFAULT_HEADROOM_FRACTION = 0.0
 METRICS = ("tokens_per_s_per_gpu", "memory_gib")
 MODES = ("max", "min")
 EXHAUSTIVE_BATCHES = 8  # Tune trials an exhaustive evaluation is split into
+# The space experts search: TP inside a node (its all-reduces need NVLink), expert parallelism free to cross nodes
+# (NVIDIA's DeepSeek-V3 recipe runs EP 64 over 8 nodes; Megatron-Bridge `deepseek_v3` perf configs)
+DEFAULT_SPACE = SpaceOptions(tp_within_node=True, expert_within_node=False)
 
 
 def default_headroom_bytes(job: Job) -> float:
@@ -111,6 +126,8 @@ class SearchPlan:
     fixed: tuple[Seed, ...]  # user layouts outside the space
     done: tuple[TrialRecord, ...]  # finished before (resume)
     folder: Path
+    analytic: Any = None  # the AnalyticAnswer of the whole space (the strategies start from it)
+    strategy: str = "guided"  # autotune.tuning.strategy.STRATEGIES key or module:Class
     fingerprint: str = ""  # job_fingerprint(job), written in every trials.csv row
     max_concurrent: int | None = 1  # None: the connected cluster's CPUs
     progress: ProgressFactory | None = None
@@ -130,7 +147,7 @@ def _resolve_backend(backend: str | Backend | None, headroom_bytes: float) -> tu
     if name == "analytic":
         from autotune.cost.analytic import AnalyticBackend
 
-        return AnalyticBackend(headroom_bytes=headroom_bytes), name
+        return AnalyticBackend(headroom_bytes=headroom_bytes), name  # type: ignore[return-value]
     return get_backend(name), name
 
 
@@ -185,11 +202,15 @@ def run_search(
     use_seeds: bool = True,
     max_concurrent: int | None = None,
     finish: Callable[[SearchResult], None] | None = None,
+    strategy: str | None = None,
+    measured_stage: bool | None = None,
+    status: Callable[[str], None] | None = None,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
     `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
-    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `exhaustive_threshold`:
+    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too.
+    `exhaustive_threshold`:
     evaluate the whole feasible space when it has at most this many layouts (default: the budget).
     `address`: an existing Ray cluster (`"auto"`, `HOST:PORT` or `ray://...`); without it a local Ray (every
     port on 127.0.0.1) is started and shut down. `max_concurrent`: trials at once (default 1 on a local Ray,
@@ -198,23 +219,35 @@ def run_search(
 
     The result folder (`output_dir`, a fresh `autotune_runs/...` by default, or `resume`) must be empty or
     missing unless resumed; `force=True` moves a non-empty one aside first. It is locked for the whole run.
+    `strategy`: the measured stage's strategy (`autotune.tuning.strategy.STRATEGIES`; default guided, or front
+    when analytic trials run on Ray for the dashboard).
+    `measured_stage`: run the measured stage on Ray Tune (True) even with the analytic backend, whose trials then
+    carry the model's figures (the dashboard, tests of the Tune machinery); None: only for a measuring backend or
+    with `address`.
+    `status(text)` is told each phase ("scoring 33,768 layouts with the cost models", "starting Ray") for a
+    status line.
     `finish(result)` runs while the folder is still locked, before search.json says `completed` (the UI writes
     best.json, the launch files and the report there). Raises ValueError for bad input and `OutputError` (an
     OSError) when a result file cannot be written; either way nothing already in the folder is lost.
     """
     t_start = time.perf_counter()
     _check_counts(trials, exhaustive_threshold, max_concurrent)
-    options = space_options or SpaceOptions()
+    if strategy is not None and strategy not in STRATEGIES and ":" not in str(strategy):
+        raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)} or module:Class, but got {strategy!r}.")
+    options = space_options or DEFAULT_SPACE
     headroom = default_headroom_bytes(job) if headroom_bytes is None else float(headroom_bytes)
     _check_headroom(job, headroom)
     folder = Path(resume) if resume is not None else Path(output_dir) if output_dir else default_output_dir(job)
     # Every input is checked before the folder is touched: a refused search changes nothing.
+    say = status or (lambda text: None)
+    say("building the feasible space")
     space = feasible_space(job, options)
     backend_obj, backend_name = _resolve_backend(backend, headroom)
     user = parse_user_layouts(job, compare)
     inside, outside = _split_user(space, user)
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
     fingerprint = job_fingerprint(job)
+    analytic_only = _analytic_only(backend_obj, address) and not measured_stage
     with claim(folder, resume=resume is not None, force=force):
         meta = _check_resume(folder, job, read_meta(folder)) if resume is not None else None
         if meta is not None:
@@ -224,34 +257,55 @@ def run_search(
         capacity = job.cluster.gpu.memory_bytes - headroom
         done = read_trials(folder, capacity, job=fingerprint) if meta is not None else []
         threshold = trials if exhaustive_threshold is None else exhaustive_threshold
-        exhaustive = meta["mode"] == "exhaustive" if meta else space.size <= threshold
+        t_analytic = time.perf_counter()
+        say(f"scoring {space.size:,} layouts with the cost models")
+        from autotune.tuning.analytic_pass import analytic_pass
+
+        answer = analytic_pass(job, space, capacity_bytes=capacity)
+        t_analytic = time.perf_counter() - t_analytic
+        if meta:
+            mode = meta["mode"]
+        else:
+            # nothing fits by the model: the measured stage has no candidate (the closest misses are the answer)
+            nothing = answer.decision.pick is None
+            mode = "analytic" if analytic_only or nothing else "exhaustive" if space.size <= threshold else "search"
         plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name,
                           capacity_bytes=capacity, headroom_bytes=headroom, seed=seed, trials=trials,
-                          exhaustive=exhaustive, naming=naming, seeds=tuple(seeds), fixed=tuple(outside),
+                          exhaustive=mode == "exhaustive", naming=naming, seeds=tuple(seeds), fixed=tuple(outside),
                           done=tuple(done), folder=folder, fingerprint=fingerprint,
                           max_concurrent=max_concurrent if max_concurrent is not None else (None if address else 1),
-                          progress=progress if callable(progress) else None)
+                          progress=progress if callable(progress) else None, analytic=answer,
+                          strategy=strategy or ("front" if backend_name == "analytic" else DEFAULT_STRATEGY))
         meta = {"fingerprint": fingerprint, "job": job_summary(job), "trials": trials, "seed": seed,
                 "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
-                "mode": "exhaustive" if plan.exhaustive else "search", "completed": False,
+                "mode": mode, "completed": False, "strategy": plan.strategy if mode == "search" else None,
                 "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}"}
         write_meta(folder, meta)
-        stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start,
-                                             "started_at_s": _since_process_start() - (time.perf_counter() - t_start)}}
+        stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start - t_analytic,
+                                             "analytic_s": t_analytic,
+                                             "started_at_s": _since_process_start() - (time.perf_counter() - t_start)},
+                                 "analytic": {"space_size": answer.size, "fits": int(answer.scores.fits.sum()),
+                                              **{k: round(v, 4) for k, v in answer.seconds.items()}}}
         meta["stats"] = stats
         try:
-            records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
+            if mode == "analytic":
+                records, interrupted = _record_analytic(plan, [s.layout for s in user], top=trials), False
+            else:
+                say("starting Ray for the measured stage")
+                records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
             meta["finished_trials"] = len(records)
             t_write = time.perf_counter()
-            if not plan.exhaustive and (len(records) > len(done) or not (folder / STUDY_DB).exists()):
+            if mode == "search" and (len(records) > len(done) or not (folder / STUDY_DB).exists()):
                 from autotune.tuning.study_db import write_study
 
                 write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity)
             stats["timings"]["study_write_s"] = time.perf_counter() - t_write
+            decision = _decision(mode, records, capacity, answer)
             result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
-                                  mode=meta["mode"], backend=backend_name, seed=seed, space_size=space.size,
-                                  stats=stats, interrupted=interrupted, output_dir=str(folder))
+                                  mode=mode, backend=backend_name, seed=seed, space_size=space.size,
+                                  stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision)
             if finish is not None:
+                say("writing best.json, the launch files and report.html")
                 finish(result)  # best.json, launch files, report: still under the lock, before `completed`
         except BaseException:
             with contextlib.suppress(Exception):  # say how far it got; the first error is the one to report
@@ -259,9 +313,50 @@ def run_search(
                 write_meta(folder, meta)
             raise
         stats["timings"]["run_search_s"] = time.perf_counter() - t_start
-        meta["completed"] = not interrupted and _remaining(plan, len(records) - len(done)) <= 0
+        meta["completed"] = not interrupted and (mode == "analytic" or bool(stats.get("strategy_finished"))
+                                                 or _remaining(plan, len(records) - len(done)) <= 0)
         write_meta(folder, meta)
     return result
+
+
+def _analytic_only(backend: Backend, address: str | None) -> bool:
+    """The analytic backend itself (not wrapped for the dashboard) and no cluster: the model's answer needs no Ray."""
+    from autotune.cost.analytic import AnalyticBackend
+
+    return type(backend) is AnalyticBackend and not address
+
+
+def _decision(mode: str, records: Sequence[TrialRecord], capacity: float, answer: Any) -> dict[str, Any]:
+    from autotune.tuning.analytic_search import analytic_decision, measured_decision
+
+    if mode == "analytic" or all(r.measurement.source == "analytic" for r in records):
+        return analytic_decision(answer)
+    return measured_decision([r.measurement for r in records], capacity, answer)
+
+
+def _record_analytic(plan: SearchPlan, user: Sequence[Layout], *, top: int) -> list[TrialRecord]:
+    """The analytic stage's records (`analytic_search.analytic_measurements`), appended to trials.csv; on resume
+    the layouts already there are kept as they are."""
+    from autotune.tuning.analytic_search import analytic_measurements
+
+    records = list(plan.done)
+    have = {(r.layout, r.origin) for r in records}
+    number = max((r.number for r in records), default=-1) + 1
+    log = TrialLog(plan.folder)
+    try:
+        for m, origin in analytic_measurements(plan.analytic, top=top, user=user, headroom_bytes=plan.headroom_bytes):
+            if (m.layout, origin) in have:
+                continue
+            feasible = m.status == "ok" and m.memory_bytes is not None and m.memory_bytes <= plan.capacity_bytes
+            record = TrialRecord(number=number, origin=origin, measurement=m, feasible=feasible,
+                                 capacity_bytes=plan.capacity_bytes, job=plan.fingerprint)
+            log.append(record, sync=False)
+            records.append(record)
+            number += 1
+        log.sync()
+    finally:
+        log.close()
+    return records
 
 
 def _check_headroom(job: Job, headroom: float) -> None:
@@ -398,12 +493,12 @@ def exhaustive_batches(layouts: Sequence[Layout], batches: int = EXHAUSTIVE_BATC
     if not layouts:
         return []
     size = math.ceil(len(layouts) / batches)
-    return [[str(l) for l in layouts[i:i + size]] for i in range(0, len(layouts), size)]
+    return [[str(lay) for lay in layouts[i:i + size]] for i in range(0, len(layouts), size)]
 
 
 def unmeasured_layout(space: FeasibleSpace, measured: set[Layout], rng: random.Random) -> Layout | None:
     """A random layout of `space` not in `measured` (None when every layout is measured)."""
-    left = [l for l in space.layouts() if l not in measured]
+    left = [lay for lay in space.layouts() if lay not in measured]
     return rng.choice(left) if left else None
 
 

@@ -23,16 +23,15 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from autotune.tuning.run_folder import OutputError, atomic_write
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
-
 from search_spaces.measurement import Measurement
-from autotune.tuning.run_folder import OutputError, atomic_write
 
 __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CSV_COLUMNS"]
@@ -40,9 +39,9 @@ __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_tria
 GIB = 1024**3
 TRIALS_CSV, META_JSON, STUDY_DB = "trials.csv", "search.json", "study.db"
 LAYOUT_COLUMNS = tuple(f.name for f in fields(Layout))  # tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, ...
-CSV_COLUMNS = ("number", "job", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason", "tokens_per_s_per_gpu",
-               "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s", "dominant_time", "source",
-               "wall_s", "time_breakdown_s", "memory_breakdown_gib",
+CSV_COLUMNS = ("number", "job", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason",
+               "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s",
+               "dominant_time", "source", "wall_s", "time_breakdown_s", "memory_breakdown_gib",
                # megatron backend: the analytic model's figures for the real model, beside the measured ones
                "predicted_tokens_per_s_per_gpu", "predicted_memory_gib", "node")
 # what a row needs to be read back (record_from_row); the per-field layout columns are a convenience
@@ -267,7 +266,7 @@ def read_trials(folder: str | Path, capacity_bytes: float, *, job: str | None = 
             cells = _parse_line(line)
             if len(cells) != len(header):
                 raise ValueError(f"{len(cells)} fields, the header has {len(header)}")
-            row = dict(zip(header, cells))
+            row = dict(zip(header, cells, strict=False))
             if job is not None and row["job"] != job:
                 raise _OtherJob(row["job"])
             records.append(record_from_row(row, capacity_bytes))
@@ -313,8 +312,9 @@ def read_meta(folder: str | Path) -> dict[str, Any] | None:
         if value is None or isinstance(value, bool) or not isinstance(value, types):
             raise ValueError(f"{path} is damaged or not autotune's: `{key}` is missing or not a "
                              f"{'/'.join(t.__name__ for t in types)} (got {value!r:.60}).")
-    if meta["mode"] not in ("search", "exhaustive"):
-        raise ValueError(f"{path} is damaged: `mode` must be search or exhaustive, but got {meta['mode']!r:.60}.")
+    if meta["mode"] not in ("analytic", "search", "exhaustive"):
+        raise ValueError(f"{path} is damaged: `mode` must be analytic, search or exhaustive, but got "
+                         f"{meta['mode']!r:.60}.")
     if meta["trials"] < 1 or meta["headroom_bytes"] < 0 or not math.isfinite(meta["headroom_bytes"]):
         raise ValueError(f"{path} is damaged: trials={meta['trials']!r}, headroom_bytes={meta['headroom_bytes']!r}.")
     return meta
@@ -346,7 +346,10 @@ def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
-    """What a search found. `best` is the fastest feasible measurement (None when nothing fits)."""
+    """What a search found. `best` is the pick (None when nothing fits): `decision["pick"]` when the search
+    decided one (`autotune.tuning.ranking`: the fastest up to ties, broken by free memory then simplicity; by
+    measurement when there are measurements), else the fastest feasible record. `decision` also says how sure
+    the pick is (`confidence`, `reason`) and which layouts are tied with it (`tied_layouts`)."""
 
     job: Job
     records: tuple[TrialRecord, ...]
@@ -359,6 +362,7 @@ class SearchResult:
     stats: dict[str, Any] = field(default_factory=dict)  # proposals, invalid_proposals, duplicates, timings
     interrupted: bool = False
     output_dir: str | None = None
+    decision: dict[str, Any] = field(default_factory=dict)
 
     @property
     def measurements(self) -> list[Measurement]:
@@ -366,7 +370,18 @@ class SearchResult:
 
     @property
     def ranked(self) -> list[TrialRecord]:
-        return distinct_feasible(self.records)
+        """Distinct feasible records, the pick first, then fastest first."""
+        ranked = distinct_feasible(self.records)
+        pick = self.decision.get("pick")
+        for i, r in enumerate(ranked):
+            if pick is not None and str(r.layout) == pick:
+                return [r, *ranked[:i], *ranked[i + 1:]]
+        return ranked
+
+    @property
+    def tied(self) -> set[str]:
+        """Layout texts tied with the pick (the pick included), as the decision says."""
+        return set(self.decision.get("tied_layouts") or ())
 
     @property
     def best_record(self) -> TrialRecord | None:

@@ -4,7 +4,8 @@ The bands (Megatron-Bridge parallelism guide, restated in docs: shared/reference
 "Rules of thumb"), by total parameters:
 
     dense  <1B: DP only | 1-10B: TP 2-4 | 10-70B: TP 4-8, PP 2-4 | 70-175B: TP 8, PP 4-8 | 175-500B: TP 8, PP 8-16, CP 2
-    MoE    <20B: EP only | 20-100B: TP 1-2, PP 2-4, EP 8-16 | 100-500B: TP 2-4, PP 8-16, EP 8-32 | 500B+: TP 2, PP 16, EP 32-64
+    MoE    <20B: EP only | 20-100B: TP 1-2, PP 2-4, EP 8-16 | 100-500B: TP 2-4, PP 8-16, EP 8-32
+           | 500B+: TP 2, PP 16, EP 32-64
 
 and by sequence length: 8K-32K adds CP 2, 32K+ CP 4 to 8; SP on whenever TP > 1; VPP on whenever PP > 1;
 micro-batch 1, the distributed optimizer on, selective recompute (the guide's starting point).
@@ -26,8 +27,8 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.space import DIMENSIONS, FeasibleSpace
 
-__all__ = ["Seed", "Band", "DENSE_BANDS", "MOE_BANDS", "band_for", "rule_of_thumb_seeds", "nearest_layout", "neighbours",
-           "parse_user_layouts"]
+__all__ = ["Seed", "Band", "DENSE_BANDS", "MOE_BANDS", "band_for", "rule_of_thumb_seeds", "nearest_layout",
+           "neighbours", "parse_user_layouts"]
 
 B = 1e9
 
@@ -145,7 +146,15 @@ def parse_user_layouts(job: Job, texts: Sequence[str]) -> list[Seed]:
 
 def neighbours(space: FeasibleSpace, layout: Layout) -> list[Layout]:
     """Layouts of `space` one move from `layout`: one dimension changed to another offered option, the
-    later dimensions kept where still offered and otherwise moved to the nearest (dp follows)."""
+    later dimensions kept where still offered and otherwise moved to the nearest (dp follows). A layout outside
+    the space (a user's `--layout`) has the neighbours of the nearest layout of the space instead."""
+    from autotune.tuning.space_sampler import params_of
+
+    try:
+        params_of(space, layout)
+    except ValueError:
+        nearest = nearest_layout(space, layout.short_dict())
+        return [nearest, *(n for n in neighbours(space, nearest) if n != layout)] if nearest != layout else []
     current = layout.short_dict()
     values: dict[str, object] = {}
     out: list[Layout] = []

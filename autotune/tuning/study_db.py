@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from search_spaces.measurement import Measurement
-from search_spaces.space import FeasibleSpace
 from autotune.tuning.results import TrialRecord
 from autotune.tuning.run_folder import OutputError
 from autotune.tuning.space_sampler import Naming, distributions_of, params_of
+from search_spaces.measurement import Measurement
+from search_spaces.space import FeasibleSpace
 
 __all__ = ["STUDY_NAME", "CONSTRAINT", "METRICS", "MODES", "GIB", "objective", "write_study"]
 

@@ -24,12 +24,10 @@ from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH  # the
 from search_spaces.cluster import ClusterSpec
 from search_spaces.job import Job
 from search_spaces.layout import Layout
-from search_spaces.training import training_spec
 from search_spaces.model import ModelSpec
+from search_spaces.training import training_spec
 
 if TYPE_CHECKING:
-    import pandas as pd
-    from matplotlib.figure import Figure
 
     from autotune.ui.dashboard import Dashboard
     from search_spaces.measurement import Measurement

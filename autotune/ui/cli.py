@@ -59,7 +59,8 @@ def _ascii_int(text: str) -> int:
 def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     g = p.add_argument_group("job")
     g.add_argument("--model", required=model_required,
-                   help="catalog name (e.g. mixtral, llama3-70b; see `space --list-models`) or a path to a Hugging Face config.json")
+                   help="catalog name (e.g. mixtral, llama3-70b; see `space --list-models`) or a path to a "
+                        "Hugging Face config.json")
     g.add_argument("--nodes", type=_positive_int, default=None, help="number of nodes (default 1)")
     g.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
     g.add_argument("--gpu", default=None, help="GPU type: h100, h200, a100-80gb, a100-40gb, b200, gb200 (default h100)")
@@ -67,7 +68,8 @@ def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True)
     g.add_argument("--inter-node", default=None,
                    help="network between nodes: ib-ndr, ib-hdr, roce-400g, ethernet-100g (default ib-ndr)")
     g.add_argument("--cluster", default=None, metavar="YAML",
-                   help="cluster from a YAML file (nodes, gpus_per_node, gpu, intra_node, inter_node); flags given explicitly win")
+                   help="cluster from a YAML file (nodes, gpus_per_node, gpu, intra_node, inter_node); flags "
+                        "given explicitly win")
     g.add_argument("--seq-length", type=_positive_int, default=DEFAULT_SEQ_LENGTH,
                    help=f"sequence length (default {DEFAULT_SEQ_LENGTH})")
     g.add_argument("--global-batch-size", type=_positive_int, default=DEFAULT_GLOBAL_BATCH_SIZE,
@@ -115,9 +117,13 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_space_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("search space")
-    g.add_argument("--allow-cross-node-tp", action="store_true",
-                   help="let TP (and EP*ETP) span nodes; by default they stay inside one node")
+    g = p.add_argument_group("search space (what is kept inside a node's NVLink domain)")
+    g.add_argument("--cross-node-tp", "--allow-cross-node-tp", dest="cross_node_tp", action="store_true",
+                   help="let TP groups span nodes (default: TP stays inside a node, where NVLink carries its "
+                        "per-layer all-reduces); --allow-cross-node-tp is the old name")
+    g.add_argument("--experts-within-node", action="store_true",
+                   help="keep EP*ETP groups inside a node (default: expert parallelism may cross nodes, as NVIDIA's "
+                        "DeepSeek-V3 and Qwen3 recipes do)")
 
 
 def build_parser() -> argparse.ArgumentParser:

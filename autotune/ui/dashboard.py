@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from search_spaces.measurement import Backend, Measurement
     from search_spaces.job import Job
     from search_spaces.layout import Layout
+    from search_spaces.measurement import Backend, Measurement
 
 __all__ = [
     "Dashboard",

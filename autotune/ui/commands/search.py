@@ -25,7 +25,15 @@ GIB = 1024**3
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
-    g.add_argument("--trials", type=int, default=64, help="trial budget, seeds included (default 64)")
+    g.add_argument("--trials", type=int, default=64,
+                   help="measured trials with a measuring backend (default 64); with the analytic backend the "
+                        "whole space is scored and this many of its top layouts are kept in trials.csv")
+    g.add_argument("--strategy", default=None, metavar="NAME",
+                   help="measured-stage strategy: guided (default: the analytic front corrected by the "
+                        "measurements), tpe (Optuna), front (the analytic ranking), or module:Class")
+    g.add_argument("--measured-stage", action="store_true",
+                   help="run the measured stage on Ray Tune even with the analytic backend (its trials then carry "
+                        "the model's figures; to watch them in the dashboard)")
     g.add_argument("--headroom-gib", type=float, default=None,
                    help="GPU memory kept free per GPU beyond the memory model's own allowance (CUDA context, "
                         "NCCL, the allocator's reserve); a layout above capacity minus this is infeasible (default 0)")
@@ -57,10 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _space_options(args: argparse.Namespace):
-    from search_spaces.space import SpaceOptions
+    """The search-space flags (`--cross-node-tp`, `--experts-within-node`, ...) as SpaceOptions, as `space` reads
+    them."""
+    from autotune.ui.commands.space import options_from_args
 
-    cross = bool(getattr(args, "allow_cross_node_tp", False))
-    return SpaceOptions(tp_within_node=not cross, expert_within_node=not cross)
+    return options_from_args(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from autotune.outputs.progress import StatusLine
+
+    with StatusLine(enabled=not (args.no_progress or args.json)) as status:
+        return _search(args, status)
+
+
+def _search(args: argparse.Namespace, status: Any) -> int:
+    status.update("loading the cost models")
     from autotune.outputs.files import write_outputs
     from autotune.outputs.progress import progress_factory
     from autotune.tuning.driver import run_search
@@ -88,13 +105,15 @@ def _run(args: argparse.Namespace) -> int:
     headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
     result = run_search(
         job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes, force=args.force,
-        finish=lambda r: write_outputs(r, r.output_dir),  # best.json, launch files, report: before `completed`
+        finish=lambda r: write_outputs(r, str(r.output_dir)),  # best.json, launch files, report: before `completed`
         # trials named in the Ray dashboard when Ray is already connected (--dashboard, --address)
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
-        progress=progress_factory(False if (args.no_progress or args.json) else None),
+        progress=_after_status(status, progress_factory(False if (args.no_progress or args.json) else None)),
+        status=status.update, strategy=args.strategy, measured_stage=args.measured_stage or None,
     )
+    status.stop()
     t_out = time.perf_counter()
     if args.json:
         from autotune.outputs.files import result_json
@@ -116,6 +135,18 @@ def _run(args: argparse.Namespace) -> int:
               f"in {result.output_dir} (continue with --resume {result.output_dir})", file=sys.stderr)
         return 143 if by == "SIGTERM" else 130
     return 0 if result.best is not None else 1
+
+
+def _after_status(status: Any, factory: Any) -> Any:
+    """The progress factory, ending the status line before the bar takes the terminal."""
+    if factory is None:
+        return None
+
+    def make(**kwargs: Any) -> Any:
+        status.stop()
+        return factory(**kwargs)
+
+    return make
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -144,10 +175,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _job_flags_from_folder(args: argparse.Namespace) -> None:
     """`--resume FOLDER` without `--model`: the job flags come from the folder's search.json."""
+    from pathlib import Path
+
     from autotune.tuning.results import read_meta
     from search_spaces.training import TRAINING_FIELDS
-
-    from pathlib import Path
 
     if not Path(args.resume).is_dir():
         raise ValueError(f"--resume {args.resume}: no such folder; give the folder of an earlier search.")
@@ -174,8 +205,9 @@ def _job_flags_from_folder(args: argparse.Namespace) -> None:
 
 
 def _timing_line(t: dict[str, float]) -> str:
-    parts = [f"{name} {t[key]:.1f} s" for name, key in (("total", "total_s"), ("ray start", "ray_start_s"),
-                                                          ("search", "search_s"), ("output", "output_s")) if key in t]
+    parts = [f"{name} {t[key]:.1f} s" for name, key in (("total", "total_s"), ("analytic", "analytic_s"),
+                                                          ("ray start", "ray_start_s"), ("trials", "search_s"),
+                                                          ("output", "output_s")) if key in t]
     return "time: " + ", ".join(parts)
 
 
@@ -197,15 +229,24 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
         return
     moe = j.model.moe is not None
     ranked = result.ranked[:top]
-    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide,
-                               title=f"Best layouts (of {len(result.records)} trials)"))
-    console.print(FLAGS_LEGEND, markup=False, highlight=False, style="dim")
+    title = (f"Best layouts (of {result.space_size:,} scored)" if result.mode == "analytic"
+             else f"Best layouts (of {len(result.records)} trials)")
+    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=result.tied))
+    console.print(FLAGS_LEGEND + ("; = tied with the pick" if result.tied else ""), markup=False, highlight=False,
+                  style="dim")
+    _decision_lines(console, result)
     if any(r.measurement.source == "megatron-cpu-proxy" for r in ranked):
         console.print("measured columns are CPU-proxy figures (a scaled-down model with the same parallel structure, "
                       "on gloo): they prove the layout builds and trains and rank layouts on this machine; they are "
                       "not GPU predictions. 'pred.' is the analytic model for the real model on this cluster.",
                       markup=False, highlight=False)
-    console.print(pareto_table(result.pareto, moe=moe, width=width, wide=wide))
+    front = result.pareto
+    shown = front if wide or len(front) <= 2 * top else [front[round(k * (len(front) - 1) / (2 * top - 1))]
+                                                           for k in range(2 * top)]
+    table = pareto_table(shown, moe=moe, width=width, wide=wide)
+    if len(shown) < len(front):
+        table.title = f"{table.title}: {len(shown)} of its {len(front)} layouts, evenly spaced (--wide: all)"
+    console.print(table)
     from autotune.outputs.files import launch_of
     from autotune.outputs.launch import launch_header
 
@@ -214,19 +255,46 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
     for form in ("megatron_bridge", "megatron_lm"):
         console.print(launch_header(j, form) + ":", markup=False, highlight=False)
         console.print(launch[form], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
-    console.print(f"Results: {result.output_dir} (trials.csv, best.json, report.html, study.db)", markup=False,
-                  highlight=False, soft_wrap=True)
+    files = "trials.csv, best.json, report.html" + ("" if result.mode == "analytic" else ", study.db")
+    console.print(f"Results: {result.output_dir} ({files})", markup=False, highlight=False, soft_wrap=True)
 
 
 def _summary_line(console: Any, result: Any) -> None:
     s = result.stats
     feasible = sum(r.feasible for r in result.records)
-    if result.mode == "exhaustive":
-        what = f"the feasible space is small ({result.space_size} layouts): evaluated whole"
+    analytic = s.get("analytic", {})
+    if result.mode == "analytic":
+        seconds = s.get("timings", {}).get("analytic_s", 0.0)
+        what = (f"scored all {result.space_size:,} valid layouts with the cost models in {seconds:.1f} s "
+                f"({analytic.get('fits', feasible):,} fit in memory); backend analytic, no profiling")
+    elif result.mode == "exhaustive":
+        what = (f"the feasible space is small ({result.space_size} layouts): measured whole; {feasible} fit in "
+                f"memory; backend {result.backend}")
     else:
-        what = (f"searched {len(result.records)} of {result.space_size} valid layouts with Optuna TPE on Ray Tune "
-                f"({s.get('invalid_proposals', 0)} invalid proposals)")
-    console.print(f"{what}; {feasible} fit in memory; backend {result.backend}, seed {result.seed}")
+        rungs = s.get("rungs") or []
+        halving = f", successive halving on {'/'.join(map(str, rungs))} timed steps" if len(rungs) > 1 else ""
+        what = (f"measured {len(result.records)} of {result.space_size:,} valid layouts on Ray Tune (strategy "
+                f"{s.get('strategy', 'guided')}: the analytic front corrected by the measurements{halving}); "
+                f"{feasible} fit in memory; backend {result.backend}, seed {result.seed}")
+    console.print(what, markup=False, highlight=False)
+
+
+def _decision_lines(console: Any, result: Any) -> None:
+    """How sure the pick is and why; invalid --layouts with their violations; the pipeline-batch warning."""
+    d = result.decision
+    if d.get("confidence"):
+        console.print(f"Pick: {d['confidence']} ({d.get('stage', 'analytic')}): {d.get('reason', '')}.",
+                      markup=False, highlight=False)
+    if d.get("stage") == "measured" and d.get("analytic_pick") and d.get("analytic_pick") != d.get("pick"):
+        console.print(f"The model's own pick was {d['analytic_pick']}; the measurements overrule it.", markup=False,
+                      highlight=False)
+    for r in result.records:
+        if r.origin == "user" and r.measurement.status == "invalid":
+            console.print(f"--layout {r.layout}: invalid, {r.measurement.reason}", style="yellow", markup=False,
+                          highlight=False)
+    warning = d.get("pipeline_warning")
+    if warning:
+        console.print("Warning: " + warning["text"], style="yellow", markup=False, highlight=False)
 
 
 def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
@@ -291,7 +359,7 @@ def memory_hints(result: Any, terms: list[str]) -> list[str]:
 
 def _space_hints(result: Any) -> list[str]:
     return ["a cluster shape the model divides into (--nodes, --gpus-per-node) or another --global-batch-size",
-            "allow TP/EP across nodes (--allow-cross-node-tp)"]
+            "allow TP across nodes (--cross-node-tp)"]
 
 
 def _largest(memory: dict[str, float]) -> str:

@@ -50,8 +50,8 @@ def options_from_args(args: argparse.Namespace):
     """SpaceOptions from the space flags (missing flags, e.g. on another verb, take the defaults)."""
     from search_spaces.space import SpaceOptions
 
-    cross_node = bool(getattr(args, "allow_cross_node_tp", False))
-    kwargs: dict[str, object] = {"tp_within_node": not cross_node, "expert_within_node": not cross_node}
+    kwargs: dict[str, object] = {"tp_within_node": not getattr(args, "cross_node_tp", False),
+                                 "expert_within_node": bool(getattr(args, "experts_within_node", False))}
     if getattr(args, "micro_batch_sizes", None):
         kwargs["micro_batch_sizes"] = tuple(args.micro_batch_sizes)
     if getattr(args, "max_vpp", None) is not None:
@@ -101,9 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_rich(job, options, space, report, n_sample: int) -> None:
     from rich.console import Console
-    from rich.table import Table
-
     from rich.markup import escape
+    from rich.table import Table
 
     from search_spaces.megatron_version import version_line
 
@@ -112,9 +111,10 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
                   f"{job.cluster.gpu.name} ({job.world_size} GPUs), seq {job.training.seq_length}, "
                   f"GBS {job.training.global_batch_size}")
     console.print(escape(version_line()))
-    where = "inside one node" if options.tp_within_node else "across nodes allowed"
+    tp = "TP inside one node" if options.tp_within_node else "TP across nodes allowed"
+    ep = "EP*ETP inside one node" if options.expert_within_node else "EP*ETP across nodes allowed"
     console.print(f"feasible layouts: [bold]{space.size:,}[/bold] ({len(space.shapes):,} parallel shapes x "
-                  f"{len(options.dist_opt)} dist_opt x {len(options.recompute)} recompute; TP and EP*ETP {where})")
+                  f"{len(options.dist_opt)} dist_opt x {len(options.recompute)} recompute; {tp}, {ep})")
     ranges = ", ".join(f"{k} {len(v)}" for k, v in report.dimensions.items())
     console.print(f"candidates: {report.candidates:,} (product of per-dimension ranges: {ranges})")
     table = Table(title="rejected candidates, by the first rule each breaks")

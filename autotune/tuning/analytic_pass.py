@@ -1,0 +1,153 @@
+"""The analytic pass: score the whole feasible space with the cost models and rank it (the default answer).
+
+    answer = analytic_pass(job, space, capacity_bytes=...)
+    answer.decision.pick        # row of the pick (the exact optimum of the model, up to ties)
+    answer.records(top=64)      # TrialRecords of the ranked rows, the Pareto front and the closest misses
+
+Every layout of `space` is scored by `autotune.cost.score.score_layouts` (the memory and throughput models, vectorised;
+figures equal to `AnalyticBackend.evaluate` per layout; the step time only where the layout fits), then
+`autotune.tuning.ranking.decide` picks among the
+layouts that fit: the fastest, up to ties (most free memory, then the simplest), equivalent layouts merged. No Ray,
+no Optuna, no Layout object per row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from autotune.cost.layout_table import LayoutTable
+from autotune.cost.score import Scores, score_layouts
+from autotune.tuning.ranking import TIE_TOLERANCE, Decision, complexity, decide, equivalent_to_simpler
+from search_spaces.job import Job
+from search_spaces.layout import Layout
+from search_spaces.measurement import Measurement
+from search_spaces.space import FeasibleSpace
+
+__all__ = ["AnalyticAnswer", "analytic_pass", "pareto_rows", "closest_rows"]
+
+GIB = 1024**3
+
+
+def pareto_rows(tokens: np.ndarray, memory: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """Eligible rows no other eligible row beats on both tokens/s (higher) and memory (lower), by memory.
+    One sort: fastest first (ties: less memory); a row is on the front when it needs less memory than every
+    faster row (equal figures are kept together)."""
+    rows = np.flatnonzero(eligible)
+    if len(rows) == 0:
+        return rows
+    rows = rows[np.lexsort((memory[rows], -tokens[rows]))]
+    mem = memory[rows]
+    before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))
+    keep = mem < before
+    # equal figures to the previous front row are on the front too
+    same = np.concatenate(([False], (mem[1:] == mem[:-1]) & (tokens[rows][1:] == tokens[rows][:-1])))
+    keep |= same & np.concatenate(([False], keep[:-1]))
+    front = rows[keep]
+    return front[np.argsort(memory[front], kind="stable")]
+
+
+def closest_rows(memory: np.ndarray, k: int) -> np.ndarray:
+    """The k rows with the least device memory (what came nearest to fitting)."""
+    k = min(k, len(memory))
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    part = np.argpartition(memory, k - 1)[:k]
+    return part[np.argsort(memory[part], kind="stable")]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AnalyticAnswer:
+    """The whole space scored and ranked. `eligible`: fits and is not an equivalent of a simpler layout."""
+
+    job: Job
+    space: FeasibleSpace
+    table: LayoutTable
+    scores: Scores
+    eligible: np.ndarray
+    decision: Decision
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.table)
+
+    @property
+    def free_bytes(self) -> np.ndarray:
+        return self.scores.capacity_bytes - self.scores.total_bytes
+
+    def layout(self, i: int) -> Layout:
+        return self.table.layout(int(i))
+
+    def measurement(self, i: int) -> Measurement:
+        """Row i as `AnalyticBackend.evaluate` gives it (rows that do not fit were scored for memory only: their
+        time is computed now)."""
+        if np.isnan(self.scores.step_time_s[i]):
+            from autotune.cost.analytic import AnalyticBackend
+
+            headroom = self.job.cluster.gpu.memory_bytes - self.scores.capacity_bytes
+            return AnalyticBackend(headroom_bytes=headroom).evaluate(self.job, self.layout(i))
+        return self.scores.measurement(int(i))
+
+    def index_of(self, layout: Layout) -> int | None:
+        """The row of `layout` in the table (None when the space does not hold it)."""
+        t = self.table
+        v = layout.vpp or 0
+        e = layout.etp or 0
+        hit = np.flatnonzero((t.tp == layout.tp) & (t.pp == layout.pp) & (t.vpp == v) & (t.cp == layout.cp)
+                             & (t.ep == layout.ep) & (t.etp == e) & (t.dp == layout.dp) & (t.mbs == layout.mbs)
+                             & (t.sp == layout.sp) & (t.dist_opt == layout.dist_opt))
+        for i in hit:
+            if t.layout(int(i)) == layout:
+                return int(i)
+        return None
+
+    def ranked_rows(self, top: int) -> np.ndarray:
+        return self.decision.order[:top]
+
+    def pareto(self) -> np.ndarray:
+        return pareto_rows(self.scores.tokens_per_s_per_gpu, self.scores.total_bytes, self.eligible)
+
+    def rows_to_keep(self, top: int, misses: int = 5) -> list[int]:
+        """The rows worth a record: the ranked top, the Pareto front, and, when nothing fits, the closest misses."""
+        keep = list(dict.fromkeys([*map(int, self.ranked_rows(top)), *map(int, self.pareto())]))
+        if self.decision.pick is None:
+            keep += [int(i) for i in closest_rows(self.scores.total_bytes, misses) if int(i) not in keep]
+        return keep
+
+
+def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | None = None,
+                  headroom_bytes: float = 0.0, cal: Calibration = DEFAULT_CALIBRATION,
+                  tolerance: float = TIE_TOLERANCE) -> AnalyticAnswer:
+    """Score and rank every layout of `space` (module docstring). `capacity_bytes` defaults to the GPU's memory
+    minus `headroom_bytes`."""
+    t0 = time.perf_counter()
+    table = LayoutTable.from_space(space)
+    t1 = time.perf_counter()
+    headroom = headroom_bytes if capacity_bytes is None else job.cluster.gpu.memory_bytes - capacity_bytes
+    scores = score_layouts(job, table, cal=cal, headroom_bytes=headroom, time_for="fits")
+    t2 = time.perf_counter()
+    eligible = scores.fits & ~equivalent_to_simpler(table, space.options.dist_opt)
+    decision = decide(scores.tokens_per_s_per_gpu, scores.capacity_bytes - scores.total_bytes, complexity(table),
+                      eligible=eligible, tolerance=tolerance, band=cal.band(job.model.is_moe),
+                      labels=_Labels(table))
+    t3 = time.perf_counter()
+    return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, decision=decision,
+                          seconds={"table_s": t1 - t0, "score_s": t2 - t1, "rank_s": t3 - t2})
+
+
+class _Labels(Sequence[str]):
+    """Layout texts of a table's rows, made when asked (the ranking names two or three)."""
+
+    def __init__(self, table: LayoutTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i):
+        return str(self.table.layout(int(i)))

@@ -1,0 +1,55 @@
+"""`python -m autotune` with the analytic backend, in process (no Ray starts): what the screen and best.json say."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.ui.cli import main
+
+SMALL = ["--model", "llama3-8b", "--nodes", "1", "--global-batch-size", "64"]
+
+
+def _run(capsys, tmp_path, *args: str) -> tuple[int, str, str]:
+    code = main([*args, "--output", str(tmp_path / "run"), "--no-progress"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_partial_and_invalid_layouts_are_reported_and_the_run_goes_on(capsys, tmp_path) -> None:
+    # the partial recipe layout of docs/cli.md is evaluated beside the search; tp=3 breaks world_size_divisible
+    # (8 GPUs) and is reported with its violation, and the search still answers (exit 0)
+    code, out, _ = _run(capsys, tmp_path, "--model", "mixtral", "--nodes", "4",
+                        "--layout", "tp=1,pp=4,vpp=8,ep=8,dist_opt=true", "--layout", "tp=3")
+    assert code == 0
+    assert "--layout tp=3," in out and "invalid" in out and "world_size_divisible" in out
+    trials = (tmp_path / "run" / "trials.csv").read_text()
+    assert "tp=1,pp=4,vpp=8,cp=1,ep=8" in trials and ",user," in trials
+
+
+def test_best_json_says_how_sure_the_pick_is(capsys, tmp_path) -> None:
+    code, out, _ = _run(capsys, tmp_path, *SMALL)
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    d = best["decision"]
+    assert code == 0 and d["stage"] == "analytic" and d["pick"] == best["layout_text"]
+    assert d["confidence"] in ("clear", "within the model's uncertainty") and d["reason"]
+    assert d["tied"] == len(d["tied_layouts"]) >= 1 and best["layout_text"] in d["tied_layouts"]
+    assert "Pick: " + d["confidence"] in out
+    # the ranked table marks the tied rows: '1=' when the pick is tied with others
+    assert ("1=" in out) == (d["tied"] > 1)
+
+
+def test_a_starved_pipeline_is_warned_on_screen_with_a_batch_to_use(capsys, tmp_path) -> None:
+    # llama3.1-405b on 16 nodes with GBS 16: at most 16 micro-batches (tests/test_analytic_pass.py)
+    code, out, _ = _run(capsys, tmp_path, "--model", "llama3.1-405b", "--nodes", "16", "--global-batch-size", "16")
+    assert code == 0 and "Warning: global batch 16 leaves" in out and "--global-batch-size " in out
+
+
+@pytest.mark.parametrize("flag", ["--cross-node-tp", "--allow-cross-node-tp"])
+def test_cross_node_tp_flags_widen_the_search(capsys, tmp_path, flag) -> None:
+    # tiny-gpt has 16 heads: TP 16 spans the 2 nodes of 8 GPUs only with the flag
+    args = ["--model", "tiny-gpt", "--nodes", "2", "--seq-length", "1024", "--global-batch-size", "32", "--json"]
+    _, narrow, _ = _run(capsys, tmp_path / "a", *args)
+    _, wide, _ = _run(capsys, tmp_path / "b", *args, flag)
+    assert json.loads(wide)["space_size"] > json.loads(narrow)["space_size"]
