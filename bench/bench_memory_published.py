@@ -1,4 +1,4 @@
-"""Predicted peak memory per GPU for every published layout in /work/shared/data/calibration-runs.csv.
+"""Predicted peak memory per GPU for every published layout in bench/data/calibration-runs.csv.
 
     python bench/bench_memory_published.py            # one line per row: predicted GiB, capacity, fit or OOM
     python bench/bench_memory_published.py --terms    # plus the breakdown (weights, grads, optimizer, ...)

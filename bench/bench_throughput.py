@@ -7,7 +7,7 @@
 
 Rows: `bench/throughput_rows.py` (Megatron-Bridge performance tables 25.09-26.08 on H100, B200 and GB200, more
 public rows where `bench/data/published_throughput_extra.csv` has them, and the trust A/B paper rows of
-`/work/shared/data/calibration-runs.csv`). The error of a row is predicted / published - 1; the fit minimises the
+`bench/data/calibration-runs.csv`). The error of a row is predicted / published - 1; the fit minimises the
 mean |log(predicted / published)| with every distinct run (model, GPU, GPUs, layout, recipe) weighted once, however
 many releases published it. Ordering: for every two distinct runs of one model on one GPU type in one release whose
 published figures differ by more than 5%, whether the prediction orders them the same way (also across releases).

@@ -1,4 +1,4 @@
-"""The published runs of /work/shared/data/calibration-runs.csv as autotune specs, for the benchmarks.
+"""The published runs of bench/data/calibration-runs.csv as autotune specs, for the benchmarks.
 
 One reading of a row serves both the throughput benchmark (bench_throughput.py via throughput_rows.py) and the memory
 check (bench_memory_published.py). What the sources leave unsaid is filled in the way the source's own scripts of that
@@ -36,7 +36,7 @@ from search_spaces.training import TrainingSpec  # noqa: E402
 
 __all__ = ["CSV_PATH", "MODERN_SOURCES", "int_or", "float_or", "is_modern", "model_of", "job_of", "layout_of"]
 
-CSV_PATH = Path("/work/shared/data/calibration-runs.csv")
+CSV_PATH = Path(__file__).resolve().parent / "data" / "calibration-runs.csv"
 MODERN_SOURCES = ("mlm-readme-2024", "moe-modelzoo")
 
 

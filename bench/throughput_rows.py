@@ -4,7 +4,7 @@ Sources (each row cites its own table in the CSV):
 - `bench/data/published_layouts.csv`: Megatron-Bridge's performance summaries, releases 25.09 to 26.08 (H100, B200,
   GB200; the recipe switches of each row's Megatron-Bridge v0.3.1 performance preset in its `training` column).
 - `bench/data/published_throughput_extra.csv` (when present): further public rows in the same format.
-- `/work/shared/data/calibration-runs.csv`: papers and READMEs (Narayanan et al. 2021 and Korthikanti et al. 2022
+- `bench/data/calibration-runs.csv`: papers and READMEs (Narayanan et al. 2021 and Korthikanti et al. 2022
   on A100, the Megatron-LM README's H100 weak-scaling table, the Megatron-MoE-ModelZoo's Qwen3-235B H100 runs); only
   trust A/B rows with a full layout and tokens/s are used. Their training switches, where the source states them:
   the ModelZoo forces balanced routing and names its dispatcher (DeepEP -> flex); Megatron-LM reduces gradients in

@@ -62,8 +62,9 @@ SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:8]  # dist_opt and recompute are
 class SpaceOptions:
     """Search-space choices (not validity rules): what the generator enumerates.
 
-    tp_within_node: TP groups stay inside one node (gpus_per_node % TP == 0).
-    expert_within_node: for MoE, EP*ETP groups stay inside one node (gpus_per_node % (EP*ETP) == 0).
+    tp_within_node: TP groups stay inside one NVLink domain (`ClusterSpec.nvlink_domain` % TP == 0): a node's 8
+        GPUs on HGX/DGX systems, the 72 GPUs of a GB200 NVL72 rack (its nodes hold 4).
+    expert_within_node: for MoE, EP*ETP groups stay inside one NVLink domain (nvlink_domain % (EP*ETP) == 0).
     min_pp_for_vpp: interleaving needs PP >= this; 2 is megatron-core's rule, 3 is Megatron-LM's
         training-script rule when --overlap-p2p-comm is off.
     max_*: caps on a dimension (None: no cap beyond validity).
@@ -109,22 +110,25 @@ def _capped(values: tuple[int, ...], cap: int | None) -> tuple[int, ...]:
 
 # --- search-space restrictions, in the same shape as validity rules (for the rejection report) ----
 def _tp_within_node(job: Job, layout: Layout) -> Violation | None:
-    gpn = job.cluster.gpus_per_node
-    if gpn % layout.tp == 0:
+    domain = job.cluster.nvlink_domain
+    if domain % layout.tp == 0:
         return None
-    return Violation(rule="tp_within_node", fields={"tp": layout.tp, "gpus_per_node": gpn},
-                     message=f"search space: TP groups stay inside one node, but tensor_model_parallel_size "
-                             f"({layout.tp}) does not divide gpus_per_node ({gpn}); lift with --allow-cross-node-tp.")
+    return Violation(rule="tp_within_node", fields={"tp": layout.tp, "nvlink_domain": domain},
+                     message=f"search space: TP groups stay inside one NVLink domain, but tensor_model_parallel_size "
+                             f"({layout.tp}) does not divide the NVLink domain ({domain} GPUs); lift with "
+                             f"--cross-node-tp.")
 
 
 def _expert_within_node(job: Job, layout: Layout) -> Violation | None:
-    gpn, size = job.cluster.gpus_per_node, layout.ep * layout.expert_tp
-    if not job.model.is_moe or gpn % size == 0:
+    domain, size = job.cluster.nvlink_domain, layout.ep * layout.expert_tp
+    if not job.model.is_moe or domain % size == 0:
         return None
-    return Violation(rule="expert_within_node", fields={"ep": layout.ep, "etp": layout.expert_tp, "gpus_per_node": gpn},
-                     message=f"search space: EP*ETP groups stay inside one node, but expert_model_parallel_size "
-                             f"({layout.ep}) * expert_tensor_parallel_size ({layout.expert_tp}) does not divide "
-                             f"gpus_per_node ({gpn}); lift with --allow-cross-node-tp.")
+    return Violation(rule="expert_within_node", fields={"ep": layout.ep, "etp": layout.expert_tp,
+                                                        "nvlink_domain": domain},
+                     message=f"search space: EP*ETP groups stay inside one NVLink domain, but "
+                             f"expert_model_parallel_size ({layout.ep}) * expert_tensor_parallel_size "
+                             f"({layout.expert_tp}) does not divide the NVLink domain ({domain} GPUs); lift by leaving "
+                             f"out --experts-within-node.")
 
 
 def _vpp_min_pp(min_pp: int):
@@ -207,12 +211,12 @@ def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers:
 
 # --- direct construction ---------------------------------------------------------------------------
 def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
-    m, gpn = job.model, job.cluster.gpus_per_node
+    m, domain = job.model, job.cluster.nvlink_domain
     t = job.training
     if t.overlap_moe_expert_parallel_comm and t.cuda_graphs == "local" and rules_version() < "0.17":
         return  # 0.16.1 refuses EP A2A overlap with local CUDA graphs whatever the layout
     for tp in _capped(divisors(job.world_size), options.max_tp):
-        if options.tp_within_node and gpn % tp:
+        if options.tp_within_node and domain % tp:
             continue
         if m.num_attention_heads % tp or (m.query_groups % tp and tp % m.query_groups):
             continue
@@ -279,7 +283,7 @@ def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterato
     if moe is None:
         yield 1, None
         return
-    gpn = job.cluster.gpus_per_node
+    domain = job.cluster.nvlink_domain
     for ep in _capped(divisors(dense_group), options.max_ep):
         if moe.num_experts % ep:
             continue
@@ -288,7 +292,7 @@ def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterato
                 break
             if moe.expert_ffn_hidden_size % etp:
                 continue
-            if options.expert_within_node and gpn % (ep * etp):
+            if options.expert_within_node and domain % (ep * etp):
                 continue
             if job.training.moe_token_dispatcher == "flex" and ep * etp == 1:  # DeepEP needs TPxEP > 1
                 continue

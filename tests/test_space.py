@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from search_spaces.gpus import build_cluster
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.pipeline_layout import parse_stages
@@ -128,6 +129,14 @@ def test_tp_stays_inside_a_node_unless_lifted() -> None:
     default = {x.tp for x in feasible_layouts(job)}
     lifted = {x.tp for x in feasible_layouts(job, SpaceOptions(tp_within_node=False))}
     assert default == {1, 2, 4, 8} and lifted == {1, 2, 4, 8, 16}
+
+
+def test_tp_stays_inside_the_nvlink_domain_not_the_node() -> None:
+    # GB200 NVL72: 4 GPUs per node, 72 on one NVLink fabric; 32 nodes = 128 GPUs. TP may span nodes inside the rack
+    # (72 % 8 == 0) but not straddle racks (72 % 16 != 0); on HGX the domain is the node
+    job = dataclasses.replace(make_job("tiny-gpt", 128, gpus_per_node=4), cluster=build_cluster(nodes=32, gpu="gb200"))
+    assert job.cluster.nvlink_domain == 72
+    assert {x.tp for x in feasible_layouts(job)} == {1, 2, 4, 8}  # tiny-gpt's 16 heads: TP divides 16
 
 
 def test_min_pp_for_vpp_3_drops_interleaving_on_two_stages() -> None:

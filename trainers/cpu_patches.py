@@ -1,8 +1,7 @@
 """Make megatron-core run on a CPU-only torch build (gloo), for the CPU proxy jobs.
 
 Applied only when `torch.cuda.is_available()` is False; on a GPU none of this runs. Each patch
-answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1 (see
-/work/shared/reference/megatron-on-cpu.md):
+answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1:
 
 - `torch.cuda.current_device / synchronize / current_stream / Stream / stream / Event /
   get_rng_state / set_rng_state / manual_seed / empty_cache` are called unconditionally by the
