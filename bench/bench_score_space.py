@@ -90,17 +90,19 @@ def bench_job(model: str, nodes: int, seq: int, gbs: int, sample: int) -> None:
     ref = np.array([f[:2] for f in figures])
     got = np.stack([scores.tokens_per_s_per_gpu[rows], scores.total_bytes[rows]], axis=1)
     worst = float(np.max(np.abs(got - ref) / np.abs(ref))) if len(rows) else 0.0
-    verdicts = sum(f[2] != bool(scores.fits[i]) for f, i in zip(figures, rows))
+    verdicts = sum(f[2] != bool(scores.fits[i]) for f, i in zip(figures, rows, strict=True))  # one figure per row
     fits = scores.fits
     best = int(np.argmax(np.where(fits, scores.tokens_per_s_per_gpu, -np.inf))) if fits.any() else None
 
     print(f"{model} on {nodes} nodes (seq {seq}, GBS {gbs}): {n:,} feasible layouts, {int(fits.sum()):,} fit")
     print(f"  enumerate  {enum_cpu:6.2f} s cpu ({enum_wall:.2f} s wall)   LayoutTable {table_cpu:.2f} s cpu")
     print(f"  vectorised {vec_cpu:6.2f} s cpu ({vec_wall:.2f} s wall)   {n / max(vec_cpu, 1e-9):>10,.0f} layouts/s")
-    print(f"  scalar     {scalar_cpu:6.2f} s cpu ({scalar_wall:.2f} s wall)   {len(rows) / max(scalar_cpu, 1e-9):>10,.0f} "
-          f"layouts/s over {len(rows):,} layouts{' (random sample)' if len(rows) < n else ''}"
+    print(f"  scalar     {scalar_cpu:6.2f} s cpu ({scalar_wall:.2f} s wall)   "
+          f"{len(rows) / max(scalar_cpu, 1e-9):>10,.0f} layouts/s over {len(rows):,} layouts"
+          f"{' (random sample)' if len(rows) < n else ''}"
           f"; whole space ~{n * scalar_cpu / max(len(rows), 1):.1f} s")
-    print(f"  agreement on those {len(rows):,}: largest relative difference {worst:.1e}, verdicts differing: {verdicts}")
+    print(f"  agreement on those {len(rows):,}: largest relative difference {worst:.1e}, "
+          f"verdicts differing: {verdicts}")
     if best is not None:
         print(f"  best: {table.layout(best)}  {scores.tokens_per_s_per_gpu[best]:,.0f} tokens/s/GPU, "
               f"MFU {scores.mfu[best]:.1%}, {scores.total_bytes[best] / 1024**3:.1f} GiB")

@@ -120,7 +120,7 @@ def replay(job: Job, table: dict[Layout, Measurement], strategy: str, seed: int,
 def measured_pick(table: dict[Layout, Measurement], layouts: list[Layout], capacity: float) -> Layout | None:
     from autotune.cost.layout_table import LayoutTable
 
-    ms = [table[l] for l in layouts]
+    ms = [table[lay] for lay in layouts]
     tokens = np.array([m.tokens_per_s_per_gpu if usable(m, capacity) else np.nan for m in ms], dtype=float)
     free = np.array([capacity - (m.memory_bytes or 0.0) for m in ms])
     spread = [m.time.get("step_stdev", 0.0) / m.time["step_median"] for m in ms if m.time.get("step_median")]
@@ -145,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recording {space.size} layouts with the megatron backend (CPU proxy) into {args.recording}")
         table = record(job, args.recording)
     capacity = float(job.cluster.gpu.memory_bytes)
-    ok = {l: m for l, m in table.items() if usable(m, capacity)}
-    best = max(ok, key=lambda l: ok[l].tokens_per_s_per_gpu or 0.0)
-    ranked = sorted(ok.values(), key=lambda m: -(m.tokens_per_s_per_gpu or 0.0))
+    ok = {lay: m for lay, m in table.items() if usable(m, capacity)}
+    speed = {lay: m.tokens_per_s_per_gpu or 0.0 for lay, m in ok.items()}  # usable: every one is > 0
+    best = max(speed, key=speed.__getitem__)
+    ranked = sorted(speed.values(), reverse=True)
     n = space.size
     budget = n // 5
-    runner = ranked[1].tokens_per_s_per_gpu / ranked[0].tokens_per_s_per_gpu if len(ranked) > 1 else 0.0
+    runner = ranked[1] / ranked[0] if len(ranked) > 1 else 0.0
     print(f"{job.model.name} on 1 x 4 (seq 256, GBS 16): {n} layouts, {len(ok)} measured ok; measured best {best} "
           f"{table[best].tokens_per_s_per_gpu:,.0f} tokens/s/GPU (runner-up at {runner:.1%} of it); budget {budget}")
     a = analytic_pass(job, space, capacity_bytes=capacity)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         cells, found = [], 0
         for seed in range(args.seeds):
             seen = replay(job, table, strategy, seed, budget)
-            at = next((i + 1 for i, l in enumerate(seen) if l == best), None)
+            at = next((i + 1 for i, lay in enumerate(seen) if lay == best), None)
             pick = measured_pick(table, seen, capacity)
             found += at is not None
             cells.append(f"{'best at ' + str(at) if at else 'missed'}{', pick ok' if pick == best else ''}")

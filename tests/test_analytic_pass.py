@@ -33,12 +33,15 @@ def test_the_pick_is_the_rule_applied_to_the_scalar_scores() -> None:
     ms = [AnalyticBackend().evaluate(job, layout) for layout in layouts]
     table = LayoutTable.from_layouts(layouts)
     tokens = np.array([m.tokens_per_s_per_gpu for m in ms])
-    free = np.array([job.cluster.gpu.memory_bytes - m.memory_bytes for m in ms])
+    memory = [m.memory_bytes for m in ms]
+    assert None not in memory  # the analytic backend estimates every layout's memory
+    free = job.cluster.gpu.memory_bytes - np.array(memory, dtype=float)
     eligible = np.array([m.status == "ok" for m in ms]) & ~equivalent_to_simpler(table)
     ref = decide(tokens, free, complexity(table), eligible=eligible)
+    assert ref.pick is not None and answer.decision.pick is not None
     assert layouts[ref.pick] == answer.layout(answer.decision.pick)
     assert [layouts[i] for i in ref.tied] == [answer.layout(i) for i in answer.decision.tied]
-    best = max(t for t, e in zip(tokens, eligible) if e)
+    best = max(t for t, e in zip(tokens, eligible, strict=True) if e)
     assert answer.scores.tokens_per_s_per_gpu[answer.decision.pick] >= 0.98 * best
 
 

@@ -136,7 +136,8 @@ def test_experts_cross_nodes_unless_kept_inside(capsys) -> None:
     _, out, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "2", "--json")
     _, kept, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "2", "--json", "--experts-within-node")
     def groups(text: str) -> set[int]:
-        return {o["expert_model_parallel_size"] * o["expert_tensor_parallel_size"] for o in map(json.loads, text.splitlines())}
+        return {o["expert_model_parallel_size"] * o["expert_tensor_parallel_size"]
+                for o in map(json.loads, text.splitlines())}
     assert max(groups(out)) == 16 and max(groups(kept)) == 8
 
 

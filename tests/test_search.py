@@ -125,8 +125,8 @@ def test_neighbours_are_distinct_layouts_of_the_space():
         params_of(space, n)
 
 
-def _plan(job: Job, *, budget: int, seed: int, headroom_bytes: float, options: SpaceOptions = SpaceOptions()):
-    space = feasible_space(job, options)
+def _plan(job: Job, *, budget: int, seed: int, headroom_bytes: float, options: SpaceOptions | None = None):
+    space = feasible_space(job, SpaceOptions() if options is None else options)
     return SearchPlan(job=job, space=space, backend=AnalyticBackend(headroom_bytes=headroom_bytes),
                       backend_name="analytic", capacity_bytes=job.cluster.gpu.memory_bytes - headroom_bytes,
                       headroom_bytes=headroom_bytes, seed=seed, trials=budget, exhaustive=False, naming="options",
@@ -168,9 +168,9 @@ def test_search_best_equals_exhaustive_best_on_a_small_space(use_seeds):
             scores[layout] = m.tokens_per_s_per_gpu
     assert 0 < len(scores) < plan.space.size  # the constraint binds
     searcher, measured = _step(plan, 60)
-    best = max(scores.get(l, 0.0) for l in measured)
+    best = max(scores.get(lay, 0.0) for lay in measured)
     assert best == max(scores.values())
-    assert all(not check(CONSTRAINED, l) for l in measured)  # every proposal is a valid layout
+    assert all(not check(CONSTRAINED, lay) for lay in measured)  # every proposal is a valid layout
 
 
 def test_the_searcher_never_runs_a_layout_twice():
@@ -183,7 +183,8 @@ def test_searcher_covers_what_fits_when_the_budget_allows():
     # the guided strategy proposes only layouts the model says fit (equivalents merged), each once; with a budget
     # as large as the space it proposes all of them and then says it is finished
     job = _job("tiny-gpt", gpus_per_node=2, seq=1024, gbs=16)
-    plan = _plan(job, budget=48, seed=2, headroom_bytes=0.0, options=SpaceOptions(micro_batch_sizes=(1,), dist_opt=(True,)))
+    plan = _plan(job, budget=48, seed=2, headroom_bytes=0.0,
+                 options=SpaceOptions(micro_batch_sizes=(1,), dist_opt=(True,)))
     assert plan.space.size <= 60
     _, measured = _step(plan, plan.space.size)
     answer = analytic_pass(plan.job, plan.space, capacity_bytes=plan.capacity_bytes)

@@ -28,9 +28,9 @@ def _truth(answer) -> dict[Layout, float]:
     larger micro-batches help; tokens/s = 1000 x 0.5^log2(pp) x 0.7^log2(tp) x 1.2^log2(mbs) x 0.6^(vpp>1)."""
     out = {}
     for i in range(answer.size):
-        l = answer.layout(i)
-        out[l] = 1000 * 0.5 ** math.log2(l.pp) * 0.7 ** math.log2(l.tp) * 1.2 ** math.log2(l.mbs) \
-            * (0.6 if l.vpp_size > 1 else 1.0) * (1.0 + 0.001 * (i % 7))  # a little spread: one best
+        lay = answer.layout(i)
+        out[lay] = 1000 * 0.5 ** math.log2(lay.pp) * 0.7 ** math.log2(lay.tp) * 1.2 ** math.log2(lay.mbs) \
+            * (0.6 if lay.vpp_size > 1 else 1.0) * (1.0 + 0.001 * (i % 7))  # a little spread: one best
     return out
 
 
@@ -57,20 +57,22 @@ def test_every_strategy_keeps_to_its_budget(name: str) -> None:
     ctx = _context(budget=7)
     seen = _run(name, ctx, _truth(ctx.analytic))
     assert len(seen) == 7
-    assert all(l in set(ctx.space.layouts()) for l in seen)
+    assert all(lay in set(ctx.space.layouts()) for lay in seen)
 
 
 def test_guided_starts_from_the_analytic_pick() -> None:
     ctx = _context(budget=3)
     s = make_strategy("guided", ctx)
-    assert s.propose() == ctx.analytic.layout(ctx.analytic.decision.pick)
+    pick = ctx.analytic.decision.pick
+    assert pick is not None
+    assert s.propose() == ctx.analytic.layout(pick)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_guided_finds_a_best_the_model_misranks_within_a_fifth(seed: int) -> None:
     ctx = _context(budget=feasible_space(JOB, OPTIONS).size // 5, seed=seed)
     truth = _truth(ctx.analytic)
-    best = max(truth, key=truth.get)
+    best = max(truth, key=truth.__getitem__)
     rank = [ctx.analytic.layout(int(r)) for r in ctx.analytic.decision.order].index(best)
     assert rank > ctx.budget  # the analytic ranking alone would not measure it within the budget
     assert best in _run("guided", ctx, truth)

@@ -122,12 +122,15 @@ class LayoutTable:
         strings: dict[str | None, int] = {None: 0}
         pairs, inverse = np.unique(np.stack([pp, vpp], axis=1), axis=0, return_inverse=True) if len(tp) else ((), ())
         for k, (p, v) in enumerate(pairs):
-            fields_: dict[str, Any] = pipeline_fields(job.model.num_layers, int(p), int(v) or None,
-                                                      job.model.mtp_num_layers)
             rows = np.asarray(inverse).reshape(-1) == k
-            for name, value in fields_.items():
-                code = strings.setdefault(value, len(strings)) if name == "pipeline_layout" else int(value)
-                split[name][rows] = code
+            for name, value in pipeline_fields(job.model.num_layers, int(p), int(v) or None,
+                                               job.model.mtp_num_layers).items():
+                # pipeline_layout (a str) is coded by its index in layout_strings; the others are ints and a bool
+                if isinstance(value, str):
+                    split[name][rows] = strings.setdefault(value, len(strings))
+                else:
+                    assert isinstance(value, int), (name, value)
+                    split[name][rows] = int(value)
         return cls.from_arrays(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp),
                                mbs=mbs, sp=sp, dist_opt=dist_opt, recompute=recompute, layout_strings=tuple(strings),
                                **split)

@@ -147,7 +147,7 @@ def _resolve_backend(backend: str | Backend | None, headroom_bytes: float) -> tu
     if name == "analytic":
         from autotune.cost.analytic import AnalyticBackend
 
-        return AnalyticBackend(headroom_bytes=headroom_bytes), name  # type: ignore[return-value]
+        return AnalyticBackend(headroom_bytes=headroom_bytes), name
     return get_backend(name), name
 
 

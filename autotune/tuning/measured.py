@@ -17,7 +17,7 @@ The measuring backend itself (`trainers/`) knows nothing of the cost models.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.cost.analytic import AnalyticBackend
@@ -49,11 +49,9 @@ def proxy_memory_assumptions(layout: Layout | None = None) -> MemoryAssumptions:
     """The analytic model's assumptions as the CPU proxy runs: local (unfused) attention and SwiGLU, no
     dropout, norms that save what TE's save (`trainers.proxy_norm`). With CP the proxy's core attention is
     torch SDPA (`trainers.cp_attention`), which keeps no s x s scores: flash-attention-like."""
-    wanted = {"transformer_engine": False, "flash_attention": layout is not None and layout.cp > 1, "dropout": False,
-              "attention_score_bytes": 6.0, "mla_down_proj_split": True,
-              "fused_swiglu": False, "torch_rmsnorm": False}
-    names = {f.name for f in fields(DEFAULT_ASSUMPTIONS)}
-    return replace(DEFAULT_ASSUMPTIONS, **{k: v for k, v in wanted.items() if k in names})
+    return replace(DEFAULT_ASSUMPTIONS, transformer_engine=False, flash_attention=layout is not None and layout.cp > 1,
+                   dropout=False, attention_score_bytes=6.0, mla_down_proj_split=True, fused_swiglu=False,
+                   torch_rmsnorm=False)
 
 
 def analytic_proxy_memory(plan: Any, *, per_stage: bool = False) -> Any:

@@ -85,8 +85,17 @@ def _cp_for_sequence(seq_length: int) -> tuple[int, ...]:
 def _distance(option: object, wish: object) -> tuple[float, float]:
     if isinstance(option, bool) or isinstance(wish, bool) or isinstance(option, str) or isinstance(wish, str):
         return (0.0 if option == wish else 1.0, 0.0)
-    a, b = (option or 1), (wish or 1)  # None (no VPP, ETP = TP) counts as 1
-    return (abs(math.log2(a) - math.log2(b)), float(a))
+    a, b = _size(option), _size(wish)
+    return (abs(math.log2(a) - math.log2(b)), a)
+
+
+def _size(value: object) -> float:
+    """A dimension's size as a number; None (no VPP, ETP = TP) counts as 1."""
+    if value is None:
+        return 1.0
+    if not isinstance(value, int | float):
+        raise TypeError(f"a layout dimension's size must be a number, not {value!r}")
+    return float(value or 1)
 
 
 def nearest_layout(space: FeasibleSpace, wish: Mapping[str, object]) -> Layout:

@@ -20,10 +20,13 @@ telling a study about finished trials); `layout_of(space, config)` reads a propo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from search_spaces.layout import Layout
 from search_spaces.space import DIMENSIONS, FeasibleSpace
+
+if TYPE_CHECKING:
+    from optuna.distributions import CategoricalChoiceType
 
 __all__ = ["Naming", "define_by_run", "param_name", "params_of", "layout_of", "dimension_of", "distributions_of"]
 
@@ -88,7 +91,9 @@ def distributions_of(space: FeasibleSpace, layout: Layout, naming: Naming = "opt
     """Optuna distributions of the parameters of `layout` (for `optuna.trial.create_trial`)."""
     from optuna.distributions import CategoricalDistribution
 
-    return {key: CategoricalDistribution(list(options)) for key, _, options in _walk(space, layout, naming)}
+    # a dimension's options are ints, bools, strings or None (Layout's field types): all Optuna categorical choices
+    return {key: CategoricalDistribution(cast("list[CategoricalChoiceType]", list(options)))
+            for key, _, options in _walk(space, layout, naming)}
 
 
 def layout_of(space: FeasibleSpace, config: Mapping[str, object]) -> Layout:

@@ -18,6 +18,7 @@ import importlib
 import os
 import signal
 import sys
+from typing import NoReturn
 
 __all__ = ["main", "build_parser"]
 
@@ -36,7 +37,7 @@ DEFAULT_GLOBAL_BATCH_SIZE = 256
 class _Parser(argparse.ArgumentParser):
     """argparse with its errors on one line (no usage block): `autotune search: error: ...`, exit code 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
 
 
@@ -199,8 +200,10 @@ def _main(argv: list[str]) -> int:
 
 
 def _one_line(e: BaseException) -> str:
-    output_error = type(e).__name__ == "OutputError" and isinstance(e, OSError) and e.strerror
-    text = " ".join(str(e.strerror if output_error else e).split())
+    if type(e).__name__ == "OutputError" and isinstance(e, OSError) and e.strerror:
+        text = " ".join(str(e.strerror).split())
+    else:
+        text = " ".join(str(e).split())
     return text[:2000] or type(e).__name__
 
 

@@ -35,7 +35,8 @@ def build(
     """A cluster of `nodes x gpus_per_node` GPUs; names come from the catalog, specs are used as given."""
     from search_spaces.gpus import build_cluster
 
-    return build_cluster(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node, inter_node=inter_node)
+    return build_cluster(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
+                         inter_node=inter_node)
 
 
 def from_yaml(path: str | Path, **overrides: object) -> ClusterSpec:

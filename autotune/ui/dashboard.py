@@ -7,8 +7,8 @@ reads `12/64 trials, 9 feasible, best 3,120 tokens/s/GPU (tp=2,...)`, and the tr
 
 The dashboard is never bound to all interfaces by default: exposed Ray dashboards have been taken over
 (ShadowRay, CVE-2023-48022). Every other port of that Ray is on 127.0.0.1 and Ray's token authentication is on
-(`search_spaces/ray_session.py`), so the browser asks for the token (`ray get-auth-token`). To watch a remote cluster, forward
-its port over SSH (`ssh -L 8265:127.0.0.1:8265 head-node`) instead of opening it.
+(`search_spaces/ray_session.py`), so the browser asks for the token (`ray get-auth-token`). To watch a remote
+cluster, forward its port over SSH (`ssh -L 8265:127.0.0.1:8265 head-node`) instead of opening it.
 
     >>> from autotune import dashboard
     >>> dash = dashboard.start_local(port=8265)             # doctest: +SKIP

@@ -80,4 +80,5 @@ def resolve(model: str | Path | ModelSpec) -> ModelSpec:
         return model
     if isinstance(model, (str, Path)):
         return get(str(model))
-    raise ValueError(f"model must be a catalog name, a config.json path or a ModelSpec, but got {type(model).__name__}.")
+    raise ValueError("model must be a catalog name, a config.json path or a ModelSpec, "
+                     f"but got {type(model).__name__}.")

@@ -21,8 +21,9 @@ def add_layout_argument(parser: argparse.ArgumentParser) -> None:
              'recompute=selective"; megatron-core\'s uneven pipeline split: first_stage_layers=3,last_stage_layers=2 '
              "(num_layers_in_first/last_pipeline_stage), embedding_loss_split=true "
              "(account_for_embedding/loss_in_pipeline_split) or pipeline_layout=Et|(tt|)*30mL "
-             "(pipeline_model_parallel_layout; quote it in the shell). Omitted fields take megatron-core's defaults (1, no "
-             "VPP, ETP = TP, SP off, no distributed optimizer, no recompute); dp defaults to world / (tp * pp * cp)",
+             "(pipeline_model_parallel_layout; quote it in the shell). Omitted fields take megatron-core's defaults "
+             "(1, no VPP, ETP = TP, SP off, no distributed optimizer, no recompute); "
+             "dp defaults to world / (tp * pp * cp)",
     )
 
 
