@@ -55,18 +55,20 @@ def measurement_from_dict(d: dict[str, Any]) -> Measurement:
     return Measurement(**{**d, "layout": parse_layout(d["layout"]), "violations": tuple(d.get("violations", ()))})
 
 
-def _failed(layout: Layout, reason: str) -> Measurement:
+def failed_measurement(layout: Layout, reason: str) -> Measurement:
+    """A trial that produced no measurement, as data."""
     return Measurement(layout=layout, status="failed", source="analytic", reason=reason)
 
 
-def _measure(job: Job, backend: Backend, layout: Layout) -> tuple[Measurement, float]:
+def timed_measurement(job: Job, backend: Backend, layout: Layout) -> tuple[Measurement, float]:
+    """(the backend's measurement of `layout`, or why there is none; seconds it took)."""
     t0 = time.perf_counter()
     try:
         m = backend.evaluate(job, layout)
     except Exception as e:  # a failing trial is data: record why, keep searching
-        m = _failed(layout, f"backend raised {type(e).__name__}: {e}")
+        m = failed_measurement(layout, f"backend raised {type(e).__name__}: {e}")
     if not isinstance(m, Measurement):
-        m = _failed(layout, f"backend returned no metrics (got {type(m).__name__})")
+        m = failed_measurement(layout, f"backend returned no metrics (got {type(m).__name__})")
     return m, time.perf_counter() - t0
 
 
@@ -85,7 +87,7 @@ def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[s
     texts = config["batch"] if "batch" in config else [config["layout"]]
     out: list[dict[str, Any]] = []
     for text in texts:
-        m, wall_s = _measure(job, backend, parse_layout(text))
+        m, wall_s = timed_measurement(job, backend, parse_layout(text))
         out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
     first = out[0]["m"]
     result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"], "node": _node_id()}
@@ -166,7 +168,7 @@ class Recorder(Callback):
             items = json.loads(result["measurements"])
         except (KeyError, TypeError, ValueError):
             for text in _texts(config):
-                self._add(_failed(parse_layout(text), "the trial returned no metrics"), origin, 0.0, node)
+                self._add(failed_measurement(parse_layout(text), "the trial returned no metrics"), origin, 0.0, node)
             return
         for item in items:
             self._add(measurement_from_dict(item["m"]), origin, float(item.get("wall_s", 0.0)), node)
@@ -176,7 +178,7 @@ class Recorder(Callback):
         reason = f"the trial raised: {str(error).strip().splitlines()[-1] if error else 'unknown error'}"
         config = _config(trial)
         for text in _texts(config):
-            self._add(_failed(parse_layout(text), reason[:500]), config.get("origin", "search"), 0.0)
+            self._add(failed_measurement(parse_layout(text), reason[:500]), config.get("origin", "search"), 0.0)
         self._sync()
 
 

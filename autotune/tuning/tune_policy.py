@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from typing import Any
 
 from ray import tune
 from ray.tune.search import Searcher
 
+from autotune.tuning.tune_glue import failed_measurement, timed_measurement
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
@@ -61,21 +61,6 @@ def scheduler_for(rungs: tuple[int | None, ...]) -> Any:
                          max_t=len(rungs), grace_period=1, reduction_factor=REDUCTION_FACTOR)
 
 
-def _failed(layout: Layout, reason: str) -> Measurement:
-    return Measurement(layout=layout, status="failed", source="analytic", reason=reason)
-
-
-def _measure(job: Job, backend: Backend, layout: Layout) -> tuple[Measurement, float]:
-    t0 = time.perf_counter()
-    try:
-        m = backend.evaluate(job, layout)
-    except Exception as e:  # a failing trial is data: record why, keep searching
-        m = _failed(layout, f"backend raised {type(e).__name__}: {e}")
-    if not isinstance(m, Measurement):
-        m = _failed(layout, f"backend returned no metrics (got {type(m).__name__})")
-    return m, time.perf_counter() - t0
-
-
 def measure_trial(config: dict[str, Any], job: Job, backend: Backend, rungs: tuple[int | None, ...]) -> None:
     """Tune function trainable: measure `config["layout"]` at each rung, reporting after each."""
     from autotune.tuning.tune_glue import _node_id, measurement_to_dict
@@ -83,7 +68,7 @@ def measure_trial(config: dict[str, Any], job: Job, backend: Backend, rungs: tup
     layout = parse_layout(config["layout"])
     for k, steps in enumerate(rungs):
         b = backend if steps is None else (with_timed_steps(backend, steps) or backend)
-        m, wall_s = _measure(job, b, layout)
+        m, wall_s = timed_measurement(job, b, layout)
         if steps is not None:
             m.extra["timed_steps"] = steps
         report: dict[str, Any] = {"measurements": json.dumps([{"m": measurement_to_dict(m), "wall_s": wall_s}]),
@@ -126,7 +111,7 @@ class PolicySearcher(Searcher):
             return
         m = _first(result) if result else None
         if m is None:
-            m = _failed(layout, "the trial ended without metrics" + (" (it raised)" if error else ""))
+            m = failed_measurement(layout, "the trial ended without metrics" + (" (it raised)" if error else ""))
         self.strategy.observe(layout, m)
 
     # results persist in trials.csv; Tune's own searcher checkpoints are not used
