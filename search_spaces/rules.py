@@ -25,10 +25,12 @@ from search_spaces.job import Job
 from search_spaces.layout import SPLIT_FIELDS, Layout
 from search_spaces.megatron_version import rule_set_for, rules_version
 from search_spaces.pipeline_rules import pipeline_rule_checks
+from search_spaces.training import TrainingSpec
 from search_spaces.violations import Rule, Violation
 from search_spaces.violations import violation as _violation
 
-__all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm", "rules_for"]
+__all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm", "rules_for",
+           "ep_overlap_cuda_graphs_refused"]
 
 
 def lcm(a: int, b: int) -> int:
@@ -263,6 +265,19 @@ def ep_overlap_no_full_recompute(job: Job, layout: Layout) -> Violation | None:
                       overlap_moe_expert_parallel_comm=True)
 
 
+def ep_overlap_cuda_graphs_refused(training: TrainingSpec, version: str) -> str | None:
+    """Why megatron-core refuses these CUDA graphs with `overlap_moe_expert_parallel_comm`, whatever the layout, or
+    None. Both versions refuse Transformer Engine graphs whose scope holds `moe` or `mlp` (transformer_config.py,
+    0.16.1 :1897-1906, 0.19.0 :2738-2746); 0.16.1 also refuses any implementation but Transformer Engine's."""
+    if not training.overlap_moe_expert_parallel_comm:
+        return None
+    if training.cuda_graphs == "transformer_engine" and {"moe", "mlp"} & set(training.cuda_graph_scope):
+        return f"cuda_graph_scope {list(training.cuda_graph_scope)}"
+    if version < "0.17" and training.cuda_graphs == "local":
+        return "cuda_graph_impl local; megatron-core 0.16.1 asks for transformer_engine"
+    return None
+
+
 def _version_checks(version: str):
     """The checks whose condition or wording changed between megatron-core 0.16.1 and 0.19 (docs/rules.md)."""
     def flex_dispatcher_needs_tp_ep(job: Job, layout: Layout) -> Violation | None:
@@ -304,21 +319,13 @@ def _version_checks(version: str):
                           f"{layout.pp}).", mtp_num_layers=mtp, pp=layout.pp, overlap_moe_expert_parallel_comm=True)
 
     def ep_overlap_cuda_graphs(job: Job, layout: Layout) -> Violation | None:
-        """0.16.1: any CUDA graph implementation must be Transformer Engine's with EP overlap; 0.19 allows local.
-        Both refuse Transformer Engine graphs whose scope holds `moe` or `mlp` (transformer_config.py, 0.16.1
-        :1897-1906, 0.19.0 :2738-2746)."""
-        t = job.training
-        if not t.overlap_moe_expert_parallel_comm or layout.ep <= 1:
-            return None
-        if t.cuda_graphs == "transformer_engine" and {"moe", "mlp"} & set(t.cuda_graph_scope):
-            return _violation("ep_overlap_cuda_graphs", "CUDA graph scope on moe and mlp is not supported with "
-                              f"overlap_moe_expert_parallel_comm (cuda_graph_scope {list(t.cuda_graph_scope)}).",
-                              cuda_graphs="transformer_engine", overlap_moe_expert_parallel_comm=True)
-        if version >= "0.17" or t.cuda_graphs != "local":
+        """`ep_overlap_cuda_graphs_refused`, reported on layouts with EP > 1 (without, `ep_overlap_needs_ep`)."""
+        why = ep_overlap_cuda_graphs_refused(job.training, version)
+        if why is None or layout.ep <= 1:
             return None
         return _violation("ep_overlap_cuda_graphs", "CUDA graph scope on moe and mlp is not supported with "
-                          "overlap_moe_expert_parallel_comm (cuda_graph_impl local; megatron-core 0.16.1 asks for "
-                          "transformer_engine).", cuda_graphs="local", overlap_moe_expert_parallel_comm=True)
+                          f"overlap_moe_expert_parallel_comm ({why}).", cuda_graphs=job.training.cuda_graphs,
+                          overlap_moe_expert_parallel_comm=True)
 
     return {fn.__name__: fn for fn in (flex_dispatcher_needs_tp_ep, ep_overlap_recompute_modules, ep_overlap_mtp,
                                         ep_overlap_cuda_graphs)}

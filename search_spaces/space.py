@@ -48,7 +48,7 @@ from math import prod
 from search_spaces.job import Job
 from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, PipelineSplit, pipeline_split_for
 from search_spaces.megatron_version import rules_version
-from search_spaces.rules import Rule, Violation, rules_for
+from search_spaces.rules import Rule, Violation, ep_overlap_cuda_graphs_refused, rules_for
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
@@ -213,8 +213,8 @@ def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers:
 def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
     m, domain = job.model, job.cluster.nvlink_domain
     t = job.training
-    if t.overlap_moe_expert_parallel_comm and t.cuda_graphs == "local" and rules_version() < "0.17":
-        return  # 0.16.1 refuses EP A2A overlap with local CUDA graphs whatever the layout
+    if ep_overlap_cuda_graphs_refused(t, rules_version()):
+        return  # megatron-core refuses these CUDA graphs with the EP A2A overlap whatever the layout
     for tp in _capped(divisors(job.world_size), options.max_tp):
         if options.tp_within_node and domain % tp:
             continue

@@ -45,6 +45,9 @@ SMALL_JOBS = [
     (GQA14, 12, 4, 4104, 48),
     (MTP12, 12, 4, 4104, 24),  # MTP: eh_proj splits hidden 100 over TP; layout strings carry its `m`
     ("tiny-moe", 8, 4, 4096, 16, EP_OVERLAP),  # EP overlap: EP > 1, VPP with PP > 1, no full recompute
+    # TE graphs on the MoE block with EP overlap: refused whatever the layout, so the space is empty
+    ("tiny-moe", 8, 4, 4096, 16,
+     {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn", "moe")}),
     ("tiny-moe", 8, 4, 4096, 16, FLEX),  # the flex dispatcher needs ETP x EP > 1
 ]
 GQA14_JOB = (GQA14, 12, 4, 4104, 48)
