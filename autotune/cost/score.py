@@ -44,6 +44,7 @@ from autotune.cost.memory import (
     MemoryAssumptions,
     _candidate_stages,
     _lookups,
+    _mtp_counts,
     _optimizer_step_bytes,
     _state_bytes,
 )
@@ -380,8 +381,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     # candidate peak stages per pipeline structure (pp, vpp, split)
     structure = _group(table.pp, t.vpp, table.first_stage_layers, table.last_stage_layers, table.embedding_loss_split,
                        table.pipeline_layout)
-    mtp_of = structure.values(lambda i: t.layout(i).chunk_mtp_counts(model.mtp_num_layers) if model.mtp_num_layers
-                              else None)  # `memory._mtp_counts`
+    mtp_of = structure.values(lambda i: _mtp_counts(model, t.layout(i)))
     cands = [_candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
                                mtp_of[g]) for g, i in enumerate(structure.first)]
     width = max(len(c) for c in cands)
