@@ -7,8 +7,8 @@ pipeline stage and virtual chunk of it (`tests/test_megatron_parity.py` builds t
 `stricter=True` is a deliberate refusal: megatron-core accepts the layout, and the message says why
 autotune does not.
 
-The rules follow the installed megatron-core (`search_spaces/megatron_version.py`; 0.16.1's checks when
-none is installed): `rules_for(version)` swaps in 0.19's checks where they differ (`docs/rules.md` has
+The rules follow the megatron-core release the job targets (`TrainingSpec.megatron_core`, by default the installed
+one; `search_spaces/megatron_version.py`): `rules_for(version)` swaps in 0.19's checks where they differ (`docs/rules.md` has
 the comparison). Where core has no check of its own, the place where it fails at run time is named.
 The pipeline-split rules live in `pipeline_rules.py`.
 
@@ -448,12 +448,11 @@ def check(job: Job, layout: Layout, rules: tuple[Rule, ...] | None = None, *,
           version: str | None = None) -> tuple[Violation, ...]:
     """Every violation of `layout` in `job`, in rule order; () when megatron-core accepts it.
 
-    `version` picks megatron-core's rules (`rules_for`); default the installed version's
-    (`megatron_version.rules_version()`). Raises ValueError only for sizes that are not positive
+    `version` picks megatron-core's rules (`rules_for`); default the job's (`job.training.megatron_core`). Raises ValueError only for sizes that are not positive
     (bad input, not an infeasible layout).
     """
     _require_positive(layout)
-    version = rule_set_for(version) if version else rules_version()
+    version = rule_set_for(version) if version else job.training.megatron_core
     if rules is None:
         rules = rules_for(version)
     found = (rule.check(job, layout) for rule in rules)

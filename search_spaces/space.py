@@ -47,7 +47,6 @@ from math import prod
 
 from search_spaces.job import Job
 from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, PipelineSplit, pipeline_split_for
-from search_spaces.megatron_version import rules_version
 from search_spaces.rules import Rule, Violation, ep_overlap_cuda_graphs_refused, rules_for
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
@@ -213,7 +212,7 @@ def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers:
 def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
     m, domain = job.model, job.cluster.nvlink_domain
     t = job.training
-    if ep_overlap_cuda_graphs_refused(t, rules_version()):
+    if ep_overlap_cuda_graphs_refused(t, t.megatron_core):
         return  # megatron-core refuses these CUDA graphs with the EP A2A overlap whatever the layout
     for tp in _capped(divisors(job.world_size), options.max_tp):
         if options.tp_within_node and domain % tp:
@@ -246,7 +245,7 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
                 for vpp in _capped_vpp(_vpp_options(layers, pp, options, m.mtp_num_layers), options.max_vpp):
                     if ep_overlap and pp > 1 and vpp is None:  # EP A2A overlap needs VPP with PP > 1
                         continue
-                    if ep_overlap and pp == 1 and m.mtp_num_layers and rules_version() < "0.17":
+                    if ep_overlap and pp == 1 and m.mtp_num_layers and job.training.megatron_core < "0.17":
                         continue  # 0.16.1: EP overlap with an MTP layer needs PP > 1
                     for ep, etp in _expert_values(job, options, tp * cp * dp):
                         for mbs in options.micro_batch_sizes:
@@ -398,7 +397,7 @@ def recompute_choices(job: Job, options: SpaceOptions) -> tuple[str, ...]:
     out = tuple(options.recompute)
     if t.overlap_moe_expert_parallel_comm:
         out = tuple(r for r in out if r != "full")
-        if rules_version() >= "0.17" and "moe" in t.recompute_modules:
+        if t.megatron_core >= "0.17" and "moe" in t.recompute_modules:
             out = tuple(r for r in out if r != "selective")
     return out
 
@@ -426,7 +425,7 @@ class SpaceReport:
 def rejections(job: Job, options: SpaceOptions = SpaceOptions(), *, version: str | None = None) -> SpaceReport:
     """Count candidates removed per rule by a depth-first walk over valid prefixes (see module docstring)."""
     ranges = dimension_ranges(job, options)
-    rules = rules_for(version or rules_version()) + space_rules(job, options)
+    rules = rules_for(version or job.training.megatron_core) + space_rules(job, options)
     assigned: set[str] = set()
     due: list[tuple[Rule, ...]] = []  # rules that become checkable at each dimension
     for name in DIMENSIONS:

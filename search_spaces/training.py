@@ -31,8 +31,10 @@ performance tables, `scripts/performance/`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
+
+from search_spaces.megatron_version import RULE_SETS, megatron_core_choice, rules_version
 
 __all__ = ["TrainingSpec", "training_spec", "TRAINING_FIELDS", "Precision", "FP8Recipe", "Dispatcher", "CudaGraphs",
            "MomentDtype", "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES",
@@ -81,6 +83,8 @@ class TrainingSpec:
     cuda_graph_scope: tuple[str, ...] = ()  # TE graphs: () is the whole layer (megatron-core's default)
     recompute_modules: tuple[str, ...] = ("core_attn",)  # what recompute="selective" recomputes
     recompute_num_layers: int | None = None  # recompute="full": None uniform over every layer; N a block per chunk
+    # the megatron-core release the cluster runs: its validity rules and launch lines (search_spaces.megatron_version)
+    megatron_core: str = field(default_factory=rules_version)
 
     def __post_init__(self) -> None:
         if type(self.seq_length) is not int or self.seq_length <= 0:
@@ -103,6 +107,7 @@ class TrainingSpec:
         if unknown or not self.recompute_modules:
             raise ValueError(f"recompute_modules must be a non-empty subset of {RECOMPUTE_MODULES}, but got "
                              f"{self.recompute_modules!r}.")
+        _one_of("megatron_core", self.megatron_core, RULE_SETS)
         if self.recompute_num_layers is not None and (type(self.recompute_num_layers) is not int
                                                       or self.recompute_num_layers <= 0):
             raise ValueError(f"`recompute_num_layers > 0` (or unset) must hold, but got "
@@ -142,5 +147,7 @@ def training_spec(**values: Any) -> TrainingSpec:
             values[name] = tuple(m.strip() for m in items.split(",") if m.strip())
         elif items is not None:
             values[name] = tuple(items)
+    if values.get("megatron_core") is not None:
+        values["megatron_core"] = megatron_core_choice(values["megatron_core"])
     given = values
     return TrainingSpec(**{k: v for k, v in given.items() if v is not None})

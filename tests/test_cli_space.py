@@ -258,9 +258,12 @@ def test_check_and_space_say_which_rules_were_applied(capsys) -> None:
     from search_spaces.megatron_version import version_line
 
     _, out, _ = _run(capsys, "check", "--model", "tiny-gpt", "--layout", "tp=2")
-    assert version_line() in out.replace("\n", "")
+    assert version_line() in out.replace("\n", "") and "valid in megatron-core 0.19.2" in out
     _, out, _ = _run(capsys, "space", "--model", "tiny-gpt", "--sample", "0")
     assert version_line() in out.replace("\n", "")
+    code, out, _ = _run(capsys, "check", "--model", "tiny-gpt", "--layout", "tp=16", "--megatron-core", "0.16.1")
+    flat = out.replace("\n", "")
+    assert code == 1 and version_line("0.16.1") in flat and "invalid in megatron-core 0.16.1" in flat
 
 
 def test_check_marks_a_deliberate_refusal(capsys) -> None:

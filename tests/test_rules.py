@@ -14,7 +14,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.rules import RULE_NAMES, RULES, check, lcm, rules_for
-from search_spaces.training import TrainingSpec
+from search_spaces.training import TrainingSpec, training_spec
 
 # heads 12 and 4 query groups; ffn 240 divides by every TP up to 16 that the heads allow
 GQA12 = ModelSpec(name="gqa12", num_layers=12, hidden_size=96, ffn_hidden_size=240, num_attention_heads=12,
@@ -360,11 +360,9 @@ def test_non_positive_sizes_are_bad_input() -> None:
 @pytest.mark.parametrize(("installed", "rules", "note"), [
     ("0.16.1", "0.16.1", None),
     ("0.19.2", "0.19.2", None),
-    ("0.17.0rc1", "0.19.2", "megatron-core 0.17.0rc1 is installed; autotune has the rules of 0.16.1 and 0.19.2 and "
-                            "applied megatron-core 0.19.2's"),
-    ("0.12.0", "0.16.1", "megatron-core 0.12.0 is installed; autotune has the rules of 0.16.1 and 0.19.2 and "
-                         "applied megatron-core 0.16.1's"),
-    (None, "0.16.1", "megatron-core is not installed; megatron-core 0.16.1's rules were applied"),
+    ("0.17.0rc1", "0.19.2", "megatron-core 0.17.0rc1 is installed; megatron-core 0.19.2's rules were applied"),
+    ("0.12.0", "0.16.1", "megatron-core 0.12.0 is installed; megatron-core 0.16.1's rules were applied"),
+    (None, "0.19.2", "megatron-core is not installed; megatron-core 0.19.2's rules were applied"),
 ])
 def test_version_info_says_which_rules_apply(monkeypatch, installed, rules, note) -> None:
     from search_spaces import megatron_version
@@ -373,6 +371,32 @@ def test_version_info_says_which_rules_apply(monkeypatch, installed, rules, note
     assert megatron_version.version_info() == {"megatron_core_installed": installed, "megatron_core_rules": rules,
                                                "note": note}
     assert megatron_version.rules_version() == rules
+
+
+@pytest.mark.parametrize(("given", "rules"), [("0.16.1", "0.16.1"), ("0.16", "0.16.1"), ("0.19", "0.19.2"),
+                                              ("0.19.2", "0.19.2"), ("v0.19.0", "0.19.2"), ("0.19.3rc1", "0.19.2")])
+def test_megatron_core_choice_names_a_rule_set(given, rules) -> None:
+    from search_spaces.megatron_version import megatron_core_choice
+
+    assert megatron_core_choice(given) == rules
+    assert training_spec(megatron_core=given).megatron_core == rules
+
+
+@pytest.mark.parametrize("given", ["0.18", "0.17.1", "1.0", "latest", "0.19; rm", ""])
+def test_a_megatron_core_without_rules_is_refused(given) -> None:
+    from search_spaces.megatron_version import megatron_core_choice
+
+    with pytest.raises(ValueError, match=r"0\.16\.x or 0\.19\.x release"):
+        megatron_core_choice(given)
+
+
+def test_the_job_picks_the_rule_set() -> None:
+    """0.16.1 asks for PP > 1 with an MTP layer and the EP A2A overlap; 0.19 does not (`ep_overlap_mtp`)."""
+    layout = Layout(ep=2, dp=8)
+    model = dataclasses.replace(MOE_MTP2, mtp_num_layers=1)
+    for version, refused in (("0.16.1", True), ("0.19.2", False)):
+        job = make_job(model, 8, overlap_moe_expert_parallel_comm=True, megatron_core=version)
+        assert ("ep_overlap_mtp" in {v.rule for v in check(job, layout)}) is refused, version
 
 
 def test_the_installed_version_is_read_from_metadata_without_importing_megatron() -> None:

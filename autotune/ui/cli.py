@@ -115,6 +115,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="what selective recompute recomputes, comma-separated (default core_attn)")
     g.add_argument("--recompute-num-layers", type=_positive_int, default=None, metavar="N",
                    help="full recompute of N layers per chunk (block); default every layer (uniform)")
+    g.add_argument("--megatron-core", default=None, metavar="VERSION",
+                   help="the megatron-core release your cluster runs: 0.19 (default: the installed one) or 0.16.1 "
+                        "(older containers); picks the validity rules and what the launch lines are written for "
+                        "(Megatron-Bridge 0.6.2 and Megatron-LM core_v0.19.2, or Bridge v0.3.1 and core_v0.16.1)")
 
 
 def _add_space_options(p: argparse.ArgumentParser) -> None:

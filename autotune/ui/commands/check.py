@@ -2,8 +2,8 @@
 
 Says valid (with the derived DP, expert DP, experts per GPU and micro-batches), or lists every
 violation with megatron-core's message and exits with code 1; a deliberate refusal (megatron-core would
-accept the layout) is marked so. Both say which megatron-core's rules were applied
-(`search_spaces.megatron_version`). A valid layout's peak memory is said beside it, against the GPU's memory
+accept the layout) is marked so. Both name the megatron-core release the verdict is for (`--megatron-core`,
+default the installed one; `search_spaces.megatron_version`). A valid layout's peak memory is said beside it, against the GPU's memory
 minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown); the exit code is the rules'
 alone. With --json one object: valid, layout (megatron-core names plus dp and expert_dp, and
 `pipeline_model_parallel_layout`), stage_layers, violations [{rule, fields, message, stricter}], notes,
@@ -68,7 +68,7 @@ def check_object(job, layout, violations, memory: dict[str, object] | None = Non
         "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message, "stricter": v.stricter}
                        for v in violations],
         "notes": notes(job, layout),
-        "megatron_core": version_info(),
+        "megatron_core": version_info(job.training.megatron_core),
         **(memory or {"memory_gib": None, "usable_gib": None, "fits_in_memory": None}),
     }
 
@@ -109,9 +109,10 @@ def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> No
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"({job.world_size} GPUs), seq {job.training.seq_length}, GBS {job.training.global_batch_size}")
     console.print(f"layout: {escape(str(layout))}")
-    console.print(escape(version_line()))
+    console.print(escape(version_line(job.training.megatron_core)))
+    release = f"in megatron-core {job.training.megatron_core}"
     if violations:
-        console.print(f"[red]invalid[/red]: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
+        console.print(f"[red]invalid[/red] {release}: {len(violations)} violation{'s' if len(violations) > 1 else ''}")
         for v in violations:
             kind = " (stricter than megatron-core)" if v.stricter else ""
             console.print(f"  [red]x[/red] [bold]{v.rule}[/bold]{kind}: {escape(v.message)}")
@@ -124,7 +125,7 @@ def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> No
         facts.append(f"{layout.num_microbatches(job.training.global_batch_size)} micro-batches per step")
         if layout.pp > 1:
             facts.append(f"layers per stage {stage_layers_text(layout, job.model.num_layers)}")
-        console.print(f"[green]valid[/green]: {', '.join(facts)}")
+        console.print(f"[green]valid[/green] {release}: {', '.join(facts)}")
         if memory is not None:
             fits = "fits" if memory["fits_in_memory"] else "[red]does not fit[/red]"
             console.print(f"memory: peak {memory['memory_gib']:.1f} GiB per GPU, {fits} in {memory['usable_gib']:.1f} "

@@ -110,7 +110,7 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"{job.cluster.gpu.name} ({job.world_size} GPUs), seq {job.training.seq_length}, "
                   f"GBS {job.training.global_batch_size}")
-    console.print(escape(version_line()))
+    console.print(escape(version_line(job.training.megatron_core)))
     tp = "TP inside one node" if options.tp_within_node else "TP across nodes allowed"
     ep = "EP*ETP inside one node" if options.expert_within_node else "EP*ETP across nodes allowed"
     console.print(f"feasible layouts: [bold]{space.size:,}[/bold] ({len(space.shapes):,} parallel shapes x "
