@@ -1,17 +1,27 @@
 """Real megatron-core GPT models for a `ModelSpec` and a `Layout` on a CPU: the tests' and benchmarks' builder.
 
+Works with megatron-core 0.16.1 (Python 3.11) and 0.19.2 (Python 3.12); `tests/megatron_runner.py` runs its
+functions in the interpreter of either. Where the two releases differ, a signature or feature check picks the
+call (each cites its source file:line; paths under `megatron/core/`). This module and what it imports
+(search_spaces, trainers.cpu_patches, megatron, torch) stay Python-3.11 compatible and need no pytest.
+
 `build_chunks` builds one rank's model chunks (one `GPTModel` per virtual stage) the way Megatron-LM's
-`gpt_builders.gpt_builder` does in megatron-core 0.16.1: the decoder block spec of `get_gpt_decoder_block_spec`
-(so `moe_layer_freq` makes DeepSeek's first layers dense), an MTP block spec built from the last decoder layer's
-spec (`get_gpt_mtp_block_spec`, passing the layer spec so that an MTP chunk without decoder layers builds),
-the vocabulary padded to a multiple of 128 * TP, pre/post-process from `parallel_state`. Where megatron-core
-needs Megatron-Bridge's modules or Transformer Engine, the spec is patched with CPU stand-ins that build the
-same parameters:
+`gpt_builders.gpt_builder` does (identical in core_v0.16.1 and core_v0.19.0): a MoE model takes the decoder block
+spec of `get_gpt_decoder_block_spec` (so `moe_layer_freq` makes DeepSeek's first layers dense), a dense one the
+layer spec; the MTP block spec is built from the last decoder layer's spec (`get_gpt_decoder_layer_specs(...)[-1]`,
+or the plain layer spec when this chunk's block holds no layer), the vocabulary padded to a multiple of 128 * TP,
+pre/post-process from `parallel_state`. Where megatron-core needs Megatron-Bridge's modules or Transformer
+Engine, the spec is patched with CPU stand-ins that build the same parameters:
 - the core attention is `TEStyleCoreAttention`: parameter-free like TE's and megatron-core's (except GPT-OSS's
   learnable `softmax_offset`, one per local head), and without the local `DotProductAttention`'s CPU-only limits
   (CP 1, no MLA head dims), which Transformer Engine's attention does not have;
 - MLA's down projections are `DuplicatedLinear` (Transformer Engine's `parallel_mode='duplicated'`), or
   megatron-core's column-parallel local ones with `mla_down_proj="column"` (what the CPU proxy builds);
+- megatron-core 0.19's MLA with `qk_layernorm` and `q_lora_rank=None` (DeepSeek-V2-Lite) fuses a q norm into
+  `linear_q_proj` (`transformer/mla_qk_norm_config.py:147-150`: the backend's `column_parallel_layer_norm_linear`,
+  TE's `TELayerNormColumnParallelLinear` on a GPU); the local backend has none (`models/backends.py:114-116`),
+  so megatron-core's own local spec cannot build it (`q_layernorm=... is non-trivial, but q_lora_rank is None`,
+  `mla_qk_norm_config.py:259-263`). The stand-in is `LayerNormColumnParallelLinear` (TE's parameter names);
 - Gemma's post norms: `RowParallelLinearPostNorm` for `linear_proj` and `linear_fc2` (Bridge's
   `TERowParallelLinearLayerNorm`); OLMoE's full-width q/k norms: `FullWidthQKNormSelfAttention` (Bridge's
   `OLMoESelfAttention`).
@@ -23,16 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import types
 from typing import Any
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, padded_vocab_size
 
-__all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank"]
+__all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank",
+           "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "flex_dispatcher_decisions",
+           "param_counts", "stage_param_counts", "MEGATRON_ONLY_PARAMS"]
 
 _FUSIONS_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
                     persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False)
+# parameters megatron-core builds that autotune's counts (search_spaces/model.py) do not have: 0.19's q norm fused
+# into MLA's linear_q_proj when q_lora_rank is None (module docstring); `param_counts` reports them apart
+MEGATRON_ONLY_PARAMS = ("linear_q_proj.layer_norm_weight", "linear_q_proj.layer_norm_bias")
 mc: Any = None  # the megatron namespace, set by setup()
 
 
@@ -52,20 +68,24 @@ def setup() -> Any:
     from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
 
     apply_cpu_patches()
+    import megatron.core
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_decoder_block_spec,
         get_gpt_decoder_layer_specs,
+        get_gpt_layer_local_spec,
         get_gpt_mtp_block_spec,
     )
-    from megatron.core.tensor_parallel.layers import RowParallelLinear
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer import multi_latent_attention
     from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.module import MegatronModule
     from megatron.core.transformer.spec_utils import build_module
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+    from megatron.core.utils import get_batch_on_this_cp_rank
 
     class TEStyleCoreAttention(MegatronModule):
         """Stands in for the core attention (TE's on a GPU): no parameters but GPT-OSS's sinks."""
@@ -87,6 +107,16 @@ def setup() -> Any:
             self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype))
             self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=config.params_dtype)) if bias else None
 
+    class LayerNormColumnParallelLinear(ColumnParallelLinear):
+        """Transformer Engine's `TELayerNormColumnParallelLinear`: a norm over the input (its `layer_norm_weight`,
+        and `layer_norm_bias` for LayerNorm), then a column-parallel linear."""
+
+        def __init__(self, input_size, output_size, *, config, **kwargs):
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.layer_norm_weight = torch.nn.Parameter(torch.empty(input_size, dtype=config.params_dtype))
+            if config.normalization == "LayerNorm":
+                self.layer_norm_bias = torch.nn.Parameter(torch.empty(input_size, dtype=config.params_dtype))
+
     class RowParallelLinearPostNorm(RowParallelLinear):
         """Megatron-Bridge's `TERowParallelLinearLayerNorm` (gemma2_provider.py): a norm after the projection."""
 
@@ -107,15 +137,46 @@ def setup() -> Any:
                                             eps=self.config.layernorm_epsilon)
 
     multi_latent_attention.TELinear = DuplicatedLinear  # accepted as 'duplicated' by MLASelfAttention
+    qk_norm_resolver = hasattr(multi_latent_attention, "QKNormConfigResolver")  # 0.19: multi_latent_attention.py:39
+    if qk_norm_resolver:
+        from megatron.core.models.backends import LocalSpecProvider
+        from megatron.core.transformer import mla_qk_norm_config
+
+        class CpuTESpecProvider(LocalSpecProvider):
+            """The resolver's backend (`mla_qk_norm_config.py:43`, TE's on a GPU): local modules, and TE's fused
+            norm + linear as its CPU stand-in."""
+
+            def column_parallel_layer_norm_linear(self) -> type:
+                return LayerNormColumnParallelLinear
+
+        mla_qk_norm_config.get_backend = lambda transformer_impl: CpuTESpecProvider()
+    cp_batch_params = inspect.signature(get_batch_on_this_cp_rank).parameters
+    config_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     mc = types.SimpleNamespace(
         torch=torch, dist=dist, F=F, FakeStore=FakeStore, cpu_device_mode=cpu_device_mode,
+        version=megatron.core.__version__,
         parallel_state=parallel_state, GPTModel=GPTModel, get_gpt_decoder_block_spec=get_gpt_decoder_block_spec,
-        get_gpt_decoder_layer_specs=get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec=get_gpt_mtp_block_spec,
-        MLATransformerConfig=MLATransformerConfig, TransformerConfig=TransformerConfig,
-        TEStyleCoreAttention=TEStyleCoreAttention, DuplicatedLinear=DuplicatedLinear,
+        get_gpt_decoder_layer_specs=get_gpt_decoder_layer_specs, get_gpt_layer_local_spec=get_gpt_layer_local_spec,
+        get_gpt_mtp_block_spec=get_gpt_mtp_block_spec, get_batch_on_this_cp_rank=get_batch_on_this_cp_rank,
+        MLATransformerConfig=MLATransformerConfig, TransformerConfig=TransformerConfig, IdentityOp=IdentityOp,
+        ColumnParallelLinear=ColumnParallelLinear, TEStyleCoreAttention=TEStyleCoreAttention,
+        DuplicatedLinear=DuplicatedLinear, LayerNormColumnParallelLinear=LayerNormColumnParallelLinear,
         RowParallelLinearPostNorm=RowParallelLinearPostNorm, FullWidthQKNormSelfAttention=FullWidthQKNormSelfAttention,
+        # 0.19 fuses MLA's q norm into linear_q_proj without q_lora_rank (mla_qk_norm_config.py:147-150)
+        qk_norm_resolver=qk_norm_resolver,
+        # 0.19: get_batch_on_this_cp_rank(batch, is_hybrid_cp, cp_group=None, ...) (utils.py:2612-2615);
+        # 0.16.1: get_batch_on_this_cp_rank(batch) (utils.py:1994)
+        cp_batch_needs_group="is_hybrid_cp" in cp_batch_params,
+        # 0.19 renamed cuda_graph_scope to cuda_graph_modules (transformer_config.py:1047, the old name deprecated at
+        # :1086); 0.16.1 has cuda_graph_scope only (transformer_config.py:784)
+        cuda_graph_modules_field="cuda_graph_modules" if "cuda_graph_modules" in config_fields else "cuda_graph_scope",
     )
     return mc
+
+
+def megatron_version() -> str:
+    """The imported megatron-core's `__version__` (the runner's child checks it against the version asked for)."""
+    return setup().version
 
 
 @contextlib.contextmanager
@@ -177,6 +238,7 @@ def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, traini
         kw.update(overlap_moe_expert_parallel_comm=training.overlap_moe_expert_parallel_comm)
         if training.cuda_graphs != "none":
             kw.update(cuda_graph_impl=training.cuda_graphs)
+            kw[mc.cuda_graph_modules_field] = list(training.cuda_graph_scope)  # () is the whole layer in both
     return kw
 
 
@@ -185,26 +247,67 @@ def make_config(model: ModelSpec, layout: Layout, **kwargs: Any) -> Any:
     return (mc.MLATransformerConfig if model.mla is not None else mc.TransformerConfig)(**kw)
 
 
+def _replace_submodules(spec: Any) -> Any:
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules))
+
+
 def _patch_layer(model: ModelSpec, spec: Any, mla_down_proj: str) -> Any:
     """A copy of one transformer layer spec with the CPU stand-ins (module docstring)."""
-    spec = dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules))
+    spec = _replace_submodules(spec)
     sub = spec.submodules
-    attn = dataclasses.replace(sub.self_attention, submodules=dataclasses.replace(sub.self_attention.submodules))
+    attn = _replace_submodules(sub.self_attention)
     attn.submodules.core_attention = mc.TEStyleCoreAttention
     if model.mla is not None and mla_down_proj == "duplicated":
         if hasattr(attn.submodules, "linear_q_down_proj") and model.mla.q_lora_rank is not None:
             attn.submodules.linear_q_down_proj = mc.DuplicatedLinear
         attn.submodules.linear_kv_down_proj = mc.DuplicatedLinear
+    if model.mla is not None and model.mla.q_lora_rank is None and model.qk_layernorm and mc.qk_norm_resolver:
+        # as 0.19's TE spec: q_layernorm IdentityOp (models/gpt/gpt_layer_specs.py:308), the resolver fuses the q
+        # norm into linear_q_proj (transformer/mla_qk_norm_config.py:147-150); the local spec's qk_norm
+        # (gpt_layer_specs.py:428) is refused without q_lora_rank (mla_qk_norm_config.py:259-263)
+        attn.submodules.q_layernorm = mc.IdentityOp
     if model.post_norms:
         attn.submodules.linear_proj = mc.RowParallelLinearPostNorm
         if hasattr(sub.mlp, "submodules") and hasattr(sub.mlp.submodules, "linear_fc2"):
-            mlp = dataclasses.replace(sub.mlp, submodules=dataclasses.replace(sub.mlp.submodules))
+            mlp = _replace_submodules(sub.mlp)
             mlp.submodules.linear_fc2 = mc.RowParallelLinearPostNorm
             sub.mlp = mlp
     if model.qk_layernorm and not model.qk_layernorm_per_head:
         attn.module = mc.FullWidthQKNormSelfAttention
     sub.self_attention = attn
     return spec
+
+
+def _layer_spec(config: Any) -> Any:
+    """Megatron-LM's `gpt_builders._get_transformer_layer_spec` for `--transformer-impl local`."""
+    return mc.get_gpt_layer_local_spec(num_experts=config.num_moe_experts, moe_grouped_gemm=config.moe_grouped_gemm,
+                                       qk_layernorm=config.qk_layernorm,
+                                       multi_latent_attention=config.multi_latent_attention,
+                                       normalization=config.normalization)
+
+
+def _decoder_spec(model: ModelSpec, config: Any, vp: int | None, mla_down_proj: str) -> Any:
+    """`gpt_builder`'s decoder spec: the block spec for a MoE model (`args.num_experts`), else the layer spec."""
+    if config.num_moe_experts:
+        block = mc.get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                              normalization=model.normalization, vp_stage=vp)
+        return dataclasses.replace(block,
+                                   layer_specs=[_patch_layer(model, s, mla_down_proj) for s in block.layer_specs])
+    return _patch_layer(model, _layer_spec(config), mla_down_proj)
+
+
+def _mtp_spec(model: ModelSpec, config: Any, decoder: Any, vp: int | None, mla_down_proj: str) -> Any:
+    """`gpt_builder`'s MTP block spec: built on the last decoder layer's spec, or on the layer spec when this
+    chunk's block holds no layer (Megatron-LM gpt_builders.py, core_v0.16.1 and core_v0.19.0)."""
+    if not model.mtp_num_layers:
+        return None
+    if hasattr(decoder, "layer_specs") and len(decoder.layer_specs) == 0:
+        last = _layer_spec(config)
+    else:
+        last = mc.get_gpt_decoder_layer_specs(config, use_transformer_engine=False,
+                                              normalization=model.normalization, vp_stage=vp)[-1]
+    return mc.get_gpt_mtp_block_spec(config, _patch_layer(model, last, mla_down_proj), use_transformer_engine=False,
+                                     vp_stage=vp)
 
 
 def build_chunks(model: ModelSpec, layout: Layout, config: Any, *, seq: int = 128,
@@ -215,24 +318,16 @@ def build_chunks(model: ModelSpec, layout: Layout, config: Any, *, seq: int = 12
     chunks = []
     for v in range(vpp or 1):
         vp = v if vpp else None
-        block = mc.get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=model.normalization,
-                                              vp_stage=vp)
-        block = dataclasses.replace(block,
-                                    layer_specs=[_patch_layer(model, s, mla_down_proj) for s in block.layer_specs])
-        mtp = None
-        if model.mtp_num_layers:
-            last = mc.get_gpt_decoder_layer_specs(config, use_transformer_engine=False,
-                                                  normalization=model.normalization)[-1]
-            mtp = mc.get_gpt_mtp_block_spec(config, _patch_layer(model, last, mla_down_proj),
-                                            use_transformer_engine=False, vp_stage=vp)
+        decoder = _decoder_spec(model, config, vp, mla_down_proj)
         chunks.append(mc.GPTModel(
-            config=config, transformer_layer_spec=block, vocab_size=padded_vocab_size(model.vocab_size, layout.tp),
+            config=config, transformer_layer_spec=decoder,
+            vocab_size=padded_vocab_size(model.vocab_size, layout.tp),
             max_sequence_length=max(seq, model.max_position_embeddings),
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
             share_embeddings_and_output_weights=model.tied_embeddings,
             position_embedding_type="learned_absolute" if model.max_position_embeddings else "rope",
-            mtp_block_spec=mtp, vp_stage=vp,
+            mtp_block_spec=_mtp_spec(model, config, decoder, vp, mla_down_proj), vp_stage=vp,
         ))
     return chunks
 
@@ -292,8 +387,28 @@ def _run_schedule(config: Any, chunks: list[Any], layout: Layout, num_microbatch
     raise RuntimeError("the pipeline schedule returned without calling the forward step")
 
 
+def _cp_batch_split(seq: int) -> None:
+    """`get_batch_on_this_cp_rank` on a batch of one sequence (the 2*CP load-balanced chunks)."""
+    batch = {"tokens": mc.torch.zeros(1, seq)}
+    if mc.cp_batch_needs_group:  # 0.19 (utils.py:2612-2615): no cu_seqlens, so the per-sequence split (:2652)
+        mc.get_batch_on_this_cp_rank(batch, is_hybrid_cp=False,
+                                     cp_group=mc.parallel_state.get_context_parallel_group())
+    else:
+        mc.get_batch_on_this_cp_rank(batch)
+
+
+def _init_rng_tracker(training: Any) -> None:
+    """The RNG tracker as Megatron-LM's `initialize._set_random_seed` makes it: cudagraph-safe when the run uses
+    CUDA graphs (`use_cudagraphable_rng=args.cuda_graph_impl != "none"`, megatron/training/initialize.py:138 in
+    core_v0.16.1, :119 in core_v0.19.0); local graphs refuse any other tracker (0.19
+    transformer/cuda_graphs.py:1822-1826)."""
+    from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+    initialize_rng_tracker(use_cudagraphable_rng=training.cuda_graphs != "none", force_reset=True)
+
+
 def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tuple[bool, str]:
-    """megatron-core 0.16.1's own decision on `layout` in `job`, in the order a training run meets it:
+    """megatron-core's own decision on `layout` in `job`, in the order a training run meets it:
 
     1. `TransformerConfig` (its `__post_init__` checks, the layout string's validation);
     2. for every pipeline stage, on the stage's first rank of a fake process group of the job's world:
@@ -312,6 +427,7 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
         for stage in range(layout.pp):  # 2
             where = f"pp rank {stage}"
             init_rank(layout, stage_first_rank(job.world_size, layout, stage), config, job.world_size)
+            _init_rng_tracker(job.training)
             with meta_device():
                 chunks = build_chunks(model, layout, config, seq=seq)
             if schedule:
@@ -322,9 +438,8 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
         from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
         from megatron.core.tensor_parallel.mappings import _split_along_first_dim
         from megatron.core.transformer.moe.moe_layer import MoELayer
-        from megatron.core.utils import get_batch_on_this_cp_rank
 
-        get_batch_on_this_cp_rank({"tokens": torch.zeros(1, seq)})  # 3
+        _cp_batch_split(seq)  # 3
         if config.sequence_parallel:
             _split_along_first_dim(torch.zeros(seq // layout.cp, 1),
                                    mc.parallel_state.get_tensor_model_parallel_group())
@@ -342,3 +457,92 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
         return False, f"{where}: {type(error).__name__}: {str(error)[:300]}"
     finally:
         teardown()
+
+
+# --- entry points for tests/megatron_runner.py (each runs in the interpreter of the megatron-core asked for) ----
+def megatron_decisions(cases: list[tuple[Any, Layout]]) -> list[tuple[bool, str]]:
+    """`megatron_decision` of every (job, layout)."""
+    setup()
+    return [megatron_decision(job, layout) for job, layout in cases]
+
+
+def flex_dispatcher_decisions(model: ModelSpec, pairs: list[tuple[int, int]]) -> list[str]:
+    """`MoEFlexTokenDispatcher.__init__` for each (EP, ETP) on EP * ETP GPUs, with megatron-core's default flex
+    backend: "built", "AssertionError: <message>", or "past the check (<error>)" when it got into DeepEP, which a
+    CPU lacks."""
+    setup()
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.token_dispatcher import MoEFlexTokenDispatcher
+
+    assert model.moe is not None
+    out = []
+    for ep, etp in pairs:
+        layout = Layout(ep=ep, etp=etp, dp=ep * etp)
+        init_rank(layout, 0)
+        config = dataclasses.replace(make_config(model, layout), moe_token_dispatcher_type="flex")
+        try:
+            MoEFlexTokenDispatcher(model.moe.num_experts // ep, list(range(model.moe.num_experts // ep)), config,
+                                   pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+            out.append("built")
+        except AssertionError as error:
+            out.append(f"AssertionError: {error}")
+        except Exception as error:  # noqa: BLE001 - past the check, into DeepEP, which a CPU lacks
+            out.append(f"past the check ({type(error).__name__})")
+        finally:
+            teardown()
+    return out
+
+
+def _counts(chunks: list[Any]) -> tuple[int, int]:
+    """(parameters autotune counts, `MEGATRON_ONLY_PARAMS`) of this rank's chunks."""
+    ours = extra = 0
+    for chunk in chunks:
+        for name, p in chunk.named_parameters():
+            if name.endswith(MEGATRON_ONLY_PARAMS):
+                extra += p.numel()
+            else:
+                ours += p.numel()
+    return ours, extra
+
+
+def param_counts(models: list[ModelSpec]) -> list[tuple[int, int]]:
+    """Each model built on one rank (fp32, meta device): (its parameters with the padded vocabulary unpadded
+    back: one padded copy when tied, two when not, the `MEGATRON_ONLY_PARAMS` apart)."""
+    setup()
+    counts = []
+    for m in models:
+        layout = Layout()
+        init_rank(layout, 0)
+        try:
+            with meta_device():
+                chunks = build_chunks(m, layout, make_config(m, layout, bf16=False))
+            ours, extra = _counts(chunks)
+        finally:
+            teardown()
+        pad = (padded_vocab_size(m.vocab_size, 1) - m.vocab_size) * m.hidden_size * (1 if m.tied_embeddings else 2)
+        counts.append((ours - pad, extra))
+    return counts
+
+
+def stage_param_counts(cases: list[tuple[ModelSpec, Layout]]) -> list[list[tuple[int, int, int]]]:
+    """For each (model, layout), the first rank of every pipeline stage: (dense parameters, expert parameters
+    (`allreduce=False`), `MEGATRON_ONLY_PARAMS`), bf16 on the meta device."""
+    setup()
+    out = []
+    for model, layout in cases:
+        config = make_config(model, layout)
+        stages = []
+        for stage in range(layout.pp):
+            init_rank(layout, stage_first_rank(layout.world_size, layout, stage), config)
+            try:
+                with meta_device():
+                    chunks = build_chunks(model, layout, config)
+                params = [(n, p) for c in chunks for n, p in c.named_parameters()]
+            finally:
+                teardown()
+            extra = sum(p.numel() for n, p in params if n.endswith(MEGATRON_ONLY_PARAMS))
+            kept = [p for n, p in params if not n.endswith(MEGATRON_ONLY_PARAMS)]
+            stages.append((sum(p.numel() for p in kept if getattr(p, "allreduce", True)),
+                           sum(p.numel() for p in kept if not getattr(p, "allreduce", True)), extra))
+        out.append(stages)
+    return out
