@@ -61,10 +61,22 @@ def _device() -> Any:
 # --- building ---------------------------------------------------------------------------------
 def _reset_process_globals() -> None:
     """State megatron-core keeps per process that a previous job on a reused worker would leak into this one:
-    the MoE aux-loss tracker holds one slot per layer of the last model (a longer model indexes past it)."""
-    from megatron.core.transformer.moe import moe_utils
+    the MoE aux-loss tracker holds one slot per layer of the first model that recorded into it, and a longer
+    model indexes past it (IndexError in the router's first forward).
 
-    moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    megatron-core 0.19 keeps it in `moe_logging.MoEMetricsTracker` (transformer/moe/moe_logging.py:46-66), whose
+    `clear()` only zeroes the entries it keeps, and `moe_utils.get_moe_layer_wise_logging_tracker()` now returns
+    a copy (moe_utils.py:1085-1097), so clearing that dict clears nothing: the tracker is dropped instead
+    (`destroy_moe_metrics_tracker`, recreated on the next record). 0.16.1 has no `moe_logging`; its
+    `get_moe_layer_wise_logging_tracker()` returns the module's own dict."""
+    try:
+        from megatron.core.transformer.moe import moe_logging
+    except ImportError:  # megatron-core 0.16.1
+        from megatron.core.transformer.moe import moe_utils
+
+        moe_utils.get_moe_layer_wise_logging_tracker().clear()
+    else:
+        moe_logging.destroy_moe_metrics_tracker()
 
 
 def destroy_job_groups() -> int:
@@ -288,7 +300,17 @@ def _batch(cfg: JobConfig, step: int, microbatch: int) -> dict[str, Any]:
         "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous(),
     }
     batch = {k: v.to(_device()) for k, v in batch.items()}
-    return get_batch_on_this_cp_rank(batch)
+    return get_batch_on_this_cp_rank(batch, cp_group=parallel_state.get_context_parallel_group(),
+                                     **_cp_split_flags(get_batch_on_this_cp_rank))
+
+
+def _cp_split_flags(split: Any) -> dict[str, Any]:
+    """megatron-core 0.19 added a required `is_hybrid_cp` to `get_batch_on_this_cp_rank` (utils.py:2612-2618;
+    0.16.1 has none). Megatron-LM core_v0.19.0's pretrain_gpt.py passes `is_hybrid_cp=False` and the CP
+    group: without `cp_group`, 0.19 splits over the default group, i.e. the whole world."""
+    import inspect
+
+    return {"is_hybrid_cp": False} if "is_hybrid_cp" in inspect.signature(split).parameters else {}
 
 
 def _loss_func(loss_mask: Any, output_tensor: Any) -> tuple[Any, dict[str, Any]]:
