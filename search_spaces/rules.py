@@ -8,8 +8,8 @@ pipeline stage and virtual chunk of it (`tests/test_megatron_parity.py` builds t
 autotune does not.
 
 The rules follow the megatron-core release the job targets (`TrainingSpec.megatron_core`, by default the installed
-one; `search_spaces/megatron_version.py`): `rules_for(version)` swaps in 0.19's checks where they differ (`docs/rules.md` has
-the comparison). Where core has no check of its own, the place where it fails at run time is named.
+one; `search_spaces/megatron_version.py`): `rules_for(version)` swaps in 0.19's checks where they differ
+(`docs/rules.md` has the comparison). Where core has no check of its own, the place where it fails at run time is named.
 The pipeline-split rules live in `pipeline_rules.py`.
 
 Keeping TP and EP*ETP inside one node is a search-space choice (`search_spaces/space.py`), not a
@@ -30,7 +30,7 @@ from search_spaces.violations import Rule, Violation
 from search_spaces.violations import violation as _violation
 
 __all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm", "rules_for",
-           "ep_overlap_cuda_graphs_refused"]
+           "ep_overlap_cuda_graphs_refused", "full_recompute_cuda_graphs_refused"]
 
 
 def lcm(a: int, b: int) -> int:
@@ -278,6 +278,27 @@ def ep_overlap_cuda_graphs_refused(training: TrainingSpec, version: str) -> str 
     return None
 
 
+def full_recompute_cuda_graphs_refused(training: TrainingSpec) -> bool:
+    """Whether megatron-core refuses full recompute with these CUDA graphs: any graphs but full-iteration ones
+    (`cuda_graph_scope` exactly `full_iteration`, with the local implementation: 0.19 turns that scope into
+    `cuda_graph_impl="full_iteration"`, transformer/cuda_graph_config.py:11 and :53-55; both refuse it with
+    Transformer Engine's graphs, 0.16.1 transformer_config.py:1738-1742, 0.19.2 cuda_graph_config.py:107-111).
+    The check: transformer/transformer_config.py `__post_init__`, 0.16.1 :1780-1784, 0.19.2 :2521-2525."""
+    if training.cuda_graphs == "none":
+        return False
+    return not (training.cuda_graphs == "local" and tuple(training.cuda_graph_scope) == ("full_iteration",))
+
+
+def cuda_graphs_no_full_recompute(job: Job, layout: Layout) -> Violation | None:
+    """Full recompute runs only under full-iteration CUDA graphs (`full_recompute_cuda_graphs_refused`)."""
+    t = job.training
+    if layout.recompute != "full" or not full_recompute_cuda_graphs_refused(t):
+        return None
+    return _violation("cuda_graphs_no_full_recompute", "full recompute is only supported with full iteration CUDA "
+                      f"graph. (recompute full; cuda_graph_impl {t.cuda_graphs}, cuda_graph_scope "
+                      f"{list(t.cuda_graph_scope)})", recompute="full", cuda_graphs=t.cuda_graphs)
+
+
 def _version_checks(version: str):
     """The checks whose condition or wording changed between megatron-core 0.16.1 and 0.19 (docs/rules.md)."""
     def flex_dispatcher_needs_tp_ep(job: Job, layout: Layout) -> Violation | None:
@@ -405,6 +426,8 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
     ("ep_overlap_recompute_modules", frozenset({"recompute"}), _EP_OVERLAP + " (0.19)"),
     ("ep_overlap_mtp", frozenset({"pp"}), _EP_OVERLAP),
     ("ep_overlap_cuda_graphs", frozenset({"ep"}), _EP_OVERLAP),
+    ("cuda_graphs_no_full_recompute", frozenset({"recompute"}),
+     _CORE + "transformer/transformer_config.py (__post_init__, CUDA graphs and recompute)"),
     ("global_batch_divisible", frozenset({"mbs", "dp"}),
      _CORE + "num_microbatches_calculator.py (ConstantNumMicroBatchesCalculator)"),
     ("vpp_microbatches", frozenset({"pp", "vpp", "mbs", "dp"}) | SPLIT_FIELDS,
@@ -448,7 +471,8 @@ def check(job: Job, layout: Layout, rules: tuple[Rule, ...] | None = None, *,
           version: str | None = None) -> tuple[Violation, ...]:
     """Every violation of `layout` in `job`, in rule order; () when megatron-core accepts it.
 
-    `version` picks megatron-core's rules (`rules_for`); default the job's (`job.training.megatron_core`). Raises ValueError only for sizes that are not positive
+    `version` picks megatron-core's rules (`rules_for`); default the job's (`job.training.megatron_core`). Raises
+    ValueError only for sizes that are not positive
     (bad input, not an infeasible layout).
     """
     _require_positive(layout)

@@ -47,7 +47,13 @@ from math import prod
 
 from search_spaces.job import Job
 from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, PipelineSplit, pipeline_split_for
-from search_spaces.rules import Rule, Violation, ep_overlap_cuda_graphs_refused, rules_for
+from search_spaces.rules import (
+    Rule,
+    Violation,
+    ep_overlap_cuda_graphs_refused,
+    full_recompute_cuda_graphs_refused,
+    rules_for,
+)
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
@@ -392,9 +398,12 @@ def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> Feasible
 
 def recompute_choices(job: Job, options: SpaceOptions) -> tuple[str, ...]:
     """`options.recompute` less what the training settings forbid: with EP A2A overlap no full recompute
-    (0.16.1 and 0.19) and, in 0.19, no selective recompute of "moe" (`rules.ep_overlap_*`)."""
+    (0.16.1 and 0.19) and, in 0.19, no selective recompute of "moe" (`rules.ep_overlap_*`); with CUDA graphs other
+    than full-iteration ones no full recompute (`rules.cuda_graphs_no_full_recompute`)."""
     t = job.training
     out = tuple(options.recompute)
+    if full_recompute_cuda_graphs_refused(t):
+        out = tuple(r for r in out if r != "full")
     if t.overlap_moe_expert_parallel_comm:
         out = tuple(r for r in out if r != "full")
         if t.megatron_core >= "0.17" and "moe" in t.recompute_modules:

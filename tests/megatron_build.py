@@ -397,14 +397,29 @@ def _cp_batch_split(seq: int) -> None:
         mc.get_batch_on_this_cp_rank(batch)
 
 
-def _init_rng_tracker(training: Any) -> None:
+_COMPUTE_CAPABILITY = {"ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0)}
+
+
+def _init_rng_tracker(job: Any) -> None:
     """The RNG tracker as Megatron-LM's `initialize._set_random_seed` makes it: cudagraph-safe when the run uses
     CUDA graphs (`use_cudagraphable_rng=args.cuda_graph_impl != "none"`, megatron/training/initialize.py:138 in
-    core_v0.16.1, :119 in core_v0.19.0); local graphs refuse any other tracker (0.19
-    transformer/cuda_graphs.py:1822-1826)."""
+    core_v0.16.1, :119 in core_v0.19.0); local graphs refuse any other tracker (transformer/cuda_graphs.py:1406-1410
+    in 0.16.1, :1822-1826 in 0.19.2). Nothing here captures a graph, so on a CPU build of torch two CUDA queries
+    the graphs' setup makes get CPU stand-ins."""
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
-    initialize_rng_tracker(use_cudagraphable_rng=training.cuda_graphs != "none", force_reset=True)
+    torch = mc.torch
+    graphs = job.training.cuda_graphs != "none"
+    if graphs and not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
+        # torch 2.13.0+cpu lacks it; the tracker asks for it (tensor_parallel/random.py:176-181 in 0.16.1)
+        torch.cuda.CUDAGraph.register_generator_state = lambda self, *args, **kwargs: None
+    if graphs and not torch.cuda.is_available():
+        # 0.16.1's CudaGraphManager reads the device's compute capability (the job's GPU's) and takes a graph
+        # memory pool (transformer/cuda_graphs.py:1413, :1431); a CPU build has neither
+        capability = _COMPUTE_CAPABILITY.get(job.cluster.gpu.arch, (9, 0))
+        torch.cuda.get_device_capability = lambda device=None: capability
+        torch.cuda.graph_pool_handle = lambda: None
+    initialize_rng_tracker(use_cudagraphable_rng=graphs, force_reset=True)
 
 
 def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tuple[bool, str]:
@@ -427,7 +442,7 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
         for stage in range(layout.pp):  # 2
             where = f"pp rank {stage}"
             init_rank(layout, stage_first_rank(job.world_size, layout, stage), config, job.world_size)
-            _init_rng_tracker(job.training)
+            _init_rng_tracker(job)
             with meta_device():
                 chunks = build_chunks(model, layout, config, seq=seq)
             if schedule:

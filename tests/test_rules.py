@@ -203,6 +203,15 @@ TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str 
      "0.19.2", "ep_overlap_cuda_graphs"),
     ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router")},
      "ep=2", "0.16.1", None),
+    # full recompute only under full-iteration CUDA graphs, in both versions (transformer_config.py __post_init__)
+    ("tiny-gpt", 8, {"cuda_graphs": "local"}, "recompute=full", "0.16.1", "cuda_graphs_no_full_recompute"),
+    ("tiny-gpt", 8, {"cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn",)}, "recompute=full", "0.19.2",
+     "cuda_graphs_no_full_recompute"),
+    ("tiny-gpt", 8, {"cuda_graphs": "local"}, "recompute=selective", "0.19.2", None),
+    ("tiny-gpt", 8, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)}, "recompute=full", "0.19.2",
+     None),  # 0.19 makes it cuda_graph_impl full_iteration
+    ("tiny-gpt", 8, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)}, "recompute=full", "0.16.1",
+     None),
 ]
 
 

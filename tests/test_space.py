@@ -49,6 +49,8 @@ SMALL_JOBS = [
     ("tiny-moe", 8, 4, 4096, 16,
      {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn", "moe")}),
     ("tiny-moe", 8, 4, 4096, 16, FLEX),  # the flex dispatcher needs ETP x EP > 1
+    ("tiny-gpt", 8, 4, 4096, 16, {"cuda_graphs": "local"}),  # CUDA graphs: no full recompute (WIDE's only choice)
+    ("tiny-gpt", 8, 4, 4096, 16, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)}),  # but these
 ]
 GQA14_JOB = (GQA14, 12, 4, 4104, 48)
 
