@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import types
 from typing import Any
@@ -251,6 +252,23 @@ def _replace_submodules(spec: Any) -> Any:
     return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules))
 
 
+def _with_post_norm_fc2(mlp: Any) -> Any:
+    """A dense MLP spec with `RowParallelLinearPostNorm` as linear_fc2 (a MoE spec unchanged). 0.19's dense MLP
+    spec is `functools.partial(MLP.as_mlp_submodule, submodules=MLPSubmodules(...))`
+    (models/gpt/gpt_layer_specs.py:547-552), 0.16.1's a `ModuleSpec(module=MLP, submodules=...)`."""
+    if isinstance(mlp, functools.partial):
+        submodules: Any = mlp.keywords.get("submodules")
+        if not hasattr(submodules, "linear_fc2"):
+            return mlp
+        keywords = {**mlp.keywords, "submodules": dataclasses.replace(submodules,
+                                                                      linear_fc2=mc.RowParallelLinearPostNorm)}
+        return functools.partial(mlp.func, *mlp.args, **keywords)
+    if hasattr(mlp, "submodules") and hasattr(mlp.submodules, "linear_fc2"):
+        mlp = _replace_submodules(mlp)
+        mlp.submodules.linear_fc2 = mc.RowParallelLinearPostNorm
+    return mlp
+
+
 def _patch_layer(model: ModelSpec, spec: Any, mla_down_proj: str) -> Any:
     """A copy of one transformer layer spec with the CPU stand-ins (module docstring)."""
     spec = _replace_submodules(spec)
@@ -268,10 +286,7 @@ def _patch_layer(model: ModelSpec, spec: Any, mla_down_proj: str) -> Any:
         attn.submodules.q_layernorm = mc.IdentityOp
     if model.post_norms:
         attn.submodules.linear_proj = mc.RowParallelLinearPostNorm
-        if hasattr(sub.mlp, "submodules") and hasattr(sub.mlp.submodules, "linear_fc2"):
-            mlp = _replace_submodules(sub.mlp)
-            mlp.submodules.linear_fc2 = mc.RowParallelLinearPostNorm
-            sub.mlp = mlp
+        sub.mlp = _with_post_norm_fc2(sub.mlp)
     if model.qk_layernorm and not model.qk_layernorm_per_head:
         attn.module = mc.FullWidthQKNormSelfAttention
     sub.self_attention = attn

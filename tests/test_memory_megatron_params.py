@@ -38,6 +38,7 @@ from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
+from search_spaces.megatron_version import rules_version  # noqa: E402
 from search_spaces.model import ModelSpec, MoESpec  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
 
@@ -360,42 +361,31 @@ def _placement_model(name: str) -> ModelSpec:
     return TINY_MTP_TIED if name == "tiny-mtp-tied" else get_model(name) if name == "deepseek-v3" else _hf(name)
 
 
-def _count_every_stage(cases: list[tuple[str, Layout]]) -> list[list[tuple[int, int]]]:
-    sys.path.insert(0, str(ROOT / "tests"))
-    import megatron_build as mb
-
-    mb.setup()
-    out = []
-    for name, layout in cases:
-        model = _placement_model(name)
-        config = mb.make_config(model, layout)
-        stages = []
-        for stage in range(layout.pp):
-            mb.init_rank(layout, mb.stage_first_rank(layout.world_size, layout, stage), config)
-            with mb.meta_device():
-                chunks = mb.build_chunks(model, layout, config)
-            params = [p for c in chunks for p in c.parameters()]
-            stages.append((sum(p.numel() for p in params if getattr(p, "allreduce", True)),
-                           sum(p.numel() for p in params if not getattr(p, "allreduce", True))))
-            mb.teardown()
-        out.append(stages)
-    return out
-
-
 @pytest.fixture(scope="module")
-def every_stage() -> list[list[tuple[int, int]]]:
-    import concurrent.futures
-    import multiprocessing
+def every_stage() -> list[list[tuple[int, int, int]]]:
+    """(dense, expert, megatron-only) parameters on the first rank of every stage (`megatron_build.stage_param_counts`
+    in a child process of the installed megatron-core)."""
+    import megatron_runner
 
-    spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
-        return pool.submit(_count_every_stage, PLACEMENT_CASES).result(timeout=600)
+    cases = [(_placement_model(name), layout) for name, layout in PLACEMENT_CASES]
+    return megatron_runner.run("stage_param_counts", cases, version=rules_version(), timeout=600)
+
+
+def _megatron_only_per_stage(model: ModelSpec, layout: Layout) -> list[int]:
+    """`megatron_only_params_per_layer` times the decoder and MTP layers on each stage (chunk c on stage c % PP)."""
+    from test_models import megatron_only_params_per_layer
+
+    per_layer = megatron_only_params_per_layer(model, rules_version())
+    mtp = layout.chunk_mtp_counts(model.mtp_num_layers)
+    return [per_layer * (layers + sum(mtp[stage::layout.pp]))
+            for stage, layers in enumerate(layout.stage_layer_counts(model.num_layers))]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(PLACEMENT_CASES)), ids=[_case_id(c) for c in PLACEMENT_CASES])
 def test_every_stage_params_per_gpu_match_megatron_core(every_stage, index):
     name, layout = PLACEMENT_CASES[index]
-    ours = [(s.dense_params_per_gpu, s.expert_params_per_gpu)
-            for s in stage_params(_placement_model(name), layout)]
+    model = _placement_model(name)
+    ours = [(s.dense_params_per_gpu, s.expert_params_per_gpu, extra)
+            for s, extra in zip(stage_params(model, layout), _megatron_only_per_stage(model, layout), strict=True)]
     assert ours == every_stage[index]
