@@ -12,6 +12,7 @@ Arch = Literal["ampere", "hopper", "blackwell"]
 ARCHES: tuple[str, ...] = ("ampere", "hopper", "blackwell")
 
 GIB = 1024**3
+_ARCH_CAPABILITY: dict[str, tuple[int, int]] = {"ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0)}
 MAX_WORLD_SIZE = 2**20  # GPUs in one job: far above the largest clusters (~10^5), and keeps divisor loops instant
 MAX_GPUS_PER_NODE = 1024
 MAX_MEMORY_BYTES = 2**50  # 1 PiB per GPU
@@ -45,6 +46,11 @@ class GPUSpec:
     source: str
     arch: Arch = "hopper"  # the tensor-core generation: which FP8 recipes run, what Transformer Engine caches
     aliases: tuple[str, ...] = ()
+    # as torch reports the device on the node (`torch.cuda.get_device_name`, `get_device_capability`), which
+    # megatron-core and Megatron-Bridge test in their checks (e.g. DeepEP on "NVIDIA B200" but not GB200);
+    # None: "NVIDIA <NAME>" and the architecture's compute capability
+    device_name: str | None = None
+    compute_capability: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         owner = f"GPU {self.name!r}"
@@ -62,6 +68,15 @@ class GPUSpec:
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GIB
+
+    @property
+    def torch_device_name(self) -> str:
+        return self.device_name or f"NVIDIA {self.name.upper()}"
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        """The CUDA compute capability (major, minor): sm80 Ampere, sm90 Hopper, sm100 Blackwell."""
+        return self.compute_capability or _ARCH_CAPABILITY[self.arch]
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for the GEMM precision; FP8 on a GPU without FP8 units is a user error."""

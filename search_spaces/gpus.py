@@ -25,38 +25,40 @@ GBIT_PER_S = 1e9 / 8
 
 # --- GPUs ----------------------------------------------------------------------------------
 H100_SXM = GPUSpec(
-    arch="hopper", name="h100-sxm", aliases=("h100", "h100-80gb", "h100-sxm-80gb", "h100-sxm5"),
+    arch="hopper", name="h100-sxm", device_name="NVIDIA H100 80GB HBM3",
+    aliases=("h100", "h100-80gb", "h100-sxm-80gb", "h100-sxm5"),
     memory_bytes=81559 * MIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=3.35e12,
     source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
            "sparsity (dense half: 989.4 / 1978.9), 80 GB HBM3, 3.35 TB/s; an '80 GB' H100 shows 81,559 MiB "
            "(79.6 GiB) to software (nvidia-smi, torch.cuda.mem_get_info)",
 )
 H200 = GPUSpec(
-    arch="hopper", name="h200", aliases=("h200-sxm", "h200-141gb", "h200-sxm-141gb"),
+    arch="hopper", name="h200", device_name="NVIDIA H200", aliases=("h200-sxm", "h200-141gb", "h200-sxm-141gb"),
     memory_bytes=141 * GIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=4.8e12,
     source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
            "sparsity (dense half), 141 GB HBM3e, 4.8 TB/s",
 )
 A100_80GB = GPUSpec(
-    arch="ampere", name="a100-80gb", aliases=("a100", "a100-sxm", "a100-sxm-80gb", "a100-sxm4-80gb"),
+    arch="ampere", name="a100-80gb", device_name="NVIDIA A100-SXM4-80GB",
+    aliases=("a100", "a100-sxm", "a100-sxm-80gb", "a100-sxm4-80gb"),
     memory_bytes=80 * GIB, bf16_flops=312 * TERA, fp8_flops=None, hbm_bytes_per_s=2.039e12,
     source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 312 TFLOPS dense (624 sparse), "
            "no FP8, 80 GB HBM2e, 2,039 GB/s",
 )
 A100_40GB = GPUSpec(
-    arch="ampere", name="a100-40gb", aliases=("a100-sxm-40gb", "a100-sxm4-40gb"),
+    arch="ampere", name="a100-40gb", device_name="NVIDIA A100-SXM4-40GB", aliases=("a100-sxm-40gb", "a100-sxm4-40gb"),
     memory_bytes=40 * GIB, bf16_flops=312 * TERA, fp8_flops=None, hbm_bytes_per_s=1.555e12,
     source="NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM): BF16 312 TFLOPS dense (624 sparse), "
            "no FP8, 40 GB HBM2, 1,555 GB/s",
 )
 B200 = GPUSpec(
-    arch="blackwell", name="b200", aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
+    arch="blackwell", name="b200", device_name="NVIDIA B200", aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
     memory_bytes=180 * GIB, bf16_flops=2250 * TERA, fp8_flops=4500 * TERA, hbm_bytes_per_s=8e12,
     source="NVIDIA DGX B200 / HGX B200 datasheets (8 GPUs): FP16/BF16 36 PFLOPS and FP8 72 PFLOPS with "
            "sparsity -> 2.25 / 4.5 PFLOPS dense per GPU; 1,440 GB HBM3e -> 180 GB, 64 TB/s -> 8 TB/s per GPU",
 )
 GB200 = GPUSpec(
-    arch="blackwell", name="gb200", aliases=("gb200-nvl72", "gb200-nvl"),
+    arch="blackwell", name="gb200", device_name="NVIDIA GB200", aliases=("gb200-nvl72", "gb200-nvl"),
     memory_bytes=186 * GIB, bf16_flops=2500 * TERA, fp8_flops=5000 * TERA, hbm_bytes_per_s=8e12,
     source="NVIDIA GB200 NVL72 datasheet (72 GPUs): FP16/BF16 360 PFLOPS and FP8 720 PFLOPS with sparsity "
            "-> 2.5 / 5 PFLOPS dense per GPU; 13.4 TB HBM3e -> 186 GB, 576 TB/s -> 8 TB/s per GPU",
@@ -167,7 +169,7 @@ def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
         raise ValueError(f"{where}: unknown keys {unknown}; allowed keys are {sorted(allowed)}.")
     values: dict[str, Any] = {"source": f"user-defined in {where}"}
     for key, value in mapping.items():
-        if key in ("name", "source"):
+        if key in ("name", "source", "device_name"):
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError(f"{where}: `{key}` must be a text, but got {value!r}.")
             values[key] = str(value)
@@ -179,6 +181,12 @@ def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
             if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
                 raise ValueError(f"{where}: `aliases` must be a list of names, but got {value!r}.")
             values[key] = tuple(a.lower() for a in value)
+        elif key == "compute_capability":
+            if (not isinstance(value, (list, tuple)) or len(value) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+                raise ValueError(f"{where}: `compute_capability` must be [major, minor] (e.g. [9, 0]), but got "
+                                 f"{value!r}.")
+            values[key] = tuple(value)
         elif value is None:
             values[key] = None
         else:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from search_spaces.job import Job
     from search_spaces.layout import Layout
+    from search_spaces.model import ModelSpec
 
 __all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARALLEL_STATE", "layout_settings",
-           "job_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format"]
+           "job_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format", "architecture_settings"]
 
 Owner = Literal["transformer", "ddp", "optimizer", "training"]
 Kind = Literal["int", "bool", "str", "list", "dtype"]
@@ -45,11 +46,27 @@ class Name:
     kind: Kind
     lm: str | None  # Megatron-LM flag; None: no flag (the form says it another way)
     lm_false: str | None = None  # a flag that sets False (Megatron-LM's own default would be True)
-    bridge: tuple[str, ...] = ()  # Megatron-Bridge override keys
+    bridge: tuple[str, ...] = ()  # Megatron-Bridge 0.6.2 override keys
+    bridge_0_3_1: tuple[str, ...] | None = None  # Bridge v0.3.1's keys where they differ from 0.6.2's
+    lm_0_16_1: str | None = None  # Megatron-LM core_v0.16.1's flag where it differs
+
+    def lm_flag(self, tag: str) -> str | None:
+        """The Megatron-LM flag at `tag` ("core_v0.19.2" or "core_v0.16.1": `megatron_version.LAUNCH_TARGETS`)."""
+        if tag == "core_v0.16.1" and self.lm_0_16_1 is not None:
+            return self.lm_0_16_1
+        return self.lm
+
+    def bridge_keys(self, release: str) -> tuple[str, ...]:
+        """The override keys in Megatron-Bridge `release` ("0.6.2" or "0.3.1": `megatron_version.LAUNCH_TARGETS`)."""
+        if release == "0.3.1" and self.bridge_0_3_1 is not None:
+            return self.bridge_0_3_1
+        return self.bridge
 
 
-def _n(core: str, owner: Owner, kind: Kind, lm: str | None, *bridge: str, lm_false: str | None = None) -> Name:
-    return Name(core=core, owner=owner, kind=kind, lm=lm, lm_false=lm_false, bridge=bridge)
+def _n(core: str, owner: Owner, kind: Kind, lm: str | None, *bridge: str, lm_false: str | None = None,
+       bridge_0_3_1: tuple[str, ...] | None = None, lm_0_16_1: str | None = None) -> Name:
+    return Name(core=core, owner=owner, kind=kind, lm=lm, lm_false=lm_false, bridge=bridge, bridge_0_3_1=bridge_0_3_1,
+                lm_0_16_1=lm_0_16_1)
 
 
 _T: Owner = "transformer"
@@ -88,9 +105,12 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     _n("recompute_method", _T, "str", "--recompute-method", "model.recompute_method"),
     _n("recompute_num_layers", _T, "int", "--recompute-num-layers", "model.recompute_num_layers"),
     _n("recompute_modules", _T, "list", "--recompute-modules", "model.recompute_modules"),
-    # Bridge: GPT pretraining datasets name it `sequence_length` (megatron-core's GPTDatasetConfig field; the
-    # `seq_length` property is no dataclass field, so the Hydra override `dataset.seq_length` is refused).
-    _n("seq_length", _R, "int", "--seq-length", "model.seq_length", "dataset.sequence_length"),
+    # Bridge 0.6: the dataset owns the sequence length as `seq_length` and copies it over megatron-core's
+    # `sequence_length` in `GPTDatasetConfig.finalize()` (training/config.py), so an override of `sequence_length`
+    # is undone. v0.3.1 had only megatron-core's `sequence_length` field (`seq_length` was a property, which the
+    # Hydra tree refuses).
+    _n("seq_length", _R, "int", "--seq-length", "model.seq_length", "dataset.seq_length",
+       bridge_0_3_1=("model.seq_length", "dataset.sequence_length")),
     _n("global_batch_size", _R, "int", "--global-batch-size", "train.global_batch_size"),
     _n("bf16", _T, "bool", "--bf16", "mixed_precision:bf16"),
     _n("fp8", _T, "str", "--fp8-format", "mixed_precision:fp8"),
@@ -121,7 +141,10 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     _n("cross_entropy_loss_fusion", _T, "bool", "--cross-entropy-loss-fusion", "model.cross_entropy_loss_fusion"),
     _n("cross_entropy_fusion_impl", _T, "str", "--cross-entropy-fusion-impl", "model.cross_entropy_fusion_impl"),
     _n("cuda_graph_impl", _T, "str", "--cuda-graph-impl", "model.cuda_graph_impl"),
-    _n("cuda_graph_scope", _T, "list", "--cuda-graph-scope", "model.cuda_graph_scope"),
+    # megatron-core 0.19 renamed `cuda_graph_scope` to `cuda_graph_modules` (transformer_config.py: the old name is
+    # migrated in __post_init__ and both together are refused) and moved "full_iteration" to `cuda_graph_impl`
+    _n("cuda_graph_modules", _T, "list", "--cuda-graph-modules", "model.cuda_graph_modules",
+       lm_0_16_1="--cuda-graph-scope", bridge_0_3_1=("model.cuda_graph_scope",)),
     # CUDA graphs need Transformer Engine's RNG tracker (Bridge `scripts/performance/utils/overrides.py`
     # `_set_cuda_graph_overrides` sets both keys).
     _n("use_te_rng_tracker", _T, "bool", "--te-rng-tracker", "model.use_te_rng_tracker", "rng.te_rng_tracker"),
@@ -166,9 +189,10 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "moe_router_force_load_balancing": ("moe_router_force_load_balancing",),
     "cross_entropy_fusion": ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl"),
     "cuda_graphs": ("cuda_graph_impl", "use_te_rng_tracker"),
-    "cuda_graph_scope": ("cuda_graph_scope",),
+    "cuda_graph_scope": ("cuda_graph_modules",),
     "recompute_modules": ("recompute_modules",),
     "recompute_num_layers": ("recompute_method", "recompute_num_layers"),
+    "megatron_core": (),  # which release the names are spelled for (Name.lm_flag, Name.bridge_keys), no setting
 }
 
 # Settings that exist only for MoE models (a dense model's launch line leaves them out).
@@ -277,8 +301,45 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     out["cross_entropy_loss_fusion"] = t.cross_entropy_fusion != "none"
     out["cross_entropy_fusion_impl"] = "native" if t.cross_entropy_fusion == "none" else t.cross_entropy_fusion
     out["cuda_graph_impl"] = t.cuda_graphs
-    # TE graphs capture the scoped parts (megatron-core `CudaGraphScope`); empty: the whole layer (its default)
-    if t.cuda_graphs == "transformer_engine" and t.cuda_graph_scope:
-        out["cuda_graph_scope"] = list(t.cuda_graph_scope)
+    # graphs capture the listed parts of each layer (megatron-core 0.19 `CudaGraphModule`, 0.16.1 `CudaGraphScope`);
+    # empty: the whole layer. 0.19 is told always (a recipe's own modules would otherwise stay); 0.16.1 only TE's.
+    if t.megatron_core >= "0.17":
+        if t.cuda_graphs != "none":
+            out["cuda_graph_modules"] = list(t.cuda_graph_scope)
+    elif t.cuda_graphs == "transformer_engine" and t.cuda_graph_scope:
+        out["cuda_graph_modules"] = list(t.cuda_graph_scope)
     out["use_te_rng_tracker"] = t.cuda_graphs != "none"
+    return out
+
+
+def architecture_settings(model: ModelSpec) -> dict[str, object]:
+    """The model's architecture as megatron-core `TransformerConfig` / `MLATransformerConfig` keywords, in plain
+    values (`activation_func` by name, "silu" or "gelu", for the caller to turn into torch's function): what
+    Megatron-LM's `gpt_builders` and Megatron-Bridge's model providers set from a checkpoint's config, for the model
+    fields autotune knows. The tests' megatron-core builds and Bridge configs start from it."""
+    m = model
+    out: dict[str, object] = dict(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, ffn_hidden_size=m.ffn_hidden_size,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.query_groups, kv_channels=m.head_dim,
+        gated_linear_unit=m.gated_linear_unit, activation_func=m.activation, normalization=m.normalization,
+        add_bias_linear=m.add_bias_linear, add_qkv_bias=m.add_qkv_bias, qk_layernorm=m.qk_layernorm,
+        softmax_type=m.softmax_type, mtp_num_layers=m.mtp_num_layers or None,
+    )
+    if m.sliding_window is not None:
+        out.update(window_size=(m.sliding_window - 1, 0), window_attn_skip_freq=m.window_attn_skip_freq)
+    if m.moe is not None:
+        e = m.moe
+        out.update(num_moe_experts=e.num_experts, moe_router_topk=e.topk, moe_ffn_hidden_size=e.expert_ffn_hidden_size,
+                   moe_shared_expert_intermediate_size=e.shared_expert_ffn_hidden_size or None,
+                   moe_shared_expert_gate=e.shared_expert_gate,
+                   moe_layer_freq=[0] * e.first_dense_layers + [1] * m.num_moe_layers,
+                   moe_router_score_function=e.score_function,
+                   moe_router_pre_softmax=e.pre_softmax or (e.topk == 1 and e.score_function == "softmax"),
+                   moe_router_num_groups=e.num_groups, moe_router_group_topk=e.group_topk,
+                   moe_router_topk_scaling_factor=e.topk_scaling_factor, moe_router_enable_expert_bias=e.expert_bias)
+    if m.mla is not None:
+        a = m.mla
+        out.update(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank,
+                   qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim)
+        del out["num_query_groups"], out["kv_channels"]
     return out

@@ -1,4 +1,6 @@
-"""The launch lines against the real parsers: Megatron-LM's argument parser and Megatron-Bridge's config tree.
+"""The --megatron-core 0.16.1 launch lines against the real parsers of their targets: Megatron-LM core_v0.16.1's
+argument parser and Megatron-Bridge v0.3.1's config tree (the 0.19.2 lines: tests/test_launch_bridge.py, which loads
+Bridge 0.6.2 and Megatron-LM's 0.19.2 arguments by their own code).
 
 References (tests/data/make_launch_references.py writes both from the real sources and says how):
 - `megatron_lm_core_v0.16.1_arguments.json`: every action of Megatron-LM's parser, built by running
@@ -42,7 +44,8 @@ from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
-from search_spaces.megatron_names import LAYOUT_NAMES, NAMES, TRAINING_NAMES, job_settings
+from search_spaces.megatron_names import LAYOUT_NAMES, NAMES, TRAINING_NAMES
+from search_spaces.megatron_version import LAUNCH_TARGETS
 from search_spaces.space import feasible_space
 from search_spaces.training import TrainingSpec
 
@@ -172,19 +175,24 @@ def _mcore_fields() -> dict[str, set[str]]:
              ("optimizer", OptimizerConfig))}
 
 
+LM_TAG = LAUNCH_TARGETS["0.16.1"].megatron_lm
+BRIDGE_RELEASE = LAUNCH_TARGETS["0.16.1"].bridge
+
+
 @pytest.mark.parametrize("core", sorted(NAMES))
 def test_core_name_is_a_megatron_core_field(core):
+    """The table's names are the installed megatron-core's (0.19.2) fields, or Megatron-LM's own arguments."""
     name = NAMES[core]
     if name.owner == "training":  # no megatron-core field: Megatron-LM's own argument
         assert core in {a["dest"] for a in LM["actions"]}
     else:
-        assert core in _mcore_fields()[name.owner], f"megatron-core 0.16.1 {name.owner} config has no {core}"
+        assert core in _mcore_fields()[name.owner], f"megatron-core's {name.owner} config has no {core}"
 
 
 @pytest.mark.parametrize("core", sorted(NAMES))
 def test_megatron_lm_flag_is_defined_with_its_arity(core):
     name = NAMES[core]
-    for flag in filter(None, (name.lm, name.lm_false)):
+    for flag in (f for f in (name.lm_flag(LM_TAG), name.lm_false) if f is not None):
         action = LM_ACTIONS.get(flag)
         assert action is not None, f"Megatron-LM core_v0.16.1 defines no {flag}"
         if name.kind == "bool":
@@ -193,13 +201,14 @@ def test_megatron_lm_flag_is_defined_with_its_arity(core):
             assert action["nargs"] in ("+", "*")
         else:
             assert action["action"] == "_StoreAction" and action["nargs"] is None
-    if name.kind == "bool" and name.lm and not name.lm_false:  # a False switch is left out: the default must be off
-        assert LM_ACTIONS[name.lm]["default"] is False
+    on_flag = name.lm_flag(LM_TAG)
+    if name.kind == "bool" and on_flag and not name.lm_false:  # a False switch is left out: the default must be off
+        assert LM_ACTIONS[on_flag]["default"] is False
 
 
 @pytest.mark.parametrize("core", sorted(NAMES))
 def test_bridge_key_is_a_config_field(core):
-    for key in NAMES[core].bridge:
+    for key in NAMES[core].bridge_keys(BRIDGE_RELEASE):
         group, sep, field = key.partition(":") if ":" in key else key.partition(".")
         assert group in BRIDGE["groups"], f"ConfigContainer has no group {group!r}"
         assert field in _fields(group), f"Bridge v0.3.1 {group} has no field {field!r}"
@@ -232,7 +241,7 @@ def _job(model: str, nodes: int, *, gpu: str = "h100", **training) -> Job:
     seq = {"llama3.1-405b": 8192}.get(model, 4096)
     gbs = {"deepseek-v3": 4096, "llama3.1-405b": 1536}.get(model, 256)
     return Job(model=get_model(model), cluster=build_cluster(nodes=nodes, gpu=gpu),
-               training=TrainingSpec(seq_length=seq, global_batch_size=gbs, **training))
+               training=TrainingSpec(seq_length=seq, global_batch_size=gbs, megatron_core="0.16.1", **training))
 
 
 class _WithPipelineLayout:
@@ -264,43 +273,6 @@ CASES = {
 def _case(name: str) -> tuple[Job, Layout]:
     job, text = CASES[name]
     return job, parse_layout(text, world_size=job.world_size)
-
-
-# Cases megatron-core 0.16.1 can build here: MXFP8 and the precision-aware optimizer check Transformer Engine's
-# version, which has no CPU build.
-CORE_CASES = ("mixtral-vpp-selective", "mixtral-ep-overlap-flex", "llama405b-embedding-split-fp8",
-              "llama8b-no-overlap-graphs")
-
-
-@pytest.mark.parametrize("case", CORE_CASES)
-def test_megatron_core_accepts_the_settings(case):
-    """The settings, by their megatron-core names, build megatron-core's own configs (their __post_init__ checks)."""
-    import torch
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    job, layout = _case(case)
-    settings = job_settings(job, layout)
-    owned = {owner: {k: v for k, v in settings.items() if NAMES[k].owner == owner}
-             for owner in ("transformer", "ddp", "optimizer")}
-    # checks that import Transformer Engine's kernels (no CPU build here) are left to the GPU run:
-    # `moe_permute_fusion` imports TE's fused_permute in TransformerConfig.__post_init__
-    owned["transformer"].pop("moe_permute_fusion", None)
-    # the precision-aware optimizer needs TE's FusedAdam (`OptimizerConfig.__post_init__`); its one CPU-checkable
-    # rule, the distributed optimizer, is asserted here instead
-    if owned["optimizer"].pop("use_precision_aware_optimizer", False):
-        assert layout.dist_opt
-    m = job.model
-    moe = {} if m.moe is None else dict(num_moe_experts=m.moe.num_experts, moe_router_topk=m.moe.topk,
-                                         moe_ffn_hidden_size=m.moe.expert_ffn_hidden_size)
-    TransformerConfig(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
-                      num_query_groups=m.num_query_groups, ffn_hidden_size=m.ffn_hidden_size,
-                      pipeline_dtype=torch.bfloat16, **moe, **owned["transformer"])
-    DistributedDataParallelConfig(**owned["ddp"])
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    OptimizerConfig(use_distributed_optimizer=layout.dist_opt, bf16=True,
-                    **{k: dtypes.get(v, v) if isinstance(v, str) else v for k, v in owned["optimizer"].items()})
 
 
 def expected_megatron_lm(job: Job, layout) -> dict[str, object]:

@@ -2,9 +2,12 @@
 
 Both forms come from one table, `search_spaces.megatron_names` (megatron-core field -> Megatron-LM flag ->
 Megatron-Bridge key), over `job_settings(job, layout)`: every switch the step time and memory assume, with its
-effective value, set explicitly (a recipe's own values would otherwise win). Targets: Megatron-LM
-`megatron/training/arguments.py` at core_v0.16.1 and Megatron-Bridge v0.3.1's `ConfigContainer`, both checked
-against their real definitions in `tests/test_launch_parsers.py`.
+effective value, set explicitly (a recipe's own values would otherwise win). The targets follow the megatron-core
+release the job runs (`search_spaces.megatron_version.LAUNCH_TARGETS`): for 0.19.2, Megatron-Bridge 0.6.2's
+`ConfigContainer` and Megatron-LM's `megatron/training/arguments.py` as the megatron-core 0.19.2 wheel ships it,
+both loaded by their own code in `tests/test_launch_bridge.py` (Bridge's overrides and `runtime_config_update`,
+Megatron-LM's parser and `validate_args`); for 0.16.1, Bridge v0.3.1 and Megatron-LM core_v0.16.1, checked against
+their recorded definitions in `tests/test_launch_parsers.py`.
 
 Megatron-Bridge (`scripts/training/run_recipe.py --recipe R` followed by Hydra overrides):
 - `None` is `null`: a recipe's uneven split, pipeline layout or recompute method is cleared when the layout has none.
@@ -27,18 +30,23 @@ from __future__ import annotations
 import re
 import shlex
 
+from search_spaces.bridge_recipes import bridge_recipe as bridge_recipe_for
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.megatron_names import NAMES, job_settings
+from search_spaces.megatron_version import LAUNCH_TARGETS
 
-__all__ = ["bridge_overrides", "megatron_lm_args", "launch_forms", "bridge_recipe", "launch_header",
+__all__ = ["bridge_overrides", "megatron_lm_args", "megatron_lm_settings", "megatron_lm_notes", "bridge_notes",
+           "megatron_lm_environment", "launch_forms",
+           "bridge_recipe", "launch_header",
            "BRIDGE_RECIPES", "BRIDGE_SCRIPT", "MEGATRON_LM_SCRIPT", "COMM_OVERLAP_CLASS", "MIXED_PRECISION_CLASS"]
 
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
 MEGATRON_LM_SCRIPT = "pretrain_gpt.py"
 COMM_OVERLAP_CLASS = "megatron.bridge.training.comm_overlap.CommOverlapConfig"
 MIXED_PRECISION_CLASS = "megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
-# catalog model -> Megatron-Bridge v0.3.1 pretraining recipe (`src/megatron/bridge/recipes/`); Mixtral and Mistral
+# catalog model -> Megatron-Bridge v0.3.1 pretraining recipe (`src/megatron/bridge/recipes/`; the --megatron-core
+# 0.16.1 target); Mixtral and Mistral
 # have none there.
 BRIDGE_RECIPES: dict[str, str] = {
     "llama3-8b": "llama3_8b_pretrain_config",
@@ -56,12 +64,17 @@ _OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param
 _GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted
+# keys a Bridge release's recipes may still set that would fight the line's: megatron-core 0.19 migrates a
+# deprecated `cuda_graph_scope` over `cuda_graph_modules` and refuses both together (transformer_config.py), and
+# Bridge 0.6's recipes still write the old name (perf_recipes/llama/*/llama3.py: ["full_iteration"])
+_BRIDGE_CLEARED = {"0.6.2": ("model.cuda_graph_scope",)}
 # Megatron-Bridge's `bf16_with_fp8_delayed_scaling_mixed` amax settings (`training/mixed_precision.py`)
 _DELAYED_AMAX = {"fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
 
 
 def bridge_recipe(model_name: str) -> str | None:
-    """The Megatron-Bridge v0.3.1 pretraining recipe of a catalog model, or None when Bridge has none."""
+    """The Megatron-Bridge v0.3.1 pretraining recipe of a catalog model, or None when Bridge has none (0.6.2's:
+    `search_spaces.bridge_recipes.bridge_recipe`)."""
     return BRIDGE_RECIPES.get(model_name)
 
 
@@ -92,9 +105,11 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
     """Hydra overrides for a Megatron-Bridge recipe (`group.field=value`), one argv item each, unquoted."""
     out: list[str] = []
     objects: dict[str, dict[str, object]] = {"comm_overlap": {}, "mixed_precision": {}}
+    release = LAUNCH_TARGETS[job.training.megatron_core].bridge
+    out += [f"{key}=null" for key in _BRIDGE_CLEARED.get(release, ())]
     for core, value in job_settings(job, layout).items():
         name = NAMES[core]
-        for key in name.bridge:
+        for key in name.bridge_keys(release):
             group, sep, field = key.partition(":")
             if sep:
                 if value is not None and not (value is False and field in _OFF_BY_DEFAULT):
@@ -112,24 +127,70 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
     return out
 
 
+def megatron_lm_settings(job: Job, layout: Layout) -> dict[str, object]:
+    """`job_settings` as Megatron-LM of the job's release accepts them (`megatron_lm_notes` says what differs)."""
+    settings = job_settings(job, layout)
+    if _lm_refuses_te_loss(job) and settings.get("cross_entropy_loss_fusion"):
+        settings["cross_entropy_fusion_impl"] = "native"
+    return settings
+
+
+def _lm_refuses_te_loss(job: Job) -> bool:
+    """Megatron-LM 0.19 asserts against TE's fused cross-entropy ("disabled due to stability issues",
+    megatron/training/arguments.py `validate_args`, megatron-core 0.19.2 wheel L1642); Bridge 0.6 and
+    megatron-core themselves run it."""
+    return job.training.megatron_core >= "0.19" and job.training.cross_entropy_fusion == "te"
+
+
+def megatron_lm_notes(job: Job) -> list[str]:
+    """Where the Megatron-LM line cannot carry a switch the prediction assumes, in words."""
+    if _lm_refuses_te_loss(job):
+        return ["Megatron-LM core_v0.19.2 refuses Transformer Engine's fused cross-entropy, so this line uses the "
+                "native fused loss, which keeps more bytes per logit than the prediction assumes (Bridge runs TE's)"]
+    return []
+
+
+def megatron_lm_environment(job: Job, layout: Layout) -> dict[str, str]:
+    """Environment Megatron-LM requires for the layout: `CUDA_DEVICE_MAX_CONNECTIONS=1` with TP or CP on GPUs before
+    Blackwell (megatron/training/arguments.py `validate_args` asserts it unless the EP A2A overlap, which wants more
+    connections, is on: 0.19.2 wheel L1413-1437; core_v0.16.1 asserts it for TP or CP alike)."""
+    if job.cluster.gpu.capability[0] >= 10 or (layout.tp == 1 and layout.cp == 1):
+        return {}
+    settings = job_settings(job, layout)
+    if settings.get("overlap_moe_expert_parallel_comm") and job.training.megatron_core >= "0.17":
+        return {}
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def bridge_notes(job: Job) -> list[str]:
+    """Where the Bridge line cannot run as the prediction assumes, in words."""
+    if job.training.megatron_core >= "0.17" and job.training.cuda_graphs == "local":
+        return ["Bridge 0.6 runs local CUDA graphs only as full-iteration graphs (utils/cuda_graph.py "
+                "validate_cuda_graph_configuration) and refuses per-layer ones: use --cuda-graphs transformer_engine "
+                "for Bridge, or the Megatron-LM line"]
+    return []
+
+
 def megatron_lm_args(job: Job, layout: Layout) -> list[str]:
     """`pretrain_gpt.py` arguments (flag and value as separate items, ready for a shell line)."""
-    settings = job_settings(job, layout)
+    settings = megatron_lm_settings(job, layout)
     if settings.get("pipeline_model_parallel_layout") is not None:
         # Megatron-LM derives VPP from the layout string and refuses both (arguments.py L503-527)
         settings.pop("virtual_pipeline_model_parallel_size")
+    tag = LAUNCH_TARGETS[job.training.megatron_core].megatron_lm
     out: list[str] = []
     for core, value in settings.items():
         name = NAMES[core]
-        if name.lm is None or value is None:
+        flag = name.lm_flag(tag)
+        if flag is None or value is None:
             continue
         if name.kind == "bool":
-            flag = name.lm if value else name.lm_false
-            out += [flag] if flag else []
+            chosen = flag if value else name.lm_false
+            out += [chosen] if chosen else []
         elif name.kind == "list":
-            out += [name.lm, *(str(v) for v in value)]  # type: ignore[attr-defined]
+            out += [flag, *(str(v) for v in value)] if value else []  # type: ignore[attr-defined]  # empty: default
         else:
-            out += [name.lm, str(value)]
+            out += [flag, str(value)]
     return out
 
 
@@ -139,11 +200,31 @@ def launch_forms(job: Job, layout: Layout) -> dict[str, str]:
             "megatron_lm": shlex.join(megatron_lm_args(job, layout))}
 
 
-def launch_header(job: Job, form: str) -> str:
-    """What to run the form's arguments with, in words (the CLI and the report print it above the line)."""
+def launch_header(job: Job, form: str, layout: Layout | None = None) -> str:
+    """What to run the form's arguments with, in words (the CLI and the report print it above the line); with the
+    layout, the environment the line needs too."""
+    target = LAUNCH_TARGETS[job.training.megatron_core]
     if form == "megatron_bridge":
+        notes = "".join(f" ({note})" for note in bridge_notes(job))
+        return (f"Megatron-Bridge {target.bridge} overrides for {BRIDGE_SCRIPT} {_recipe_words(job, target.bridge)}"
+                f"{notes}")
+    env = megatron_lm_environment(job, layout) if layout is not None else {}
+    run = f" (run with {' '.join(f'{k}={v}' for k, v in env.items())}: Megatron-LM asserts it for this layout)" \
+        if env else ""
+    notes = "".join(f" ({note})" for note in megatron_lm_notes(job))
+    return (f"Megatron-LM {target.megatron_lm} arguments for {MEGATRON_LM_SCRIPT}{run}, after the model's "
+            f"architecture arguments{notes}")
+
+
+def _recipe_words(job: Job, release: str) -> str:
+    if release == "0.3.1":
         recipe = bridge_recipe(job.model.name)
-        where = (f"--recipe {recipe}" if recipe
-                 else f"--recipe <your recipe> (Bridge v0.3.1 has none for {job.model.name})")
-        return f"Megatron-Bridge v0.3.1 overrides for {BRIDGE_SCRIPT} {where}"
-    return f"Megatron-LM (core_v0.16.1) arguments for {MEGATRON_LM_SCRIPT}, after the model's architecture arguments"
+        if recipe:
+            return f"--recipe {recipe}"
+        return f"--recipe <your recipe> (Bridge v0.3.1 has none for {job.model.name})"
+    found = bridge_recipe_for(job)
+    if found is None:
+        return f"--recipe <your recipe> (Bridge {release} has no pretraining recipe for {job.model.name})"
+    how = ("NVIDIA's recipe for this job" if found.exact
+           else f"the closest of the model's recipes, for {found.gpus} GPUs; the overrides set the layout")
+    return f"--recipe {found.function} ({found.file}: {how})"

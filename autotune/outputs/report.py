@@ -363,7 +363,7 @@ def report_input(result) -> ReportInput:
         job=res.job_summary(),
         best_layout=None if res.best is None else str(res.best),
         launch={_LAUNCH_TITLES.get(k, k): v for k, v in forms.items()},
-        launch_notes={_LAUNCH_TITLES.get(k, k): launch_header(res.job, k) for k in forms},
+        launch_notes={_LAUNCH_TITLES.get(k, k): launch_header(res.job, k, res.best) for k in forms},
         capacity_gib=res.capacity_gib,
         usable_gib=res.usable_gib,
     )

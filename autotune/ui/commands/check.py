@@ -3,7 +3,8 @@
 Says valid (with the derived DP, expert DP, experts per GPU and micro-batches), or lists every
 violation with megatron-core's message and exits with code 1; a deliberate refusal (megatron-core would
 accept the layout) is marked so. Both name the megatron-core release the verdict is for (`--megatron-core`,
-default the installed one; `search_spaces.megatron_version`). A valid layout's peak memory is said beside it, against the GPU's memory
+default the installed one; `search_spaces.megatron_version`). A valid layout's peak memory is said beside it, against
+the GPU's memory
 minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown); the exit code is the rules'
 alone. With --json one object: valid, layout (megatron-core names plus dp and expert_dp, and
 `pipeline_model_parallel_layout`), stage_layers, violations [{rule, fields, message, stricter}], notes,

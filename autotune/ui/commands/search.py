@@ -253,7 +253,7 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
     launch = launch_of(result)
     console.print("[bold]Winner[/] " + str(result.best.layout))
     for form in ("megatron_bridge", "megatron_lm"):
-        console.print(launch_header(j, form) + ":", markup=False, highlight=False)
+        console.print(launch_header(j, form, result.best.layout) + ":", markup=False, highlight=False)
         console.print(launch[form], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
     files = "trials.csv, best.json, report.html" + ("" if result.mode == "analytic" else ", study.db")
     console.print(f"Results: {result.output_dir} ({files})", markup=False, highlight=False, soft_wrap=True)
