@@ -233,9 +233,10 @@ def middle_layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None
 
 def first_last_vpp_needs_middle_stage(job: Job, layout: Layout) -> Violation | None:
     """megatron-core accepts PP 2 with both first and last set and VPP, then fails to build PP rank 1:
-    `get_transformer_layer_offset` (transformer_layer.py, the VPP branch) divides by the number of middle
-    stages, 0 (ZeroDivisionError; 0.16.1, 0.19.2 and Megatron-LM main). The same chunks as a layout string
-    build (`PipelineParallelLayerLayout.get_layer_offset` counts instead of dividing)."""
+    `get_transformer_layer_offset` (transformer_layer.py, the VPP branch: 0.16.1 :138, 0.19.2 :158) divides by the
+    number of middle stages, 0 (ZeroDivisionError; both releases fail so in tests/test_megatron_parity.py, and
+    Megatron-LM main has the same code). The same chunks as a layout string build
+    (`PipelineParallelLayerLayout.get_layer_offset` counts instead of dividing)."""
     if not _uneven_applies(layout) or layout.vpp is None:
         return None
     first, last = layout.first_stage_layers, layout.last_stage_layers

@@ -42,7 +42,8 @@ from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, padded_vocab_size
 
 __all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank",
-           "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "flex_dispatcher_decisions",
+           "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "timed_megatron_decisions",
+           "flex_dispatcher_decisions",
            "param_counts", "stage_param_counts", "MEGATRON_ONLY_PARAMS"]
 
 _FUSIONS_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
@@ -494,6 +495,19 @@ def megatron_decisions(cases: list[tuple[Any, Layout]]) -> list[tuple[bool, str]
     """`megatron_decision` of every (job, layout)."""
     setup()
     return [megatron_decision(job, layout) for job, layout in cases]
+
+
+def timed_megatron_decisions(cases: list[tuple[Any, Layout]]) -> list[tuple[bool, str, float]]:
+    """`megatron_decision` of every (job, layout), with the seconds each took."""
+    import time
+
+    setup()
+    out = []
+    for job, layout in cases:
+        start = time.perf_counter()
+        ok, reason = megatron_decision(job, layout)
+        out.append((ok, reason, time.perf_counter() - start))
+    return out
 
 
 def flex_dispatcher_decisions(model: ModelSpec, pairs: list[tuple[int, int]]) -> list[str]:

@@ -70,6 +70,13 @@ class Pending:
         text = path.read_text(errors="replace") if path.exists() else ""
         return text[-_STDERR_TAIL:]
 
+    def cancel(self) -> None:
+        """Kill the child if it still runs and drop its files (after `result`, a no-op)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.folder.cleanup()
+
     def result(self) -> Any:
         try:
             try:

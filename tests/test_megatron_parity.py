@@ -234,10 +234,15 @@ def megatron(cases, space_cases) -> dict[str, dict[str, Any]]:
                       megatron_runner.start("flex_dispatcher_decisions", get_model("tiny-moe"), FLEX_PAIRS,
                                             version=v, timeout=300))
     out: dict[str, dict[str, Any]] = {}
-    for v, started in pending.items():
-        decided, flex = started[0].result(), started[1].result()
-        n, s = len(cases), len(stricter)
-        out[v] = {"cases": decided[:n], "stricter": decided[n:n + s], "spaces": decided[n + s:], "flex": flex}
+    try:
+        for v, started in pending.items():
+            decided, flex = started[0].result(), started[1].result()
+            n, s = len(cases), len(stricter)
+            out[v] = {"cases": decided[:n], "stricter": decided[n:n + s], "spaces": decided[n + s:], "flex": flex}
+    finally:
+        for started in pending.values():
+            for child in started:
+                child.cancel()
     return out
 
 
@@ -320,3 +325,16 @@ def test_flex_dispatcher(megatron, version) -> None:
         assert bool(ours) == result.startswith("AssertionError"), (ep, etp, result)
         if ours:
             assert ours[0].message.startswith(result.removeprefix("AssertionError: ")), (ours[0].message, result)
+
+
+def test_the_runner_shows_the_childs_error() -> None:
+    error = r"(?s)exited with 1.*has no attribute 'no_such_function'"  # the stderr's tail
+    with pytest.raises(megatron_runner.MegatronRunError, match=error):
+        megatron_runner.run("no_such_function", timeout=120)
+
+
+def test_the_runner_stops_a_child_past_its_timeout() -> None:
+    pending = megatron_runner.start("megatron_version", timeout=0.5)  # importing megatron takes seconds
+    with pytest.raises(megatron_runner.MegatronRunError, match="ran past its timeout"):
+        pending.result()
+    assert pending.process.returncode is not None and pending.process.returncode != 0
