@@ -130,7 +130,7 @@ STRICTER = [
 ]
 # the `space` of real models, sampled: (catalog name or HF fixture, nodes, gbs, layouts sampled)
 SPACES = [
-    ("qwen2-7b", 1, 256, 10), ("mixtral-8x7b", 4, 256, 10), ("llama3-70b", 4, 256, 8), ("deepseek-v3", 64, 1024, 6),
+    ("qwen2-7b", 1, 256, 10), ("mixtral-8x7b", 4, 256, 10), ("llama3-70b", 4, 256, 8), ("deepseek-v3", 64, 1024, 4),
     ("hf:gpt-oss-20b", 1, 256, 8), ("hf:gemma-3-1b-it", 1, 256, 6), ("hf:olmoe-1b-7b-0125", 1, 256, 6),
     ("hf:phi3-mini-4k-instruct", 1, 256, 6), ("hf:deepseek-v2-lite", 2, 256, 6),
 ]
