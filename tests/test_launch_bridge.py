@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from bridge_harness import HF_CONFIGS, Case, Outcome, load
-from test_launch_parsers import expected_megatron_lm
 
 from autotune.outputs.launch import (
     bridge_overrides,
@@ -38,6 +36,9 @@ from search_spaces.layout import Layout, parse_layout
 from search_spaces.megatron_names import NAMES, architecture_settings, job_settings
 from search_spaces.model import ModelSpec
 from search_spaces.training import TrainingSpec
+
+from bridge_harness import HF_CONFIGS, Case, Outcome, load
+from test_launch_parsers import expected_megatron_lm
 
 HERE = Path(__file__).parent
 # models whose Bridge recipes build their provider from a Hugging Face config this folder has
@@ -335,10 +336,10 @@ def _documented_search_jobs() -> dict[str, Job]:
     by the CLI's own parser, as the command builds it."""
     import shlex
 
-    from test_docs_commands import COMMANDS, _verb
-
     from autotune.ui.cli import build_parser
     from autotune.ui.commands import job_from_args
+
+    from test_docs_commands import COMMANDS, _verb
 
     jobs: dict[str, Job] = {}
     for where, command, _ in COMMANDS:

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import megatron_runner
 import pytest
 
 from search_spaces.catalog import get_model
@@ -36,6 +35,7 @@ from search_spaces.pipeline_layout import layout_from_chunks
 from search_spaces.rules import RULE_NAMES, check
 from search_spaces.space import SpaceOptions, dimension_ranges, feasible_space, pipeline_fields
 
+import megatron_runner
 from test_rules import EP_OVERLAP, GQA12, GQA12_FFN198, MOE6, MOE_BIAS, MOE_MTP2, MTP12, make_job
 
 pytestmark = pytest.mark.slow

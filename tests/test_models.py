@@ -337,9 +337,9 @@ def megatron_only_params(model: ModelSpec, version: str) -> int:
 def test_counts_equal_megatron_core_numel() -> None:
     """Build each model with the installed megatron-core on one rank (`megatron_build.param_counts`: Megatron-LM's
     builder with Bridge's modules where megatron-core has none, in a child process) and count the parameters."""
-    import megatron_runner
-
     from search_spaces.megatron_version import rules_version
+
+    import megatron_runner
 
     catalog = [_fewer_experts(m) for m in list_models()]
     hf = [_fewer_experts(model_from_hf_config(p)) for p in sorted(HF_DATA.glob("*.json")) if p.stem != "gpt2"]
