@@ -1,8 +1,11 @@
 """GPU and interconnect catalog, and `build_cluster` (flags > YAML file > defaults).
 
-FLOP/s are dense peaks (NVIDIA datasheets print sparse figures with a footnote; dense is half).
-Memory is the nominal HBM size in GiB as `nvidia-smi` reports it (A100 80GB: 81920 MiB), before the
-CUDA context and allocator reserve, which the memory model subtracts. Link bandwidth is per GPU,
+FLOP/s are dense peaks (NVIDIA datasheets print sparse figures with a footnote; dense is half, except
+Blackwell Ultra's FP4, for which NVIDIA prints its own dense figure).
+Memory is the HBM size as `nvidia-smi` / torch report it (H100 80GB: 81,559 MiB; GB300: 284,208 MiB),
+before the CUDA context and allocator reserve, which the memory model subtracts. Each GPU carries its
+product's node shape (8 per HGX/DGX node; 4 per tray and 72 per NVLink domain on GB200/GB300 NVL72),
+which `build_cluster` uses as its default. Link bandwidth is per GPU,
 unidirectional, in bytes/s (NVLink's "900 GB/s" is bidirectional: 450 GB/s each way). Latency is an
 assumed order-of-magnitude per-message cost of one NCCL step on that link, not a datasheet figure.
 """
@@ -24,46 +27,131 @@ GB_PER_S = 1e9  # datasheet "GB/s" is decimal
 GBIT_PER_S = 1e9 / 8
 
 # --- GPUs ----------------------------------------------------------------------------------
+# Shared source text. NVIDIA's datasheets print tensor-core peaks "with sparsity" (a footnote); dense is half of
+# that for BF16 and FP8 on every GPU here, and for FP4 on Blackwell, but not for FP4 on Blackwell Ultra, where
+# NVIDIA prints dense and sparse figures of its own (15 | 20 PFLOPS on GB300).
+_HOPPER_SFU = ("SFU exponentials 4.5e12/s: the Hopper column of the Hopper / Blackwell / Blackwell Ultra table in "
+               "NVIDIA's technical blog 'Inside NVIDIA Blackwell Ultra: The Chip Powering the AI Factory Era' "
+               "(attention acceleration, SFU EX2: 4.5 / 5 / 10.7 TeraExponentials/s); cross-check from the H100's own "
+               "clocks: 132 SMs x 16 MUFU.EX2 per SM per clock (CUDA C++ Programming Guide, arithmetic-instruction "
+               "throughput, compute capability 9.0) x 1.98 GHz boost = 4.18e12/s")
+_BLACKWELL_SFU = ("SFU exponentials 5e12/s: the Blackwell column of the table in NVIDIA's blog 'Inside NVIDIA "
+                  "Blackwell Ultra' (SFU EX2 5 TeraExponentials/s; NVIDIA's blog 'Making Softmax More Efficient with "
+                  "NVIDIA Blackwell Ultra' measures 4,943 Gop/s of FP32 exp2 on GB200)")
+_ULTRA_SFU = ("SFU exponentials 10.7e12/s: NVIDIA's blog 'Inside NVIDIA Blackwell Ultra' (attention-layer "
+              "acceleration: SFU EX2 10.7 TeraExponentials/s, twice Blackwell's 5; 'Making Softmax More Efficient with "
+              "NVIDIA Blackwell Ultra' measures 10,024 Gop/s of FP32 exp2 on GB300)")
+_PCIE5 = "host link PCIe Gen5 x16, 128 GB/s bidirectional -> 64 GB/s each way"
+_HGX_SHAPE = ("node shape: 8 GPUs per HGX/DGX board, the board is the NVLink domain; host memory: the server's, "
+              "not fixed by the GPU")
+_C2C = ("host link NVLink-C2C to the Grace CPU, 900 GB/s bidirectional -> 450 GB/s each way (NVIDIA quotes it per "
+        "superchip of 1 Grace + 2 GPUs and does not say whether the two GPUs share it)")
+_NVL72_HOST_AND_SHAPE = ("host memory: up to 17 TB LPDDR5X on the rack's 36 Grace CPUs, up to 480 GB per Grace shared "
+                         "by its 2 GPUs -> 240 GB per GPU (17 TB / 72 = 236 GB); node shape: 18 compute trays of "
+                         "2 Grace + 4 GPUs, all 72 GPUs on one NVLink switch fabric (the NVL72 datasheets; NVIDIA's "
+                         "NVL72 AI Factory reference architecture, compute tray)")
+
 H100_SXM = GPUSpec(
     arch="hopper", name="h100-sxm", device_name="NVIDIA H100 80GB HBM3",
     aliases=("h100", "h100-80gb", "h100-sxm-80gb", "h100-sxm5"),
     memory_bytes=81559 * MIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=3.35e12,
+    fp4_flops=None, sfu_exp_per_s=4.5e12, tdp_watts=700, host_link_bytes_per_s=64 * GB_PER_S, host_memory_bytes=None,
+    gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-           "sparsity (dense half: 989.4 / 1978.9), 80 GB HBM3, 3.35 TB/s; an '80 GB' H100 shows 81,559 MiB "
-           "(79.6 GiB) to software (nvidia-smi, torch.cuda.mem_get_info)",
+           "sparsity (dense half: 989.4 / 1978.9), no FP4, 80 GB HBM3, 3.35 TB/s, max TDP up to 700 W, "
+           f"{_PCIE5}; an '80 GB' H100 shows 81,559 MiB (79.6 GiB) to software (nvidia-smi, "
+           f"torch.cuda.mem_get_info); {_HOPPER_SFU}; {_HGX_SHAPE} (DGX H100)",
 )
 H200 = GPUSpec(
     arch="hopper", name="h200", device_name="NVIDIA H200", aliases=("h200-sxm", "h200-141gb", "h200-sxm-141gb"),
     memory_bytes=141 * GIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=4.8e12,
+    fp4_flops=None, sfu_exp_per_s=4.5e12, tdp_watts=700, host_link_bytes_per_s=64 * GB_PER_S, host_memory_bytes=None,
+    gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-           "sparsity (dense half), 141 GB HBM3e, 4.8 TB/s",
+           f"sparsity (dense half), no FP4, 141 GB HBM3e, 4.8 TB/s, max TDP up to 700 W, {_PCIE5}; "
+           f"{_HOPPER_SFU} (H200 is the same GH100 at the same clocks); {_HGX_SHAPE} (DGX H200)",
 )
+_A100_SFU = ("SFU exponentials 2.44e12/s, derived (NVIDIA publishes no rate for Ampere): 108 SMs x 1.41 GHz boost "
+             "(NVIDIA A100 Tensor Core GPU Architecture whitepaper) x 16 MUFU.EX2 per SM per clock (CUDA C++ "
+             "Programming Guide, arithmetic-instruction throughput, compute capability 8.0)")
 A100_80GB = GPUSpec(
     arch="ampere", name="a100-80gb", device_name="NVIDIA A100-SXM4-80GB",
     aliases=("a100", "a100-sxm", "a100-sxm-80gb", "a100-sxm4-80gb"),
     memory_bytes=80 * GIB, bf16_flops=312 * TERA, fp8_flops=None, hbm_bytes_per_s=2.039e12,
+    fp4_flops=None, sfu_exp_per_s=108 * 16 * 1.41e9, tdp_watts=400, host_link_bytes_per_s=32 * GB_PER_S,
+    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 312 TFLOPS dense (624 sparse), "
-           "no FP8, 80 GB HBM2e, 2,039 GB/s",
+           "no FP8, no FP4, 80 GB HBM2e, 2,039 GB/s, max TDP 400 W, host link PCIe Gen4 64 GB/s bidirectional -> "
+           f"32 GB/s each way; {_A100_SFU}; {_HGX_SHAPE} (DGX A100)",
 )
 A100_40GB = GPUSpec(
     arch="ampere", name="a100-40gb", device_name="NVIDIA A100-SXM4-40GB", aliases=("a100-sxm-40gb", "a100-sxm4-40gb"),
     memory_bytes=40 * GIB, bf16_flops=312 * TERA, fp8_flops=None, hbm_bytes_per_s=1.555e12,
+    fp4_flops=None, sfu_exp_per_s=108 * 16 * 1.41e9, tdp_watts=400, host_link_bytes_per_s=32 * GB_PER_S,
+    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM): BF16 312 TFLOPS dense (624 sparse), "
-           "no FP8, 40 GB HBM2, 1,555 GB/s",
+           "no FP8, no FP4, 40 GB HBM2, 1,555 GB/s, max TDP 400 W, host link PCIe Gen4 64 GB/s bidirectional -> "
+           f"32 GB/s each way; {_A100_SFU}; {_HGX_SHAPE} (DGX A100)",
 )
 B200 = GPUSpec(
     arch="blackwell", name="b200", device_name="NVIDIA B200", aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
     memory_bytes=180 * GIB, bf16_flops=2250 * TERA, fp8_flops=4500 * TERA, hbm_bytes_per_s=8e12,
-    source="NVIDIA DGX B200 / HGX B200 datasheets (8 GPUs): FP16/BF16 36 PFLOPS and FP8 72 PFLOPS with "
-           "sparsity -> 2.25 / 4.5 PFLOPS dense per GPU; 1,440 GB HBM3e -> 180 GB, 64 TB/s -> 8 TB/s per GPU",
+    fp4_flops=9000 * TERA, sfu_exp_per_s=5e12, tdp_watts=1000, host_link_bytes_per_s=64 * GB_PER_S,
+    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
+    source="NVIDIA DGX B200 / HGX B200 datasheets (8 GPUs): FP16/BF16 36 PFLOPS, FP8 72 PFLOPS and FP4 144 PFLOPS "
+           "with sparsity -> 2.25 / 4.5 / 9 PFLOPS dense per GPU (HGX B200 prints FP4 '144 | 72 PFLOPS' sparse | "
+           "dense); 1,440 GB HBM3e -> 180 GB, 64 TB/s -> 8 TB/s per GPU (NVIDIA's later per-GPU tables print "
+           "7.7 TB/s); max power 1,000 W per GPU (HGX B200 column of the per-GPU table in NVIDIA's Blackwell "
+           "technical brief and Blackwell Ultra datasheet; nvidia-smi shows a 1000 W cap); "
+           f"{_PCIE5} (PCIe Gen6 comes with Blackwell Ultra); {_BLACKWELL_SFU}; {_HGX_SHAPE}",
 )
 GB200 = GPUSpec(
     arch="blackwell", name="gb200", device_name="NVIDIA GB200", aliases=("gb200-nvl72", "gb200-nvl"),
     memory_bytes=186 * GIB, bf16_flops=2500 * TERA, fp8_flops=5000 * TERA, hbm_bytes_per_s=8e12,
-    source="NVIDIA GB200 NVL72 datasheet (72 GPUs): FP16/BF16 360 PFLOPS and FP8 720 PFLOPS with sparsity "
-           "-> 2.5 / 5 PFLOPS dense per GPU; 13.4 TB HBM3e -> 186 GB, 576 TB/s -> 8 TB/s per GPU",
+    fp4_flops=10000 * TERA, sfu_exp_per_s=5e12, tdp_watts=1200, host_link_bytes_per_s=450 * GB_PER_S,
+    host_memory_bytes=240 * 10**9, gpus_per_node=4, nvlink_domain_gpus=72,
+    source="NVIDIA GB200 NVL72 datasheet (72 GPUs): FP16/BF16 360 PFLOPS, FP8 720 PFLOPS and FP4 1,440 PFLOPS with "
+           "sparsity -> 2.5 / 5 / 10 PFLOPS dense per GPU (NVIDIA's 'Inside Blackwell Ultra' table: Blackwell NVFP4 "
+           "10 | 20 PFLOPS dense | sparse); 13.4 TB HBM3e -> 186 GB, 576 TB/s -> 8 TB/s per GPU; max TDP 1,200 W "
+           f"(the Blackwell column of that table); {_C2C}; {_BLACKWELL_SFU}; {_NVL72_HOST_AND_SHAPE}",
 )
-_GPUS: tuple[GPUSpec, ...] = (H100_SXM, H200, A100_80GB, A100_40GB, B200, GB200)
+B300 = GPUSpec(
+    arch="blackwell", name="b300", device_name="NVIDIA B300 SXM6 AC", compute_capability=(10, 3),
+    aliases=("b300-sxm", "b300-sxm6", "hgx-b300", "dgx-b300", "b300-sxm-270gb"),
+    memory_bytes=275040 * MIB, bf16_flops=2250 * TERA, fp8_flops=4500 * TERA, hbm_bytes_per_s=7.7e12,
+    fp4_flops=14000 * TERA, sfu_exp_per_s=10.7e12, tdp_watts=1100, host_link_bytes_per_s=128 * GB_PER_S,
+    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
+    source="Blackwell Ultra in HGX B300 / DGX B300 (8 GPUs). DGX B300 datasheet: FP8 72 PFLOPS and FP4 144 PFLOPS "
+           "with sparsity; HGX B300 column of the per-GPU table in NVIDIA's Blackwell architecture technical brief "
+           "(v2.1, table 3) and Blackwell Ultra datasheet: FP16/BF16 4.5 | 2.25 PFLOPS, FP8 9 | 4.5, FP4 18 | 14 "
+           "(sparse | dense: Blackwell Ultra's dense FP4 is not half its sparse figure; NVIDIA's HGX B300 page at "
+           "launch printed FP4 144 | 105 PFLOPS per 8 GPUs, 13.1 dense each), 270 GB HBM3e, 7.7 TB/s, 1,100 W "
+           "(read through third-party copies of those PDFs, verda.com's 'GB300 NVL72' post among them; the "
+           "'Inside Blackwell Ultra' blog gives the full chip's 288 GB, 8 TB/s, 1,400 W); memory 275,040 MiB as "
+           "nvidia-smi shows an 'NVIDIA B300 SXM6 AC' (public nvidia-smi logs, 8 GPUs, cap 1100 W; 288 GB of "
+           "HBM3e physically; NVIDIA's MLPerf submissions name it 'B300-SXM-270GB'); compute capability 10.3 "
+           "(sm_103: NVIDIA Transformer Engine support matrix lists 10.3 for B300 / GB300, torch reports (10, 3)); "
+           "host link PCIe Gen6 x16, 256 GB/s bidirectional -> 128 GB/s each way ('Inside Blackwell Ultra'; the "
+           "GPU reaches the host through ConnectX-8's PCIe Gen6 switch, so a PCIe Gen5 host CPU such as DGX "
+           f"B300's Xeon 6776P caps it at Gen5's 64 GB/s: give a YAML GPU for that); {_ULTRA_SFU}; NVLink 5, "
+           f"1.8 TB/s bidirectional; {_HGX_SHAPE}",
+)
+GB300 = GPUSpec(
+    arch="blackwell", name="gb300", device_name="NVIDIA GB300", compute_capability=(10, 3),
+    aliases=("gb300-nvl72", "gb300-nvl"),
+    memory_bytes=284208 * MIB, bf16_flops=2500 * TERA, fp8_flops=5000 * TERA, hbm_bytes_per_s=8e12,
+    fp4_flops=15000 * TERA, sfu_exp_per_s=10.7e12, tdp_watts=1400, host_link_bytes_per_s=450 * GB_PER_S,
+    host_memory_bytes=240 * 10**9, gpus_per_node=4, nvlink_domain_gpus=72,
+    source="NVIDIA GB300 NVL72 datasheet (72 GPUs): FP4 1,440 PFLOPS sparse and 1,080 PFLOPS dense -> 15 PFLOPS "
+           "dense per GPU (not half the sparse 20), FP8/FP6 720 PFLOPS and FP16/BF16 360 PFLOPS with sparsity "
+           "-> 5 / 2.5 PFLOPS dense per GPU, 20 TB HBM3e and 576 TB/s -> 8 TB/s per GPU; NVIDIA's 'Inside "
+           "Blackwell Ultra' blog: 15 PFLOPS dense NVFP4, 288 GB HBM3e, 8 TB/s, max TDP 1,400 W, NVLink 5 1.8 TB/s "
+           "bidirectional; memory 284,208 MiB as nvidia-smi shows an 'NVIDIA GB300' (public nvidia-smi logs, cap "
+           "1400 W) and NVIDIA's own MLPerf Training v5.1 system description (Theia, 1x GB300 NVL72: "
+           "'284208 MiB'); compute capability 10.3 (sm_103: NVIDIA Transformer Engine support matrix; "
+           f"sgl_kernel reports 103 on GB300); {_C2C}; {_ULTRA_SFU}; {_NVL72_HOST_AND_SHAPE}",
+)
+_GPUS: tuple[GPUSpec, ...] = (H100_SXM, H200, A100_80GB, A100_40GB, B200, GB200, B300, GB300)
 
 # --- links ---------------------------------------------------------------------------------
 _LATENCY_SOURCE = "latency: assumed order of one NCCL step (not a datasheet figure)"
@@ -109,14 +197,10 @@ _LINKS: tuple[LinkSpec, ...] = (NVLINK3, NVLINK4, NVLINK5, IB_NDR, IB_HDR, ROCE_
 # The NVLink generation each catalog GPU ships with (the default intra-node link).
 _NVLINK_OF_GPU: dict[str, LinkSpec] = {
     "h100-sxm": NVLINK4, "h200": NVLINK4, "a100-80gb": NVLINK3, "a100-40gb": NVLINK3, "b200": NVLINK5, "gb200": NVLINK5,
+    "b300": NVLINK5, "gb300": NVLINK5,  # Blackwell Ultra: NVLink 5, 1.8 TB/s per GPU ('Inside Blackwell Ultra')
 }
 
-# (GPUs per node, GPUs per NVLink domain) where a GPU ships in a shape other than 8-GPU HGX nodes: GB200 NVL72,
-# 18 compute trays of 2 Grace CPUs + 4 Blackwell GPUs on one NVLink switch fabric (NVIDIA GB200 NVL72 datasheet)
-_NODE_SHAPE: dict[str, tuple[int, int | None]] = {"gb200": (4, 72)}
-
 DEFAULT_NODES = 1
-DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_GPU = "h100"
 DEFAULT_INTER_NODE = "ib-ndr"
 _YAML_KEYS = ("nodes", "gpus_per_node", "gpu", "intra_node", "inter_node")
@@ -150,7 +234,8 @@ def get_link(name: str) -> LinkSpec:
 
 
 def default_intra_node(gpu: GPUSpec) -> LinkSpec:
-    """The NVLink generation a catalog GPU ships with; a GPU given inline in YAML must name its intra_node link."""
+    """The NVLink generation a catalog GPU (or a `dataclasses.replace` of one, which keeps its name) ships with;
+    a GPU given inline in YAML must name its intra_node link."""
     link = _NVLINK_OF_GPU.get(gpu.name)
     if link is None:
         raise ValueError(
@@ -161,15 +246,27 @@ def default_intra_node(gpu: GPUSpec) -> LinkSpec:
 
 
 # --- YAML ------------------------------------------------------------------------------------
+_TEXT_KEYS = ("name", "source", "device_name")
+_WHOLE_NUMBER_KEYS = ("memory_bytes", "host_memory_bytes", "gpus_per_node", "nvlink_domain_gpus")
+
+
 def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
-    """A GPUSpec or LinkSpec from an inline YAML mapping of its fields; numbers may be strings like 989.4e12."""
+    """A GPUSpec or LinkSpec from an inline YAML mapping of its fields; numbers may be strings like 989.4e12.
+
+    `null` is accepted where the field may be None (fp8_flops, fp4_flops, device_name, compute_capability, ...);
+    a field left out takes the dataclass default (a GPU: 8 GPUs per node, the node its NVLink domain)."""
     allowed = {f.name: f for f in fields(cls)}
+    nullable = {f.name for f in fields(cls) if "None" in str(f.type)}
     unknown = sorted(map(str, set(mapping) - set(allowed)))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; allowed keys are {sorted(allowed)}.")
     values: dict[str, Any] = {"source": f"user-defined in {where}"}
     for key, value in mapping.items():
-        if key in ("name", "source", "device_name"):
+        if value is None:
+            if key not in nullable:
+                raise ValueError(f"{where}: `{key}` must be given a value, but got null.")
+            values[key] = None
+        elif key in _TEXT_KEYS:
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError(f"{where}: `{key}` must be a text, but got {value!r}.")
             values[key] = str(value)
@@ -184,11 +281,9 @@ def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
         elif key == "compute_capability":
             if (not isinstance(value, (list, tuple)) or len(value) != 2
                     or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
-                raise ValueError(f"{where}: `compute_capability` must be [major, minor] (e.g. [9, 0]), but got "
+                raise ValueError(f"{where}: `compute_capability` must be [major, minor] (e.g. [10, 3]), but got "
                                  f"{value!r}.")
             values[key] = tuple(value)
-        elif value is None:
-            values[key] = None
         else:
             values[key] = _yaml_number(value, key, where)
     missing = sorted(
@@ -197,24 +292,30 @@ def _spec_from_mapping(cls: type, mapping: Mapping[str, Any], where: str):
     )
     if missing:
         raise ValueError(f"{where}: missing keys {missing} for an inline {cls.__name__}.")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 def _yaml_number(value: Any, key: str, where: str) -> float | int:
-    """A finite number from YAML (numbers may be strings like '989.4e12'); memory_bytes a whole number."""
+    """A finite number from YAML (numbers may be strings like '989.4e12'); byte and GPU counts whole numbers."""
     import math
 
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{where}: `{key}` must be a number, but got {value!r}.")
+    if isinstance(value, int) and key in _WHOLE_NUMBER_KEYS:
+        return value  # exact, however large (the spec checks the range)
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{where}: `{key}` must be a number, but got {value!r}.") from None
     if not math.isfinite(number):
         raise ValueError(f"{where}: `{key}` must be a finite number, but got {value!r}.")
-    if key == "memory_bytes":
+    if key in _WHOLE_NUMBER_KEYS:
         if number != int(number):
-            raise ValueError(f"{where}: `memory_bytes` must be a whole number of bytes, but got {value!r}.")
+            unit = " of bytes" if key.endswith("_bytes") else ""
+            raise ValueError(f"{where}: `{key}` must be a whole number{unit}, but got {value!r}.")
         return int(number)
     return number
 
@@ -280,10 +381,13 @@ def build_cluster(
     yaml_path: str | Path | None = None,
 ) -> ClusterSpec:
     """A ClusterSpec: explicit (non-None) arguments win, then the YAML file's keys, then the defaults
-    (1 node, 8 GPUs per node, h100, the GPU's NVLink generation, ib-ndr).
+    (1 node, h100, the GPU's node shape, the GPU's NVLink generation, ib-ndr).
 
     The YAML holds any of `nodes, gpus_per_node, gpu, intra_node, inter_node`; `gpu` (and the links)
-    may be a catalog name or an inline mapping of GPUSpec (LinkSpec) fields.
+    may be a catalog name or an inline mapping of GPUSpec (LinkSpec) fields. The GPU's node shape
+    (`GPUSpec.gpus_per_node`, `GPUSpec.nvlink_domain_gpus`: 4 and 72 for GB200/GB300 NVL72) gives the
+    default gpus_per_node and the NVLink domain; an explicit gpus_per_node that does not divide the
+    GPU's NVLink domain is a ValueError. An inline GPU must name its intra_node link.
     """
     from_yaml = _read_cluster_yaml(yaml_path) if yaml_path is not None else {}
     where = f"cluster YAML {str(yaml_path)!r}" if yaml_path is not None else "arguments"
@@ -293,15 +397,28 @@ def build_cluster(
             return explicit
         return from_yaml[key] if from_yaml.get(key) is not None else default
 
-    gpu_spec = _resolve_gpu(pick("gpu", gpu, DEFAULT_GPU), where)
+    gpu_value = pick("gpu", gpu, DEFAULT_GPU)
+    gpu_spec = _resolve_gpu(gpu_value, where)
     intra = pick("intra_node", intra_node, None)
+    if intra is None and isinstance(gpu_value, Mapping):
+        # an inline GPU is what its mapping says: a name that matches a catalog GPU brings neither that GPU's
+        # NVLink generation nor (below) its node shape
+        raise ValueError(f"{where}: the gpu is given inline, so its NVLink generation is unknown; give intra_node "
+                         f"(one of {', '.join(known.name for known in _LINKS)}, or an inline link).")
     intra_spec = default_intra_node(gpu_spec) if intra is None else _resolve_link(intra, where, "intra_node")
-    gpn_default, domain = _NODE_SHAPE.get(gpu_spec.name, (DEFAULT_GPUS_PER_NODE, None))
-    gpn = _as_int(pick("gpus_per_node", gpus_per_node, gpn_default), "gpus_per_node")
+    # the node shape is the GPU's own (8 per node on HGX/DGX boards, 4 per tray in a 72-GPU NVL72 rack); an explicit
+    # gpus_per_node (argument, then the YAML's top-level key) wins over it, as long as it still tiles the GPU's
+    # NVLink domain into whole nodes
+    gpn = _as_int(pick("gpus_per_node", gpus_per_node, gpu_spec.gpus_per_node), "gpus_per_node")
+    domain = gpu_spec.nvlink_domain_gpus
+    if domain is not None and domain % gpn:
+        raise ValueError(f"gpus_per_node={gpn} does not tile the NVLink domain of GPU {gpu_spec.name!r} "
+                         f"({domain} GPUs, {gpu_spec.gpus_per_node} per node) into whole nodes; give a gpus_per_node "
+                         f"that divides {domain}, or a GPU without an NVLink domain beyond the node.")
     return ClusterSpec(
         nodes=_as_int(pick("nodes", nodes, DEFAULT_NODES), "nodes"),
         gpus_per_node=gpn,
-        nvlink_domain_gpus=domain if (domain and domain % gpn == 0) else None,
+        nvlink_domain_gpus=domain,
         gpu=gpu_spec,
         intra_node=intra_spec,
         inter_node=_resolve_link(pick("inter_node", inter_node, DEFAULT_INTER_NODE), where, "inter_node"),
