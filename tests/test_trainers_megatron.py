@@ -138,9 +138,12 @@ def test_crash_and_hang_are_outcomes_and_the_next_trial_gets_fresh_workers(backe
 
 
 def test_each_job_destroys_the_previous_jobs_process_groups() -> None:
-    # megatron-core's destroy_model_parallel only forgets its groups; a reused worker must destroy them, or every
-    # job adds its TP/PP/DP/CP/EP/... groups (gloo threads, NCCL communicators on a GPU) to the ones before
+    # megatron-core's destroy_model_parallel only forgets its groups (0.19.2: parallel_state.py:2506-2692 sets them
+    # to None; it destroys only the gloo DP groups, which create_gloo_process_groups=False never makes); a reused
+    # worker must destroy them, or every job adds its TP/PP/DP/CP/EP/... groups (gloo threads, NCCL communicators on
+    # a GPU) to the ones before
     import torch.distributed as dist
+    from megatron.core import parallel_state
     from torch.distributed import distributed_c10d as c10d
 
     from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
@@ -158,10 +161,97 @@ def test_each_job_destroys_the_previous_jobs_process_groups() -> None:
             for _ in range(3):
                 init_parallel_state(layout)
                 assert len(c10d._world.pg_map) == after_first
+        parallel_state.destroy_model_parallel()
+        assert len(c10d._world.pg_map) == after_first  # why destroy_job_groups exists: megatron-core leaves them
         assert destroy_job_groups() == after_first - 1
         assert len(c10d._world.pg_map) == 1
     finally:
-        from megatron.core import parallel_state
-
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("text", "cp"), [("tp=2,cp=2", 2), ("tp=2,dp=2", 1)])
+def test_each_rank_gets_its_cp_ranks_zigzag_chunks_of_the_sequence(text: str, cp: int) -> None:
+    # get_batch_on_this_cp_rank splits over the group it is given; 0.19 without cp_group splits over the whole world
+    # (utils.py:2483): a CP=1 layout on 4 ranks would train on a quarter of each sequence. Every rank of a 4-rank
+    # world, emulated by torch's fake process group (collectives complete at once; only the group layout matters)
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from trainers.cp_attention import zigzag_positions
+    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+    from trainers.megatron_job import JobConfig, _batch, init_parallel_state
+
+    assert not dist.is_initialized()
+    apply_cpu_patches()
+    layout = parse_layout(text, world_size=WORLD)
+    seq = 64
+    cfg = JobConfig(model=get_model("tiny-gpt"), layout=layout, seq_length=seq, num_microbatches=1)
+    for rank in range(WORLD):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
+        try:
+            with cpu_device_mode():
+                init_parallel_state(layout)
+                batch = _batch(cfg, step=0, microbatch=0)
+            cp_rank = parallel_state.get_context_parallel_rank()
+            want = zigzag_positions(seq // cp, cp_rank, cp) if cp > 1 else torch.arange(seq)
+            assert {k: tuple(v.shape) for k, v in batch.items()} == dict.fromkeys(batch, (1, seq // cp))
+            assert torch.equal(batch["position_ids"][0], want)
+        finally:
+            parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
+
+
+def test_a_job_drops_the_moe_tracker_the_previous_model_sized() -> None:
+    # 0.19's MoE metrics tracker keeps one slot per layer of the first model that recorded (moe_logging.py:117-125)
+    # and clear() only zeroes them; the legacy getter returns a copy. A 2-layer model after a 1-layer one would
+    # index past the slot (IndexError in the router's first forward) unless the job drops the tracker.
+    import torch
+    from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker, get_moe_metrics_tracker
+
+    from trainers.megatron_job import _reset_process_globals
+
+    get_moe_metrics_tracker().record("load_balancing_loss", torch.tensor(1.0), layer_number=1, num_layers=1)
+    try:
+        _reset_process_globals()
+        tracker = get_moe_metrics_tracker()
+        tracker.record("load_balancing_loss", torch.tensor(3.0), layer_number=2, num_layers=2)
+        assert tracker.metrics["load_balancing_loss"].values.tolist() == [0.0, 3.0]
+    finally:
+        destroy_moe_metrics_tracker()
+
+
+def test_each_cpu_patch_replaces_the_name_megatron_core_calls() -> None:
+    # the proxy's layouts above fail without each patch (trainers/cpu_patches.py names the calls); these check that
+    # every patch still lands where megatron-core 0.19.2 looks the function up, and does what the CPU needs
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel import mappings
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import token_dispatcher
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from trainers.cpu_patches import apply_cpu_patches, cpu_device_mode
+    from trainers.proxy_norm import ProxyRMSNorm
+
+    assert apply_cpu_patches()  # True: patched (no CUDA device here)
+    assert torch.cuda.current_device() == torch.device("cpu")
+    state = torch.random.get_rng_state()
+    torch.rand(3)
+    mrandom._set_cuda_rng_state(state)  # megatron-core's own queues a lazy CUDA call that never runs
+    assert torch.equal(torch.random.get_rng_state(), state)
+    splits = token_dispatcher.maybe_move_tensor_to_cpu(torch.tensor([3, 5]), as_numpy=True)
+    assert isinstance(splits, np.ndarray) and splits.tolist() == [3, 5]  # gloo's all_to_all_single takes lists
+    assert mappings._gather_along_first_dim.__module__ == "trainers.cpu_patches"
+    assert mappings._reduce_scatter_along_first_dim.__module__ == "trainers.cpu_patches"
+    with cpu_device_mode():
+        t = torch.ones(2, device="cuda")
+        assert t.device.type == "cpu" and t.type() == "torch.cuda.FloatTensor"
+        config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, normalization="RMSNorm",
+                                   tensor_model_parallel_size=2, sequence_parallel=True)
+        norm = WrappedTorchNorm(config=config, hidden_size=8)  # megatron-core's asserts against SP
+    assert isinstance(norm, ProxyRMSNorm)
+    assert all(getattr(p, "sequence_parallel", False) for p in norm.parameters())

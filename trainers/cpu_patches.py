@@ -1,26 +1,25 @@
-"""Make megatron-core run on a CPU-only torch build (gloo), for the CPU proxy jobs.
+"""Make megatron-core run on a CPU-only machine (gloo), for the CPU proxy jobs.
 
-Applied only when `torch.cuda.is_available()` is False; on a GPU none of this runs. Each patch
-answers one failure seen on torch 2.13.0+cpu with megatron-core 0.16.1:
+Applied only when `torch.cuda.is_available()` is False; on a GPU none of this runs. Written for megatron-core
+0.19.2 (Python 3.12, torch 2.14.1, a CUDA build running without a GPU); `tests/megatron_build.py` also applies it
+under megatron-core 0.16.1 (Python 3.11, torch 2.13.0+cpu), where every patch works too (version-specific parts are
+guarded by what the module has, not by version strings). Each patch is one function below whose docstring names
+the megatron-core 0.19.2 calls (`megatron/core/<file>:<line>`) that fail without it, as found by running the
+proxy's layouts with that patch removed:
 
-- `torch.cuda.current_device / synchronize / current_stream / Stream / stream / Event /
-  get_rng_state / set_rng_state / manual_seed / empty_cache` are called unconditionally by the
-  pipeline p2p code, DDP grad buffers, the MoE alltoall dispatcher and the RNG tracker: shims.
-- Literal `device="cuda"` allocations, `.cuda()` calls and `pin_memory=True` (optimizer loss scale,
-  grad clipping, causal masks, MoE counters, the CP split of rotary embeddings): `CudaToCpuMode`, a
-  `TorchFunctionMode` that sends them to the CPU.
-  Function modes are thread-local, so `cpu_device_mode()` must be entered by the thread that runs
-  the job (Ray Train runs the training function in its own thread).
-- `tensor_parallel.random` CUDA RNG get/set: routed to the CPU generator (else every attention
-  forward queues a lazy CUDA call that never runs: a leak).
-- Norms: `WrappedTorchNorm` builds `trainers.proxy_norm` norms instead of torch's, which save for
-  backward what TE's / Apex's fused norms save (bf16 input + fp32 statistics; torch's composite
-  RMSNorm keeps fp32 copies, 4x the bytes). With sequence parallelism (which `WrappedTorchNorm`
-  asserts against) their parameters are marked `sequence_parallel = True`, so megatron-core
-  all-reduces their grads over TP as it does for TE's norms.
-- MoE alltoall on gloo: split sizes must be numpy, and `maybe_move_tensor_to_cpu` converts only
-  CUDA tensors. 0.16.1 also leaves `moe_utils.te_general_gemm` undefined without TE. With ETP > 1 the
-  dispatcher gathers uneven token counts over TP, which gloo refuses: padded / all-reduced instead.
+- `_patch_torch_cuda`: `torch.cuda.current_device / synchronize / current_stream / Stream / stream /
+  get_rng_state / manual_seed`, called unconditionally by DDP's grad buffers, pipeline p2p, the MoE alltoall
+  dispatcher and the RNG tracker ("Found no NVIDIA driver"), plus stand-ins the parity builds reach.
+- `cpu_device_mode()` (`CudaToCpuMode`): literal `device="cuda"`, `.cuda()`, `pin_memory=True` and the
+  `tensor.type() == "torch.cuda.FloatTensor"` checks of the optimizer and grad clipping. Function modes are
+  thread-local, so it must be entered by the thread that runs the job (Ray Train runs the training function in
+  its own thread).
+- `_patch_rng_tracker`: the RNG tracker's CUDA state get/set, routed to the CPU generator.
+- `_patch_torch_norm`: `WrappedTorchNorm` builds `trainers.proxy_norm` norms (what TE's / Apex's fused norms save
+  for backward), marked `sequence_parallel` under SP, which the torch-norm wrapper asserts against.
+- `_patch_moe`: split sizes as numpy for gloo's `all_to_all_single`; 0.16.1's undefined `te_general_gemm`.
+- `_patch_uneven_collectives`: uneven token gathers / reduce-scatters over TP (MoE with ETP > 1), which gloo
+  refuses.
 """
 
 from __future__ import annotations
@@ -90,6 +89,20 @@ class _FakeEvent:
 
 
 def _patch_torch_cuda() -> None:
+    """`torch.cuda` functions megatron-core calls whatever the device; on a CUDA build without a GPU each raises
+    "Found no NVIDIA driver" (on a +cpu build "Torch not compiled with CUDA enabled"). 0.19.2 callers on the proxy's
+    paths: `current_device` as the allocation device (distributed/param_and_grad_buffer.py:1180,1186,
+    tensor_parallel/layers.py:305,647,1000,1363, tensor_parallel/mappings.py:145,152,185,447,
+    pipeline_parallel/p2p_communication.py:334,342, transformer/moe/router.py:98, utils.py:715,
+    models/common/embeddings/rotary_pos_embedding.py:78,162); `synchronize` after batched p2p
+    (pipeline_parallel/p2p_communication.py:419); `current_stream` (distributed/param_and_grad_buffer.py:632,
+    transformer/moe/token_dispatcher.py:922,924); `Stream` and `stream` (the alltoall dispatcher's device-to-host
+    stream, transformer/moe/token_dispatcher.py:469,925); `get_rng_state` / `manual_seed` (the RNG tracker,
+    tensor_parallel/random.py:303-306,490: without the `manual_seed` shim the CUDA build queues the seed lazily and
+    never applies it, so the weights are initialised from another seed). `Event`, `default_stream`, `set_stream`,
+    `empty_cache` and `manual_seed_all` are not reached by the proxy; the parity builds reach them (the EP-overlap
+    schedule plan's event, transformer/moe/moe_layer.py:434, models/common/model_chunk_schedule_plan.py:376; CUDA
+    graphs, transformer/cuda_graphs.py:662,709)."""
     import torch
 
     cpu_state = torch.random.get_rng_state
@@ -116,6 +129,10 @@ def _patch_torch_cuda() -> None:
 
 
 def _patch_rng_tracker() -> None:
+    """`tensor_parallel.random._set_cuda_rng_state` (tensor_parallel/random.py:135-174) queues its work with
+    torch's `_lazy_call` (:174), which never runs without a GPU: every fork of the tracker (random.py:308,323,345,
+    538; each attention forward forks it) would leak a queued closure and never restore the state, so the weights
+    would differ from a run with a real RNG state. Get and set (random.py:318,341,528) go to the CPU generator."""
     import logging
 
     import torch
@@ -128,6 +145,13 @@ def _patch_rng_tracker() -> None:
 
 
 def _patch_torch_norm() -> None:
+    """The local spec's norms are `WrappedTorchNorm` (models/backends.py:37,126), which asserts
+    `not config.sequence_parallel` (transformer/torch_norm.py:50: "sequence parallel not supported by torch
+    LayerNorm") and builds torch's norms, whose composite RMSNorm saves fp32 copies for backward (4x the bytes of
+    TE's / Apex's fused norms). It builds `trainers.proxy_norm` norms instead (same parameters; they save what the
+    fused kernels save) and, under SP, marks their parameters `sequence_parallel = True`, so megatron-core
+    all-reduces their grads over TP as it does for TE's norms. Other normalizations keep torch's, built with SP off
+    (the assert is the only thing that reads it)."""
     from megatron.core.transformer import torch_norm
 
     from trainers.proxy_norm import ProxyLayerNorm, ProxyRMSNorm
@@ -159,6 +183,12 @@ def _without_sp(config: Any) -> Any:
 
 
 def _patch_moe() -> None:
+    """The alltoall dispatcher turns its split sizes into numpy with `maybe_move_tensor_to_cpu(..., as_numpy=True)`
+    (transformer/moe/token_dispatcher.py:927-945), which converts only CUDA tensors (moe_utils.py:1169-1190): on the
+    CPU the sizes reach gloo's `all_to_all_single` as tensors, a TypeError ("incompatible function arguments").
+    This version converts CPU tensors too (it is imported by name into both modules). 0.16.1 only: without TE
+    `moe_utils.te_general_gemm` is undefined (a NameError in the router); 0.19.2 sets it to None itself
+    (moe_utils.py:41-53, the no-TE branch), so the hasattr guard leaves it alone."""
     import torch
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
@@ -176,9 +206,12 @@ def _patch_moe() -> None:
 
 
 def _patch_uneven_collectives() -> None:
-    """gloo's all_gather / reduce_scatter need equal sizes; MoE with ETP > 1 gathers uneven token counts
-    over the TP group (`mappings._gather_along_first_dim(..., output_split_sizes)`). Uneven cases pad to the
-    largest split (gather) or all-reduce and slice (reduce-scatter); equal ones keep megatron-core's path."""
+    """gloo's all_gather / reduce_scatter need equal sizes ("ProcessGroupGloo::allgather: invalid tensor size");
+    MoE with ETP > 1 gathers and reduce-scatters uneven token counts over the TP group
+    (`_GatherFromSequenceParallelRegion`, tensor_parallel/mappings.py:329,342, and
+    `_ReduceScatterToSequenceParallelRegion`, mappings.py:369,377, calling `_gather_along_first_dim` /
+    `_reduce_scatter_along_first_dim` with split sizes, mappings.py:118,159). Uneven cases pad to the largest split
+    (gather) or all-reduce and slice (reduce-scatter); equal ones keep megatron-core's path."""
     import torch
     from megatron.core.tensor_parallel import mappings
 
@@ -233,6 +266,13 @@ def _is_cuda_device(device: Any) -> bool:
 
 
 def _make_mode() -> Any:
+    """The `TorchFunctionMode` of `cpu_device_mode()`. Without it the first CUDA allocation fails ("Found no NVIDIA
+    driver"). 0.19.2 callers on the proxy's paths: `device="cuda"` in the optimizer (optimizer/optimizer.py:315,702),
+    grad clipping (optimizer/clip_grads.py:108,112,180), the schedules (pipeline_parallel/schedules.py:749,1121,
+    2292), the causal mask (transformer/utils.py:39) and utils.py:1332; `.cuda()` and `pin_memory=True` in the CP
+    split of rotary embeddings (models/common/embeddings/rope_utils.py:62,64); `tensor.type()` compared with
+    "torch.cuda.FloatTensor" (optimizer/clip_grads.py:174, optimizer/distrib_optimizer.py:401,758,
+    optimizer/optimizer.py:1009)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
