@@ -7,7 +7,7 @@
 chunks (every virtual stage of its pipeline stage, at full size), megatron-core's DDP and (distributed)
 optimizer, and runs two full training steps of `get_forward_backward_func()` and `optimizer.step()`.
 
-What the fake group does (torch 2.13, c10d `FakeProcessGroup`; checked at start-up, `_check_fake_group`):
+What the fake group does (torch 2.13 and 2.14, c10d `FakeProcessGroup`; checked at start-up, `_check_fake_group`):
 every collective completes at once; all-gathers write this rank's input into every slot, all-reduce and
 broadcast leave the input as it is, reduce-scatter keeps this rank's slice, all-to-all copies; point-to-point
 send / recv / `batch_isend_irecv` complete without touching the buffer. So every emulated peer "sends what

@@ -8,8 +8,11 @@ synthetic tokens through `get_forward_backward_func()` (1F1B, interleaved with V
 rank's `RankResult` as a plain dict. Device is the only difference between GPU (NCCL, cuda) and the CPU
 proxy (gloo, patched megatron-core; see `cpu_patches`).
 
-Sources: megatron-core 0.16.1 `models/gpt/gpt_model.py`, `models/gpt/gpt_layer_specs.py`,
-`distributed/distributed_data_parallel.py`, `optimizer/__init__.py`, `pipeline_parallel/schedules.py`.
+Sources: megatron-core 0.19.2 `models/gpt/gpt_model.py`, `models/gpt/gpt_layer_specs.py`,
+`distributed/distributed_data_parallel.py`, `optimizer/__init__.py`, `pipeline_parallel/schedules.py`,
+`utils.py::get_batch_on_this_cp_rank`. The same code runs on 0.16.1 (the two calls that differ check what the
+installed megatron-core has: `_cp_split_flags`, `_reset_process_globals`). On the CPU proxy the two releases
+give bit-identical losses and equal memory terms, but for MoE activations (docs/profiling.md).
 """
 
 from __future__ import annotations
@@ -82,8 +85,9 @@ def _reset_process_globals() -> None:
 def destroy_job_groups() -> int:
     """Destroy every process group but the default one; returns how many.
 
-    megatron-core 0.16.1's `destroy_model_parallel` only forgets its groups (`parallel_state.py:2085-2230` sets
-    them to None), while torch keeps each one registered with its gloo threads, or on a GPU its NCCL communicator
+    megatron-core's `destroy_model_parallel` only forgets its groups (0.19.2 `parallel_state.py:2506-2692`, 0.16.1
+    `:2085-2230`, set them to None and destroy only the gloo DP groups, which `create_gloo_process_groups=False`
+    never makes), while torch keeps each one registered with its gloo threads, or on a GPU its NCCL communicator
     and that communicator's device buffers. A reused worker would pile them up job after job: a 20-minute
     CPU-proxy search left 988 `pt_gloo_runloop` threads in each worker, and on a GPU every later trial would
     measure its peak memory on top of the earlier trials' communicators. torch has no public list of groups, so
