@@ -145,6 +145,27 @@ def test_a_rank_outside_the_world_is_refused_before_building():
     assert result["status"] == "failed" and result["reason"] == "rank must be in [0, 2), but got 2."
 
 
+@pytest.mark.parametrize(("layout_field", "training_field", "value", "words"), [
+    ("cuda_graphs", "cuda_graphs", "local", "CUDA graphs"),
+    ("ep_overlap", "overlap_moe_expert_parallel_comm", True, "EP all-to-all overlap"),
+])
+def test_a_switch_the_probe_cannot_run_is_refused_before_building(layout_field, training_field, value, words):
+    # the switch sits on the Layout where the search spaces have it there, else on the TrainingSpec
+    from dataclasses import fields
+
+    from search_spaces.layout import Layout
+    from search_spaces.training import TrainingSpec
+    from trainers.gpu_probe import probe_rank
+
+    layout, training = Layout(tp=2), TrainingSpec(seq_length=64, global_batch_size=2)
+    if layout_field in {f.name for f in fields(Layout)}:
+        layout = replace(layout, **{layout_field: value})
+    else:
+        training = replace(training, **{training_field: value})
+    result = probe_rank(get_model("tiny-moe"), layout, training, rank=0, device="cpu")
+    assert result["status"] == "failed" and words in result["reason"] and "spec" not in result
+
+
 @pytest.mark.parametrize("argv", [["--device", "cpu", "--layouts", "default"], ["--layouts", "huge"],
                                   ["--device", "cpu", "--only", "no-such-case"],
                                   ["--device", "cpu", "--budget-s", "0"]])

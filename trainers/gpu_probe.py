@@ -31,10 +31,12 @@ Megatron-LM pads it (`_vocab_size_with_padding`: a multiple of 128 * TP). With T
 run uses are turned on (SwiGLU, bias-dropout, RoPE, masked softmax, and the cross-entropy fusion the
 `TrainingSpec` asks for); the local spec runs unfused. Honoured from the `TrainingSpec`: sequence, global
 batch (micro-batches = GBS / (MBS * DP)), `grad_reduce_in_fp32`, the precision-aware optimizer and its moment
-dtype (TE's FusedAdam with the distributed optimizer only), the MoE dispatcher (alltoall, allgather),
-recompute modules and layers. Forced, and reported in `result["training"]` so that a comparison uses what
-ran: no grad-reduce / param-gather / TP-comm overlap, no grouped GEMM, no permute fusion, no CUDA graphs.
-Refused: fp8, the flex dispatcher, CUDA graphs, MLA models (`megatron_job` builds no MLA attention).
+dtype (TE's FusedAdam with the distributed optimizer only), the MoE dispatcher (alltoall, allgather; an unset
+one runs alltoall), recompute modules and layers. Forced, and reported in `result["training"]` so that a
+comparison uses what ran: no grad-reduce / param-gather / TP-comm overlap, no grouped GEMM, no permute fusion.
+Refused: fp8, the flex dispatcher, CUDA graphs, the EP all-to-all overlap (each read from the Layout where the
+search spaces have the switch there, else from the TrainingSpec), MLA models (`megatron_job` builds no MLA
+attention).
 """
 
 from __future__ import annotations
@@ -114,14 +116,24 @@ def _refusal(model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int
         return "fp8 is not supported by the probe (bf16 only)."
     if training.moe_token_dispatcher == "flex":
         return "the flex dispatcher (DeepEP) is not supported by the probe; use alltoall or allgather."
-    if training.cuda_graphs != "none":
+    if _switch(layout, training, "cuda_graphs", "cuda_graphs", "none") != "none":
         return "CUDA graphs are not supported by the probe."
+    if _switch(layout, training, "ep_overlap", "overlap_moe_expert_parallel_comm", False):
+        return "the EP all-to-all overlap is not supported by the probe."
     if model.mla is not None:
         return f"{model.name}: MLA attention is not built by trainers.megatron_job."
     if training.global_batch_size % (layout.mbs * layout.dp):
         return (f"global_batch_size ({training.global_batch_size}) must be a multiple of mbs * dp "
                 f"({layout.mbs} * {layout.dp}).")
     return ""
+
+
+def _switch(layout: Layout, training: TrainingSpec, layout_name: str, training_name: str, default: Any) -> Any:
+    """A switch the search spaces are moving from the TrainingSpec to the Layout (CUDA graphs, the EP overlap):
+    the layout's where it has the field, else the TrainingSpec's."""
+    if hasattr(layout, layout_name):
+        return getattr(layout, layout_name)
+    return getattr(training, training_name, default)
 
 
 def _failed(reason: str, start: float) -> dict[str, Any]:
@@ -161,10 +173,14 @@ def _check_fake_group() -> None:
 def _effective_training(training: TrainingSpec, *, te: bool, dist_opt: bool) -> TrainingSpec:
     """The TrainingSpec of what the probe builds (see the module docstring)."""
     precision_aware = te and dist_opt and training.precision_aware_optimizer and _te_fused_adam()
+    changes: dict[str, Any] = {"moe_token_dispatcher": training.moe_token_dispatcher or "alltoall"}  # None: the
+    #   GPU's own, flex on Blackwell, which the probe refuses when named: it runs alltoall, and says so
+    if any(f.name == "overlap_moe_expert_parallel_comm" for f in dataclasses.fields(training)):
+        changes["overlap_moe_expert_parallel_comm"] = False  # a TrainingSpec switch before it moved to the Layout
     return dataclasses.replace(
-        training,
+        training, **changes,
         overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False,
-        overlap_moe_expert_parallel_comm=False, moe_grouped_gemm=False, moe_permute_fusion=False,
+        moe_grouped_gemm=False, moe_permute_fusion=False,
         precision_aware_optimizer=precision_aware,
         optimizer_moments=training.optimizer_moments if precision_aware else "fp32",
         cross_entropy_fusion=training.cross_entropy_fusion if te else "none",
@@ -306,7 +322,7 @@ def _probe(model: ModelSpec, layout: Layout, effective: TrainingSpec, *, rank: i
         cfg = megatron_job.JobConfig(
             model=dataclasses.replace(model, vocab_size=padded_vocab_size(model.vocab_size, layout.tp)),
             layout=layout, seq_length=effective.seq_length, num_microbatches=microbatches, precision="bf16",
-            dropout=0.0, moe_dispatcher=effective.moe_token_dispatcher, measure_memory=False)
+            dropout=0.0, moe_dispatcher=effective.moe_token_dispatcher or "alltoall", measure_memory=False)
         tconfig = _transformer_config(cfg, effective, te=te)
         chunks = megatron_job.build_model_chunks(cfg, tconfig)
         chunks, optimizer = _wrap_ddp_and_optimizer(tconfig, chunks, layout, effective)
