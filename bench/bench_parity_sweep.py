@@ -29,8 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import megatron_runner  # noqa: E402
-
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.hf_config import model_from_hf_config  # noqa: E402
@@ -40,6 +38,8 @@ from search_spaces.megatron_version import RULE_SETS  # noqa: E402
 from search_spaces.rules import check  # noqa: E402
 from search_spaces.space import dimension_ranges, feasible_space, pipeline_fields  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
+
+import megatron_runner  # noqa: E402
 
 HF = ROOT / "tests" / "data" / "hf"
 # (catalog name or hf:<fixture>, nodes of 8 GPUs, global batch size)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from search_spaces.cluster import ClusterSpec
 from search_spaces.model import ModelSpec
-from search_spaces.training import TrainingSpec
+from search_spaces.training import TrainingSpec, default_cuda_graph_modules
 
 __all__ = ["Job"]
 
@@ -46,3 +46,24 @@ class Job:
         if self.training.fp8_recipe is not None:
             return self.training.fp8_recipe
         return "mxfp8" if self.cluster.gpu.arch == "blackwell" else "tensorwise"
+
+    @property
+    def moe_dispatcher(self) -> tuple[str, str | None]:
+        """(megatron-core `moe_token_dispatcher_type`, `moe_flex_dispatcher_backend` or None): the training spec's,
+        else the GPU's own as Megatron-Bridge 0.6's perf recipes run it: the flex dispatcher with HybridEP on
+        Blackwell, alltoall elsewhere. A flex dispatcher without a named backend uses HybridEP on Blackwell and
+        DeepEP (megatron-core's default backend) elsewhere."""
+        t = self.training
+        blackwell = self.cluster.gpu.arch == "blackwell"
+        dispatcher = t.moe_token_dispatcher or ("flex" if blackwell else "alltoall")
+        if dispatcher != "flex":
+            return dispatcher, None
+        return dispatcher, t.moe_flex_backend or ("hybridep" if blackwell else "deepep")
+
+    @property
+    def cuda_graph_modules(self) -> tuple[str, ...]:
+        """What per-layer CUDA graphs capture in each layer: the training spec's, else Megatron-Bridge 0.6's
+        (`attn`, `moe_router`, `moe_preprocess` for MoE models, `perf_recipes/*/common.py`; the whole layer, an
+        empty list, for dense ones)."""
+        modules = self.training.cuda_graph_modules
+        return modules if modules is not None else default_cuda_graph_modules(self.model.is_moe)

@@ -19,11 +19,16 @@ from search_spaces.pipeline_layout import (
     parse_stages,
 )
 
-__all__ = ["Layout", "Recompute", "PipelineSplit", "parse_layout", "pipeline_split_for", "MEGATRON_NAMES",
-           "SPLIT_FIELDS"]
+__all__ = ["Layout", "Recompute", "CudaGraphs", "CUDA_GRAPH_CHOICES", "RECOMPUTE_CHOICES", "PipelineSplit",
+           "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS", "SWITCH_FIELDS"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
+# megatron-core 0.19 `cuda_graph_impl` (transformer_config.py): none; per-layer graphs of megatron-core ("local") or
+# Transformer Engine ("transformer_engine", capturing `TrainingSpec.cuda_graph_modules` of each layer); one graph of
+# the whole forward-backward ("full_iteration"; 0.16.1 spells it local graphs with the scope ["full_iteration"])
+CudaGraphs = Literal["none", "local", "transformer_engine", "full_iteration"]
+CUDA_GRAPH_CHOICES: tuple[str, ...] = ("none", "local", "transformer_engine", "full_iteration")
 
 # short name -> the megatron-core field(s) it sets (dp / expert_dp are derived, never set there); the one table of
 # megatron's names, with the Megatron-LM flags and Megatron-Bridge keys, is `search_spaces.megatron_names`
@@ -43,6 +48,12 @@ class Layout:
     `pipeline_layout` is megatron-core's `pipeline_model_parallel_layout` string (`Et|(tt|)*30mL`,
     grammar in `search_spaces/pipeline_layout.py`): it places every layer itself. As in megatron-core's
     `TransformerConfig.__post_init__`, an unset `vpp` is derived from it (stages / PP, None for 1).
+
+    Besides the sizes, the layout holds the switches the search chooses per layout because they trade memory for
+    time or change which sizes win (`SWITCH_FIELDS`): SP, the distributed optimizer, recompute, CUDA graphs
+    (`cuda_graphs`, megatron-core's `cuda_graph_impl`) and the MoE all-to-all overlap (`ep_overlap`,
+    `overlap_moe_expert_parallel_comm`: megatron-core's 1F1B schedule that hides one micro-batch's dispatch and
+    combine under another's compute).
     """
 
     tp: int = 1
@@ -60,6 +71,8 @@ class Layout:
     last_stage_layers: int | None = None
     embedding_loss_split: bool = False
     pipeline_layout: str | None = None
+    cuda_graphs: CudaGraphs = "none"
+    ep_overlap: bool = False
 
     def _layout_stages(self) -> tuple[str, ...] | None:
         """The layout string's stages, or None when there is no string or it does not parse (the rules say why)."""
@@ -90,6 +103,9 @@ class Layout:
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got "
                              f"{self.recompute!r}.")
+        if self.cuda_graphs not in CUDA_GRAPH_CHOICES:
+            raise ValueError(f"layout field 'cuda_graphs' must be one of {CUDA_GRAPH_CHOICES}, but got "
+                             f"{self.cuda_graphs!r}.")
         if self.pipeline_layout is not None and not isinstance(self.pipeline_layout, str):
             raise ValueError(f"pipeline_layout must be a string (megatron-core's pipeline_model_parallel_layout), "
                              f"but got {self.pipeline_layout!r}.")
@@ -208,6 +224,10 @@ class Layout:
             parts.append(f"pipeline_layout={self.pipeline_layout}")
         parts += [f"dp={self.dp}", f"mbs={self.mbs}", f"sp={str(self.sp).lower()}",
                   f"dist_opt={str(self.dist_opt).lower()}", f"recompute={self.recompute}"]
+        if self.cuda_graphs != "none":  # the new switches only when on: older texts (trials.csv) read the same
+            parts.append(f"cuda_graphs={self.cuda_graphs}")
+        if self.ep_overlap:
+            parts.append("ep_overlap=true")
         return ",".join(parts)
 
 
@@ -223,7 +243,7 @@ def _check_size(name: str, value: object, *, optional: bool) -> None:
 
 
 _SIZE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
-_BOOL_FIELDS = ("sp", "dist_opt", "embedding_loss_split")
+_BOOL_FIELDS = ("sp", "dist_opt", "embedding_loss_split", "ep_overlap")
 _MEGATRON_SPLIT = {"first_stage_layers": "num_layers_in_first_pipeline_stage",
                    "last_stage_layers": "num_layers_in_last_pipeline_stage"}
 MAX_SIZE = 10**9  # the largest layout size parse_layout reads (far above any cluster)
@@ -231,6 +251,8 @@ _FIELD_NAMES = tuple(f.name for f in fields(Layout))
 # the fields that say how the layers are split over the pipeline (derived from (num_layers, PP, VPP) in the space)
 SPLIT_FIELDS: frozenset[str] = frozenset({"first_stage_layers", "last_stage_layers", "embedding_loss_split",
                                           "pipeline_layout"})
+# the per-layout switches (the rest are sizes and the pipeline split)
+SWITCH_FIELDS: tuple[str, ...] = ("sp", "dist_opt", "recompute", "cuda_graphs", "ep_overlap")
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
 _OPTIONAL_FIELDS = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
@@ -277,10 +299,14 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
                 raise ValueError(f"layout field {key!r} needs a positive integer (at most {MAX_SIZE:,}), but got "
                                  f"{number}.")
             values[key] = None if key == "vpp" and number == 1 else number
-        elif key in ("sp", "dist_opt", "embedding_loss_split"):
+        elif key in _BOOL_FIELDS:
             if raw not in _BOOL:
                 raise ValueError(f"layout field {key!r} needs true or false, but got {raw!r}.")
             values[key] = _BOOL[raw]
+        elif key == "cuda_graphs":
+            if raw not in CUDA_GRAPH_CHOICES:
+                raise ValueError(f"layout field 'cuda_graphs' must be one of {CUDA_GRAPH_CHOICES}, but got {raw!r}.")
+            values[key] = raw
         else:  # recompute
             if raw not in RECOMPUTE_CHOICES:
                 raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got {raw!r}.")

@@ -34,7 +34,7 @@ __all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARAL
            "job_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format", "architecture_settings"]
 
 Owner = Literal["transformer", "ddp", "optimizer", "training"]
-Kind = Literal["int", "bool", "str", "list", "dtype"]
+Kind = Literal["int", "float", "bool", "str", "list", "dtype"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,6 +49,7 @@ class Name:
     bridge: tuple[str, ...] = ()  # Megatron-Bridge 0.6.2 override keys
     bridge_0_3_1: tuple[str, ...] | None = None  # Bridge v0.3.1's keys where they differ from 0.6.2's
     lm_0_16_1: str | None = None  # Megatron-LM core_v0.16.1's flag where it differs
+    since: str = "0.16.1"  # the first release (rule set) that has the setting: job_settings leaves it out before
 
     def lm_flag(self, tag: str) -> str | None:
         """The Megatron-LM flag at `tag` ("core_v0.19.2" or "core_v0.16.1": `megatron_version.LAUNCH_TARGETS`)."""
@@ -64,9 +65,9 @@ class Name:
 
 
 def _n(core: str, owner: Owner, kind: Kind, lm: str | None, *bridge: str, lm_false: str | None = None,
-       bridge_0_3_1: tuple[str, ...] | None = None, lm_0_16_1: str | None = None) -> Name:
+       bridge_0_3_1: tuple[str, ...] | None = None, lm_0_16_1: str | None = None, since: str = "0.16.1") -> Name:
     return Name(core=core, owner=owner, kind=kind, lm=lm, lm_false=lm_false, bridge=bridge, bridge_0_3_1=bridge_0_3_1,
-                lm_0_16_1=lm_0_16_1)
+                lm_0_16_1=lm_0_16_1, since=since)
 
 
 _T: Owner = "transformer"
@@ -134,6 +135,29 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     _n("overlap_moe_expert_parallel_comm", _T, "bool", "--overlap-moe-expert-parallel-comm",
        "model.overlap_moe_expert_parallel_comm", "comm_overlap:overlap_moe_expert_parallel_comm"),
     _n("moe_token_dispatcher_type", _T, "str", "--moe-token-dispatcher-type", "model.moe_token_dispatcher_type"),
+    _n("moe_flex_dispatcher_backend", _T, "str", "--moe-flex-dispatcher-backend",
+       "model.moe_flex_dispatcher_backend"),
+    # the EP A2A overlap's weight gradients behind the combine (Bridge: `CommOverlapConfig.delay_wgrad_compute`,
+    # copied over the model's in `setup`)
+    _n("delay_wgrad_compute", _T, "bool", "--delay-wgrad-compute", "model.delay_wgrad_compute",
+       "comm_overlap:delay_wgrad_compute"),
+    # the paged stash of full-iteration graphs of MoE models (0.19; Bridge 0.6 perf_recipes/qwen/common.py)
+    _n("moe_paged_stash", _T, "bool", "--moe-paged-stash", "model.moe_paged_stash", since="0.19.2"),
+    _n("moe_expert_rank_capacity_factor", _T, "float", "--moe-expert-rank-capacity-factor",
+       "model.moe_expert_rank_capacity_factor", since="0.19.2"),
+    _n("moe_paged_stash_buffer_size_factor_cuda", _T, "float", "--moe-paged-stash-buffer-size-factor-cuda",
+       "model.moe_paged_stash_buffer_size_factor_cuda", since="0.19.2"),
+    _n("moe_paged_stash_buffer_size_factor_cpu", _T, "float", "--moe-paged-stash-buffer-size-factor-cpu",
+       "model.moe_paged_stash_buffer_size_factor_cpu", since="0.19.2"),
+    # full-iteration graphs cannot capture the NaN check of the loss (Megatron-LM validate_args: "--no-check-for-nan-
+    # in-loss-and-grad should be set with --cuda-graph-impl=full_iteration"; Bridge ConfigContainer.validate asserts
+    # rerun_state_machine.check_for_nan_in_loss=False); on by default in both
+    _n("check_for_nan_in_loss_and_grad", _R, "bool", None, "rerun_state_machine.check_for_nan_in_loss",
+       lm_false="--no-check-for-nan-in-loss-and-grad"),
+    # HybridEP with a rank capacity factor needs TE's op fuser ("moe_expert_rank_capacity_factor with the
+    # 'hybridep' backend requires use_transformer_engine_op_fuser", transformer_config.py :1698-1705)
+    _n("use_transformer_engine_op_fuser", _T, "bool", "--use-transformer-engine-op-fuser",
+       "model.use_transformer_engine_op_fuser", since="0.19.2"),
     _n("moe_grouped_gemm", _T, "bool", "--moe-grouped-gemm", "model.moe_grouped_gemm"),
     _n("moe_permute_fusion", _T, "bool", "--moe-permute-fusion", "model.moe_permute_fusion"),
     _n("moe_router_force_load_balancing", _T, "bool", "--moe-router-force-load-balancing",
@@ -163,6 +187,8 @@ LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
     "sp": ("sequence_parallel",),
     "dist_opt": ("use_distributed_optimizer",),
     "recompute": ("recompute_granularity",),
+    "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules", "use_te_rng_tracker", "check_for_nan_in_loss_and_grad"),
+    "ep_overlap": ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"),
     "first_stage_layers": ("num_layers_in_first_pipeline_stage",),
     "last_stage_layers": ("num_layers_in_last_pipeline_stage",),
     "embedding_loss_split": ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"),
@@ -182,14 +208,17 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "overlap_grad_reduce": ("overlap_grad_reduce",),
     "overlap_param_gather": ("overlap_param_gather",),
     "tp_comm_overlap": ("tp_comm_overlap",),
-    "overlap_moe_expert_parallel_comm": ("overlap_moe_expert_parallel_comm",),
-    "moe_token_dispatcher": ("moe_token_dispatcher_type",),
+    "delay_wgrad_compute": ("delay_wgrad_compute",),
+    "moe_token_dispatcher": ("moe_token_dispatcher_type", "moe_flex_dispatcher_backend"),
+    "moe_flex_backend": ("moe_flex_dispatcher_backend",),
+    "moe_rank_capacity_factor": ("moe_paged_stash", "moe_expert_rank_capacity_factor",
+                                 "moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu",
+                                 "use_transformer_engine_op_fuser"),
     "moe_grouped_gemm": ("moe_grouped_gemm",),
     "moe_permute_fusion": ("moe_permute_fusion",),
     "moe_router_force_load_balancing": ("moe_router_force_load_balancing",),
     "cross_entropy_fusion": ("cross_entropy_loss_fusion", "cross_entropy_fusion_impl"),
-    "cuda_graphs": ("cuda_graph_impl", "use_te_rng_tracker"),
-    "cuda_graph_scope": ("cuda_graph_modules",),
+    "cuda_graph_modules": ("cuda_graph_modules",),
     "recompute_modules": ("recompute_modules",),
     "recompute_num_layers": ("recompute_method", "recompute_num_layers"),
     "megatron_core": (),  # which release the names are spelled for (Name.lm_flag, Name.bridge_keys), no setting
@@ -198,7 +227,11 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
 # Settings that exist only for MoE models (a dense model's launch line leaves them out).
 MOE_ONLY = frozenset({"expert_model_parallel_size", "expert_tensor_parallel_size", "overlap_moe_expert_parallel_comm",
                       "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_permute_fusion",
-                      "moe_router_force_load_balancing"})
+                      "moe_router_force_load_balancing", "moe_flex_dispatcher_backend", "delay_wgrad_compute"})
+# Bridge 0.6 paged-stash buffer sizes NVIDIA's full-iteration MoE recipes use (perf_recipes/qwen/common.py
+# `_enable_hybridep_full_iteration_mxfp8`): 1.2 x the average-based device buffer, a host buffer of 1.0 x it
+PAGED_STASH_BUFFER_CUDA = 1.2
+PAGED_STASH_BUFFER_CPU = 1.0
 
 
 def layout_settings(layout: Layout) -> dict[str, object]:
@@ -293,22 +326,40 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     # "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled" (L915)
     out["tp_comm_overlap"] = t.tp_comm_overlap and layout.tp > 1 and layout.sp
     if moe:
-        out["overlap_moe_expert_parallel_comm"] = t.overlap_moe_expert_parallel_comm and layout.ep > 1
-        out["moe_token_dispatcher_type"] = t.moe_token_dispatcher
+        out["overlap_moe_expert_parallel_comm"] = layout.ep_overlap and layout.ep > 1
+        # megatron-core: "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute"
+        out["delay_wgrad_compute"] = bool(out["overlap_moe_expert_parallel_comm"]) and t.delay_wgrad_compute
+        dispatcher, backend = job.moe_dispatcher
+        out["moe_token_dispatcher_type"] = dispatcher
+        if backend is not None:  # a non-optional field in Bridge: set only with the flex dispatcher
+            out["moe_flex_dispatcher_backend"] = backend
         out["moe_grouped_gemm"] = t.moe_grouped_gemm
         out["moe_permute_fusion"] = t.moe_permute_fusion
         out["moe_router_force_load_balancing"] = t.moe_router_force_load_balancing
     out["cross_entropy_loss_fusion"] = t.cross_entropy_fusion != "none"
     out["cross_entropy_fusion_impl"] = "native" if t.cross_entropy_fusion == "none" else t.cross_entropy_fusion
-    out["cuda_graph_impl"] = t.cuda_graphs
-    # graphs capture the listed parts of each layer (megatron-core 0.19 `CudaGraphModule`, 0.16.1 `CudaGraphScope`);
-    # empty: the whole layer. 0.19 is told always (a recipe's own modules would otherwise stay); 0.16.1 only TE's.
-    if t.megatron_core >= "0.17":
-        if t.cuda_graphs != "none":
-            out["cuda_graph_modules"] = list(t.cuda_graph_scope)
-    elif t.cuda_graphs == "transformer_engine" and t.cuda_graph_scope:
-        out["cuda_graph_modules"] = list(t.cuda_graph_scope)
-    out["use_te_rng_tracker"] = t.cuda_graphs != "none"
+    graphs, modules = layout.cuda_graphs, list(job.cuda_graph_modules)
+    new = t.megatron_core >= "0.17"
+    # per-layer graphs capture the listed parts of each layer (0.19 `CudaGraphModule`, 0.16.1 `CudaGraphScope`),
+    # empty: the whole layer; full-iteration graphs capture the whole step, with no modules in 0.19 and as local
+    # graphs of the scope ["full_iteration"] in 0.16.1 (0.19 cuda_graph_config.py migrates that spelling).
+    # 0.19 is told the modules always (a recipe's own would otherwise stay), 0.16.1 only when they matter.
+    out["cuda_graph_impl"] = graphs if new or graphs != "full_iteration" else "local"
+    if graphs == "full_iteration":
+        out["cuda_graph_modules"] = [] if new else ["full_iteration"]
+    elif graphs != "none" and (new or modules):
+        out["cuda_graph_modules"] = modules
+    out["use_te_rng_tracker"] = graphs != "none"
+    out["check_for_nan_in_loss_and_grad"] = graphs != "full_iteration"
+    if moe and new:
+        # the static token buffers a captured MoE dispatcher needs (rules.full_iteration_moe_refused)
+        stash = graphs == "full_iteration"
+        out["moe_paged_stash"] = stash
+        out["moe_expert_rank_capacity_factor"] = t.moe_rank_capacity_factor if stash else None
+        if stash:  # non-optional floats: set only with the stash on
+            out["moe_paged_stash_buffer_size_factor_cuda"] = PAGED_STASH_BUFFER_CUDA
+            out["moe_paged_stash_buffer_size_factor_cpu"] = PAGED_STASH_BUFFER_CPU
+        out["use_transformer_engine_op_fuser"] = stash and backend == "hybridep"
     return out
 
 

@@ -25,12 +25,12 @@ from search_spaces.job import Job
 from search_spaces.layout import SPLIT_FIELDS, Layout
 from search_spaces.megatron_version import rule_set_for, rules_version
 from search_spaces.pipeline_rules import pipeline_rule_checks
-from search_spaces.training import TrainingSpec
-from search_spaces.violations import Rule, Violation
+from search_spaces.violations import STRICTER, Rule, Violation
 from search_spaces.violations import violation as _violation
 
 __all__ = ["Violation", "Rule", "RULES", "RULE_NAMES", "SPLIT_FIELDS", "check", "is_valid", "lcm", "rules_for",
-           "ep_overlap_cuda_graphs_refused", "full_recompute_cuda_graphs_refused"]
+           "ep_overlap_cuda_graphs_refused", "full_recompute_cuda_graphs_refused", "cuda_graph_modules_refused",
+           "full_iteration_moe_refused", "te_graphs_moe_recompute_refused"]
 
 
 def lcm(a: int, b: int) -> int:
@@ -240,63 +240,114 @@ def mtp_hidden_divisible_by_tp(job: Job, layout: Layout) -> Violation | None:
                       f"{job.model.mtp_num_layers}).", hidden_size=h, tp=tp)
 
 
-# --- the MoE dispatcher and its overlap (training settings; transformer_config.py, token_dispatcher.py) --------
+# --- the MoE all-to-all overlap and CUDA graphs (layout switches; transformer_config.py, token_dispatcher.py) ------
 def ep_overlap_needs_ep(job: Job, layout: Layout) -> Violation | None:
-    if not job.training.overlap_moe_expert_parallel_comm or layout.ep > 1:
+    if not layout.ep_overlap or layout.ep > 1:
         return None
     return _violation("ep_overlap_needs_ep", "overlap_moe_expert_parallel_comm is only supported with expert model "
-                      f"parallelism (expert_model_parallel_size {layout.ep}).", ep=layout.ep,
-                      overlap_moe_expert_parallel_comm=True)
+                      f"parallelism (expert_model_parallel_size {layout.ep}).", ep=layout.ep, ep_overlap=True)
 
 
 def ep_overlap_needs_vpp(job: Job, layout: Layout) -> Violation | None:
-    if not job.training.overlap_moe_expert_parallel_comm or layout.pp == 1 or layout.vpp is not None:
+    if not layout.ep_overlap or layout.pp == 1 or layout.vpp is not None:
         return None
     return _violation("ep_overlap_needs_vpp", "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must "
                       f"be specified when pipeline_model_parallel_size > 1 (pipeline_model_parallel_size {layout.pp}, "
-                      "vpp unset).", pp=layout.pp, vpp=None, overlap_moe_expert_parallel_comm=True)
+                      "vpp unset).", pp=layout.pp, vpp=None, ep_overlap=True)
 
 
 def ep_overlap_no_full_recompute(job: Job, layout: Layout) -> Violation | None:
-    if not job.training.overlap_moe_expert_parallel_comm or layout.recompute != "full":
+    if not layout.ep_overlap or layout.recompute != "full":
         return None
     return _violation("ep_overlap_no_full_recompute", "disable full recomputation when enabling "
-                      "overlap_moe_expert_parallel_comm (recompute full).", recompute="full",
-                      overlap_moe_expert_parallel_comm=True)
+                      "overlap_moe_expert_parallel_comm (recompute full).", recompute="full", ep_overlap=True)
 
 
-def ep_overlap_cuda_graphs_refused(training: TrainingSpec, version: str) -> str | None:
-    """Why megatron-core refuses these CUDA graphs with `overlap_moe_expert_parallel_comm`, whatever the layout, or
-    None. Both versions refuse Transformer Engine graphs whose scope holds `moe` or `mlp` (transformer_config.py,
-    0.16.1 :1897-1906, 0.19.0 :2738-2746); 0.16.1 also refuses any implementation but Transformer Engine's."""
-    if not training.overlap_moe_expert_parallel_comm:
+def ep_overlap_cuda_graphs_refused(job: Job, cuda_graphs: str, version: str) -> str | None:
+    """Why megatron-core refuses `cuda_graphs` with `overlap_moe_expert_parallel_comm` in `job`, or None. Both
+    versions refuse per-layer graphs that capture `moe` or `mlp` (transformer_config.py, 0.16.1 :1897-1906, 0.19.0
+    :2738-2746); 0.16.1 also refuses any implementation but Transformer Engine's."""
+    if cuda_graphs in ("none", "full_iteration") and not (version < "0.17" and cuda_graphs == "full_iteration"):
         return None
-    if training.cuda_graphs == "transformer_engine" and {"moe", "mlp"} & set(training.cuda_graph_scope):
-        return f"cuda_graph_scope {list(training.cuda_graph_scope)}"
-    if version < "0.17" and training.cuda_graphs == "local":
-        return "cuda_graph_impl local; megatron-core 0.16.1 asks for transformer_engine"
+    if cuda_graphs in ("transformer_engine", "local") and {"moe", "mlp"} & set(job.cuda_graph_modules):
+        return f"cuda_graph_modules {list(job.cuda_graph_modules)}"
+    if version < "0.17" and cuda_graphs != "transformer_engine":
+        return f"cuda_graph_impl {cuda_graphs}; megatron-core 0.16.1 asks for transformer_engine"
     return None
 
 
-def full_recompute_cuda_graphs_refused(training: TrainingSpec) -> bool:
+def full_recompute_cuda_graphs_refused(cuda_graphs: str) -> bool:
     """Whether megatron-core refuses full recompute with these CUDA graphs: any graphs but full-iteration ones
-    (`cuda_graph_scope` exactly `full_iteration`, with the local implementation: 0.19 turns that scope into
-    `cuda_graph_impl="full_iteration"`, transformer/cuda_graph_config.py:11 and :53-55; both refuse it with
-    Transformer Engine's graphs, 0.16.1 transformer_config.py:1738-1742, 0.19.2 cuda_graph_config.py:107-111).
-    The check: transformer/transformer_config.py `__post_init__`, 0.16.1 :1780-1784, 0.19.2 :2521-2525."""
-    if training.cuda_graphs == "none":
-        return False
-    return not (training.cuda_graphs == "local" and tuple(training.cuda_graph_scope) == ("full_iteration",))
+    (0.16.1 spells them local graphs with the scope `full_iteration`; 0.19 `cuda_graph_impl="full_iteration"`,
+    transformer/cuda_graph_config.py:11 and :53-55; both refuse it with Transformer Engine's graphs, 0.16.1
+    transformer_config.py:1738-1742, 0.19.2 cuda_graph_config.py:107-111). The check:
+    transformer/transformer_config.py `__post_init__`, 0.16.1 :1780-1784, 0.19.2 :2521-2525."""
+    return cuda_graphs not in ("none", "full_iteration")
 
 
 def cuda_graphs_no_full_recompute(job: Job, layout: Layout) -> Violation | None:
     """Full recompute runs only under full-iteration CUDA graphs (`full_recompute_cuda_graphs_refused`)."""
-    t = job.training
-    if layout.recompute != "full" or not full_recompute_cuda_graphs_refused(t):
+    if layout.recompute != "full" or not full_recompute_cuda_graphs_refused(layout.cuda_graphs):
         return None
     return _violation("cuda_graphs_no_full_recompute", "full recompute is only supported with full iteration CUDA "
-                      f"graph. (recompute full; cuda_graph_impl {t.cuda_graphs}, cuda_graph_scope "
-                      f"{list(t.cuda_graph_scope)})", recompute="full", cuda_graphs=t.cuda_graphs)
+                      f"graph. (recompute full; cuda_graph_impl {layout.cuda_graphs}, cuda_graph_modules "
+                      f"{list(job.cuda_graph_modules)})", recompute="full", cuda_graphs=layout.cuda_graphs)
+
+
+def cuda_graph_modules_refused(job: Job, cuda_graphs: str, version: str = "0.19.2") -> str | None:
+    """megatron-core's message when per-layer graphs cannot capture the job's `cuda_graph_modules`, whatever the
+    layout, or None (transformer_config.py `__post_init__`, 0.19.2 :2478-2516): `moe_preprocess` needs
+    `moe_router`; `moe` / `moe_router` exist only in MoE models, `mlp` only where dense layers are; a dropless MoE
+    block (no capacity factor with padding, what autotune models) cannot be captured whole (0.19 only)."""
+    if cuda_graphs not in ("local", "transformer_engine"):
+        return None
+    modules, m = set(job.cuda_graph_modules), job.model
+    if "moe_preprocess" in modules and "moe_router" not in modules:
+        return "moe_preprocess cuda graph is only supported with moe_router cuda graph."
+    if not m.is_moe and {"moe", "moe_router"} & modules:
+        return "moe cuda graph is only supported for MoE."
+    if m.is_moe and m.num_dense_mlp_layers == 0 and "mlp" in modules:
+        return "mlp cuda graph is only supported for dense layers, but not found in the model."
+    if m.is_moe and "moe" in modules and version >= "0.17":
+        return "moe cuda graph is only supported with drop-padding MoE."
+    return None
+
+
+def te_graphs_moe_recompute_refused(job: Job, cuda_graphs: str) -> bool:
+    """Whether megatron-core refuses selective recompute of `moe` under Transformer Engine graphs of the MoE
+    router ("moe recompute is not supported with moe_router CUDA graph", transformer_config.py 0.19.2 :2529-2536;
+    0.16.1 :1785-1791)."""
+    return (cuda_graphs == "transformer_engine" and "moe" in job.training.recompute_modules
+            and "moe_router" in job.cuda_graph_modules)
+
+
+def te_graphs_moe_recompute(job: Job, layout: Layout) -> Violation | None:
+    if layout.recompute != "selective" or not te_graphs_moe_recompute_refused(job, layout.cuda_graphs):
+        return None
+    return _violation("te_graphs_moe_recompute", "moe recompute is not supported with moe_router CUDA graph with: "
+                      "--cuda-graph-impl transformer_engine. (recompute selective, recompute_modules "
+                      f"{list(job.training.recompute_modules)}, cuda_graph_modules {list(job.cuda_graph_modules)})",
+                      recompute="selective", cuda_graphs="transformer_engine")
+
+
+def full_iteration_moe_refused(job: Job, version: str) -> str | None:
+    """Why full-iteration CUDA graphs cannot run the job's MoE model, or None. A captured iteration needs static
+    token buffers: the alltoall dispatcher copies the per-expert counts to the host every step
+    (`MoEAlltoAllTokenDispatcher.preprocess`), which a graph cannot capture. Megatron-Bridge 0.6 runs them with the
+    paged stash and a rank capacity factor (`perf_recipes/qwen/common.py::_enable_hybridep_full_iteration_mxfp8`),
+    which megatron-core 0.19 allows only with the hybridep or ncclep flex backend ("moe_expert_rank_capacity_factor
+    requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep'.", transformer_config.py :1692-1697);
+    0.16.1 has no paged stash."""
+    if not job.model.is_moe:
+        return None
+    if version < "0.17":
+        return "megatron-core 0.16.1 has no MoE paged stash (static token buffers) to capture a dropless MoE model"
+    dispatcher, backend = job.moe_dispatcher
+    if dispatcher != "flex" or backend not in ("hybridep", "ncclep"):
+        return ("moe_expert_rank_capacity_factor requires moe_flex_dispatcher_backend to be 'hybridep' or 'ncclep' "
+                f"(the paged stash full-iteration graphs of a MoE model run with; moe_token_dispatcher_type "
+                f"{dispatcher}, backend {backend})")
+    return None
 
 
 def _version_checks(version: str):
@@ -304,7 +355,10 @@ def _version_checks(version: str):
     def flex_dispatcher_needs_tp_ep(job: Job, layout: Layout) -> Violation | None:
         """The flex dispatcher's DeepEP backend (megatron-core's default `moe_flex_dispatcher_backend`) needs an
         expert group of more than one GPU. 0.16.1 asserts it for every backend, 0.19 for deepep and ncclep."""
-        if job.training.moe_token_dispatcher != "flex" or not job.model.is_moe or layout.ep * layout.expert_tp > 1:
+        dispatcher, backend = job.moe_dispatcher
+        if dispatcher != "flex" or not job.model.is_moe or layout.ep * layout.expert_tp > 1:
+            return None
+        if version >= "0.17" and backend == "hybridep":  # token_dispatcher.py: 0.19 asserts it for deepep/ncclep
             return None
         name = "Flex token dispatcher" if version < "0.17" else "DeepEP dispatcher"
         return _violation("flex_dispatcher_needs_tp_ep", f"{name} requires TPxEP > 1 (expert_tensor_parallel_size "
@@ -315,18 +369,17 @@ def _version_checks(version: str):
     def ep_overlap_recompute_modules(job: Job, layout: Layout) -> Violation | None:
         """0.19 only: `assert "moe" not in self.recompute_modules`."""
         t = job.training
-        if version < "0.17" or not t.overlap_moe_expert_parallel_comm or layout.recompute != "selective" \
+        if version < "0.17" or not layout.ep_overlap or layout.recompute != "selective" \
                 or "moe" not in t.recompute_modules:
             return None
         return _violation("ep_overlap_recompute_modules", "disable moe in recompute_modules when enabling "
                           f"overlap_moe_expert_parallel_comm (recompute selective, recompute_modules "
-                          f"{list(t.recompute_modules)}).",
-                          recompute="selective", overlap_moe_expert_parallel_comm=True)
+                          f"{list(t.recompute_modules)}).", recompute="selective", ep_overlap=True)
 
     def ep_overlap_mtp(job: Job, layout: Layout) -> Violation | None:
         """At most one MTP layer; 0.16.1 also needs PP > 1 with one (dropped in 0.19)."""
         mtp = job.model.mtp_num_layers
-        if not job.training.overlap_moe_expert_parallel_comm or not mtp:
+        if not layout.ep_overlap or not mtp:
             return None
         if mtp > 1:
             text = ("MTP layernum only supports 1 when enabling overlap_moe_expert_parallel_comm." if version < "0.17"
@@ -337,19 +390,36 @@ def _version_checks(version: str):
         else:
             return None
         return _violation("ep_overlap_mtp", f"{text} (mtp_num_layers {mtp}, pipeline_model_parallel_size "
-                          f"{layout.pp}).", mtp_num_layers=mtp, pp=layout.pp, overlap_moe_expert_parallel_comm=True)
+                          f"{layout.pp}).", mtp_num_layers=mtp, pp=layout.pp, ep_overlap=True)
 
     def ep_overlap_cuda_graphs(job: Job, layout: Layout) -> Violation | None:
         """`ep_overlap_cuda_graphs_refused`, reported on layouts with EP > 1 (without, `ep_overlap_needs_ep`)."""
-        why = ep_overlap_cuda_graphs_refused(job.training, version)
+        why = ep_overlap_cuda_graphs_refused(job, layout.cuda_graphs, version) if layout.ep_overlap else None
         if why is None or layout.ep <= 1:
             return None
         return _violation("ep_overlap_cuda_graphs", "CUDA graph scope on moe and mlp is not supported with "
-                          f"overlap_moe_expert_parallel_comm ({why}).", cuda_graphs=job.training.cuda_graphs,
-                          overlap_moe_expert_parallel_comm=True)
+                          f"overlap_moe_expert_parallel_comm ({why}).", cuda_graphs=layout.cuda_graphs,
+                          ep_overlap=True)
+
+    def cuda_graph_modules_supported(job: Job, layout: Layout) -> Violation | None:
+        """`cuda_graph_modules_refused` for the layout's per-layer graphs."""
+        why = cuda_graph_modules_refused(job, layout.cuda_graphs, version)
+        if why is None:
+            return None
+        return _violation("cuda_graph_modules_supported", f"{why} (cuda_graph_impl {layout.cuda_graphs}, "
+                          f"cuda_graph_modules {list(job.cuda_graph_modules)})", cuda_graphs=layout.cuda_graphs)
+
+    def full_iteration_moe(job: Job, layout: Layout) -> Violation | None:
+        """`full_iteration_moe_refused`: where a run fails, at capture or in megatron-core's config check."""
+        why = full_iteration_moe_refused(job, version) if layout.cuda_graphs == "full_iteration" else None
+        if why is None:
+            return None
+        # megatron-core's config accepts the layout; the run fails when the dispatcher's host copy is captured
+        return _violation("full_iteration_moe", f"{STRICTER} full-iteration CUDA graphs of a MoE model need the "
+                          f"paged stash: {why}.", stricter=True, cuda_graphs="full_iteration")
 
     return {fn.__name__: fn for fn in (flex_dispatcher_needs_tp_ep, ep_overlap_recompute_modules, ep_overlap_mtp,
-                                        ep_overlap_cuda_graphs)}
+                                        ep_overlap_cuda_graphs, cuda_graph_modules_supported, full_iteration_moe)}
 
 
 # --- batch (num_microbatches_calculator.py) ---------------------------------------------------------
@@ -420,14 +490,21 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
      _CORE + "parallel_state.py (initialize_model_parallel)"),
     ("flex_dispatcher_needs_tp_ep", frozenset({"tp", "ep", "etp"}),
      _CORE + "transformer/moe/token_dispatcher.py (MoEFlexTokenDispatcher.__init__)"),
-    ("ep_overlap_needs_ep", frozenset({"ep"}), _EP_OVERLAP),
-    ("ep_overlap_needs_vpp", frozenset({"pp", "vpp"}), _EP_OVERLAP),
-    ("ep_overlap_no_full_recompute", frozenset({"recompute"}), _EP_OVERLAP),
-    ("ep_overlap_recompute_modules", frozenset({"recompute"}), _EP_OVERLAP + " (0.19)"),
-    ("ep_overlap_mtp", frozenset({"pp"}), _EP_OVERLAP),
-    ("ep_overlap_cuda_graphs", frozenset({"ep"}), _EP_OVERLAP),
-    ("cuda_graphs_no_full_recompute", frozenset({"recompute"}),
+    ("ep_overlap_needs_ep", frozenset({"ep", "ep_overlap"}), _EP_OVERLAP),
+    ("ep_overlap_needs_vpp", frozenset({"pp", "vpp", "ep_overlap"}), _EP_OVERLAP),
+    ("ep_overlap_no_full_recompute", frozenset({"recompute", "ep_overlap"}), _EP_OVERLAP),
+    ("ep_overlap_recompute_modules", frozenset({"recompute", "ep_overlap"}), _EP_OVERLAP + " (0.19)"),
+    ("ep_overlap_mtp", frozenset({"pp", "ep_overlap"}), _EP_OVERLAP),
+    ("ep_overlap_cuda_graphs", frozenset({"ep", "ep_overlap", "cuda_graphs"}), _EP_OVERLAP),
+    ("cuda_graphs_no_full_recompute", frozenset({"recompute", "cuda_graphs"}),
      _CORE + "transformer/transformer_config.py (__post_init__, CUDA graphs and recompute)"),
+    ("cuda_graph_modules_supported", frozenset({"cuda_graphs"}),
+     _CORE + "transformer/transformer_config.py (__post_init__, cuda_graph_modules)"),
+    ("te_graphs_moe_recompute", frozenset({"recompute", "cuda_graphs"}),
+     _CORE + "transformer/transformer_config.py (__post_init__, moe recompute under moe_router graphs)"),
+    ("full_iteration_moe", frozenset({"cuda_graphs"}),
+     _CORE + "transformer/moe/token_dispatcher.py (the alltoall dispatcher's host copy, no capture); "
+     "transformer_config.py (__post_init__, moe_expert_rank_capacity_factor)"),
     ("global_batch_divisible", frozenset({"mbs", "dp"}),
      _CORE + "num_microbatches_calculator.py (ConstantNumMicroBatchesCalculator)"),
     ("vpp_microbatches", frozenset({"pp", "vpp", "mbs", "dp"}) | SPLIT_FIELDS,

@@ -12,8 +12,12 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
     etp        dense: None (= TP). MoE: explicit, EP*ETP divides TP*CP*DP; 1 when the model has biases
     mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
     sp         False when TP == 1; True for MoE with TP > 1; both for dense TP > 1 (when the sequence splits)
+    ep_overlap SpaceOptions.ep_overlap; True only for MoE with EP > 1, VPP when PP > 1 (and 0.16.1's MTP rules)
     dist_opt   SpaceOptions.dist_opt (free)
-    recompute  SpaceOptions.recompute (free)
+    recompute  SpaceOptions.recompute, less what ep_overlap and the training settings forbid
+    cuda_graphs SpaceOptions.cuda_graphs, less what the model, ep_overlap and recompute forbid
+The last three are the layout's switches: which (dist_opt, recompute, cuda_graphs) a shape takes depends only on its
+ep_overlap (`FeasibleSpace.switches`).
 
 Every prefix the space offers has at least one valid completion, so a define-by-run search never
 reaches a dead end. The search driver builds its Optuna space like this:
@@ -46,21 +50,36 @@ from functools import lru_cache
 from math import prod
 
 from search_spaces.job import Job
-from search_spaces.layout import RECOMPUTE_CHOICES, SPLIT_FIELDS, Layout, PipelineSplit, pipeline_split_for
+from search_spaces.layout import (
+    CUDA_GRAPH_CHOICES,
+    RECOMPUTE_CHOICES,
+    SPLIT_FIELDS,
+    Layout,
+    PipelineSplit,
+    pipeline_split_for,
+)
 from search_spaces.rules import (
     Rule,
     Violation,
+    cuda_graph_modules_refused,
     ep_overlap_cuda_graphs_refused,
+    full_iteration_moe_refused,
     full_recompute_cuda_graphs_refused,
     rules_for,
+    te_graphs_moe_recompute_refused,
 )
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
-           "pipeline_fields", "vpp_values", "recompute_choices"]
+           "pipeline_fields", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS", "DEFAULT_CUDA_GRAPHS"]
 
-DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "dist_opt", "recompute")
-SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:8]  # dist_opt and recompute are free: no rule reads them
+DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "ep_overlap", "dist_opt",
+                                "recompute", "cuda_graphs")
+SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:9]  # the switches after them depend on ep_overlap alone
+SWITCH_DIMENSIONS: tuple[str, ...] = DIMENSIONS[9:]
+# the CUDA graphs the default space searches: Bridge 0.6 refuses per-layer "local" graphs (utils/cuda_graph.py
+# validate_cuda_graph_configuration), so they are offered only on request (SpaceOptions.cuda_graphs)
+DEFAULT_CUDA_GRAPHS: tuple[str, ...] = ("none", "transformer_engine", "full_iteration")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,6 +91,7 @@ class SpaceOptions:
     expert_within_node: for MoE, EP*ETP groups stay inside one NVLink domain (nvlink_domain % (EP*ETP) == 0).
     min_pp_for_vpp: interleaving needs PP >= this; 2 is megatron-core's rule, 3 is Megatron-LM's
         training-script rule when --overlap-p2p-comm is off.
+    cuda_graphs, ep_overlap: the values of these layout switches to search (one value: the switch is fixed).
     max_*: caps on a dimension (None: no cap beyond validity).
     """
 
@@ -80,6 +100,8 @@ class SpaceOptions:
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES
     dist_opt: tuple[bool, ...] = (False, True)
+    cuda_graphs: tuple[str, ...] = DEFAULT_CUDA_GRAPHS
+    ep_overlap: tuple[bool, ...] = (False, True)
     min_pp_for_vpp: int = 2
     max_tp: int | None = None
     max_cp: int | None = None
@@ -95,6 +117,11 @@ class SpaceOptions:
                              f"but got {self.recompute}.")
         if not self.dist_opt:
             raise ValueError("dist_opt choices must not be empty; use (False,), (True,) or (False, True).")
+        if not self.ep_overlap:
+            raise ValueError("ep_overlap choices must not be empty; use (False,), (True,) or (False, True).")
+        if not self.cuda_graphs or any(g not in CUDA_GRAPH_CHOICES for g in self.cuda_graphs):
+            raise ValueError(f"cuda_graphs choices must be a non-empty subset of {CUDA_GRAPH_CHOICES}, "
+                             f"but got {self.cuda_graphs}.")
         if self.min_pp_for_vpp < 2:
             raise ValueError(f"`min_pp_for_vpp >= 2` must hold (megatron-core), but got ({self.min_pp_for_vpp}).")
         for name in ("max_tp", "max_cp", "max_pp", "max_vpp", "max_ep"):
@@ -185,8 +212,10 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
         "etp": world_divisors if moe else (None,),
         "mbs": tuple(options.micro_batch_sizes),
         "sp": (False, True),
+        "ep_overlap": tuple(options.ep_overlap) if moe else (False,),
         "dist_opt": tuple(options.dist_opt),
         "recompute": tuple(options.recompute),
+        "cuda_graphs": tuple(options.cuda_graphs),
     }
 
 
@@ -217,9 +246,6 @@ def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers:
 # --- direct construction ---------------------------------------------------------------------------
 def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
     m, domain = job.model, job.cluster.nvlink_domain
-    t = job.training
-    if ep_overlap_cuda_graphs_refused(t, t.megatron_core):
-        return  # megatron-core refuses these CUDA graphs with the EP A2A overlap whatever the layout
     for tp in _capped(divisors(job.world_size), options.max_tp):
         if options.tp_within_node and domain % tp:
             continue
@@ -235,10 +261,10 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
 
 
 def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
-    """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp), each dimension's options from the earlier choices."""
+    """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap), each dimension's options from the earlier choices."""
     m, world = job.model, job.world_size
     seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
-    ep_overlap = job.training.overlap_moe_expert_parallel_comm
+    overlaps = tuple(v for v in options.ep_overlap if not v or switch_choices(job, options, True))
     for tp in _tp_values(job, options):
         for cp in _capped(divisors(world // tp), options.max_cp):
             if cp > 1 and seq % (2 * cp):
@@ -249,18 +275,27 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
             for pp in _capped(divisors(world // (tp * cp)), options.max_pp):
                 dp = world // (tp * cp * pp)
                 for vpp in _capped_vpp(_vpp_options(layers, pp, options, m.mtp_num_layers), options.max_vpp):
-                    if ep_overlap and pp > 1 and vpp is None:  # EP A2A overlap needs VPP with PP > 1
-                        continue
-                    if ep_overlap and pp == 1 and m.mtp_num_layers and job.training.megatron_core < "0.17":
-                        continue  # 0.16.1: EP overlap with an MTP layer needs PP > 1
                     for ep, etp in _expert_values(job, options, tp * cp * dp):
+                        eps = tuple(v for v in overlaps if not v or _ep_overlap_fits(job, pp, vpp, ep))
+                        if not eps:
+                            continue
                         for mbs in options.micro_batch_sizes:
                             if gbs % (mbs * dp):
                                 continue
                             if vpp is not None and (gbs // (mbs * dp)) % pp:
                                 continue
                             for sp in sps:
-                                yield (tp, cp, pp, vpp, ep, etp, mbs, sp)
+                                for ep_overlap in eps:
+                                    yield (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap)
+
+
+def _ep_overlap_fits(job: Job, pp: int, vpp: int | None, ep: int) -> bool:
+    """The EP A2A overlap's shape rules (`rules.ep_overlap_needs_ep`, `_needs_vpp`, `_mtp`): EP > 1, VPP with
+    PP > 1, at most one MTP layer, and in 0.16.1 PP > 1 with one."""
+    mtp = job.model.mtp_num_layers
+    if ep == 1 or (pp > 1 and vpp is None) or mtp > 1:
+        return False
+    return not (mtp and pp == 1 and job.training.megatron_core < "0.17")
 
 
 @lru_cache(maxsize=256)
@@ -299,27 +334,33 @@ def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterato
                 continue
             if options.expert_within_node and domain % (ep * etp):
                 continue
-            if job.training.moe_token_dispatcher == "flex" and ep * etp == 1:  # DeepEP needs TPxEP > 1
-                continue
-            if job.training.overlap_moe_expert_parallel_comm and ep == 1:
-                continue
+            dispatcher, backend = job.moe_dispatcher
+            if dispatcher == "flex" and ep * etp == 1 and not (backend == "hybridep"
+                                                                and job.training.megatron_core >= "0.17"):
+                continue  # DeepEP (and 0.16.1's every backend) needs TPxEP > 1 (`rules.flex_dispatcher_needs_tp_ep`)
             yield ep, etp
 
 
 # --- the space as an index of prefixes ---------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FeasibleSpace:
-    """All valid shapes of a job, indexed by prefix; dist_opt and recompute multiply every shape."""
+    """All valid shapes of a job, indexed by prefix; each shape takes the switches of its ep_overlap."""
 
     job: Job
     options: SpaceOptions
     shapes: tuple[tuple, ...]
-    recompute: tuple[str, ...]  # options.recompute less what the training settings forbid (`recompute_choices`)
+    switches: Mapping[bool, tuple[tuple[bool, str, str], ...]]  # ep_overlap -> valid (dist_opt, recompute, graphs)
     _children: Mapping[tuple, tuple] = field(repr=False)
 
     @property
     def size(self) -> int:
-        return len(self.shapes) * len(self.options.dist_opt) * len(self.recompute)
+        counts = {k: len(v) for k, v in self.switches.items()}
+        return sum(counts.get(shape[-1], 0) for shape in self.shapes)
+
+    @property
+    def recompute(self) -> tuple[str, ...]:
+        """The recompute values some shape takes."""
+        return tuple(r for r in RECOMPUTE_CHOICES if any(s[1] == r for v in self.switches.values() for s in v))
 
     def choices(self, name: str, partial: Mapping[str, object]) -> tuple[object, ...]:
         """The values of dimension `name` that complete to a valid layout, given the earlier dimensions.
@@ -329,10 +370,15 @@ class FeasibleSpace:
         """
         if name not in DIMENSIONS:
             raise ValueError(f"unknown dimension {name!r}; dimensions in order: {', '.join(DIMENSIONS)}.")
-        if name == "dist_opt":
-            return tuple(self.options.dist_opt)
-        if name == "recompute":
-            return self.recompute
+        if name in SWITCH_DIMENSIONS:
+            k = SWITCH_DIMENSIONS.index(name)
+            earlier = ("ep_overlap",) + SWITCH_DIMENSIONS[:k]
+            missing = [d for d in earlier if d not in partial]
+            if missing:
+                raise ValueError(f"choices for {name!r} need the earlier dimensions {', '.join(missing)} chosen first.")
+            chosen = tuple(partial[d] for d in SWITCH_DIMENSIONS[:k])
+            combos = self.switches.get(bool(partial["ep_overlap"]), ())
+            return tuple(dict.fromkeys(s[k] for s in combos if s[:k] == chosen))
         prefix = self._prefix(name, partial)
         if not self.shapes:
             return ()  # an empty space offers nothing, even for the first dimension
@@ -354,38 +400,39 @@ class FeasibleSpace:
         if missing:
             raise ValueError(f"a layout needs every dimension; missing {', '.join(missing)}.")
         shape = tuple(values[d] for d in SHAPE_DIMENSIONS)
+        switch = tuple(values[d] for d in SWITCH_DIMENSIONS)
         if shape[:-1] not in self._children or shape[-1] not in self._children[shape[:-1]] \
-                or values["dist_opt"] not in self.options.dist_opt or values["recompute"] not in self.recompute:
+                or switch not in self.switches.get(bool(shape[-1]), ()):
             raise ValueError(f"{dict(values)} is not a layout of this space.")
-        return _layout(self.job, shape, values["dist_opt"], values["recompute"])
+        return _layout(self.job, shape, switch)
 
     def param_name(self, name: str, partial: Mapping[str, object]) -> str:
         """A parameter name unique to the prefix the choices of `name` depend on (for Optuna)."""
-        prefix = self._prefix(name, partial) if name in SHAPE_DIMENSIONS else ()
+        if name in SWITCH_DIMENSIONS:  # the switches' choices depend on ep_overlap and the switches before them
+            earlier = ("ep_overlap",) + SWITCH_DIMENSIONS[:SWITCH_DIMENSIONS.index(name)]
+            return "_".join([name, *(f"{d}{partial[d]}" for d in earlier if d in partial)])
+        prefix = self._prefix(name, partial)
         return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix, strict=False))])
 
     def layouts(self) -> Iterator[Layout]:
         for shape in self.shapes:
-            for dist_opt in self.options.dist_opt:
-                for recompute in self.recompute:
-                    yield _layout(self.job, shape, dist_opt, recompute)
+            for switch in self.switches[shape[-1]]:
+                yield _layout(self.job, shape, switch)
 
 
-def _layout(job: Job, shape: tuple, dist_opt: object, recompute: object) -> Layout:
-    tp, cp, pp, vpp, ep, etp, mbs, sp = shape
+def _layout(job: Job, shape: tuple, switch: tuple) -> Layout:
+    tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap = shape
+    dist_opt, recompute, cuda_graphs = switch
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
-                  dist_opt=dist_opt, recompute=recompute,  # type: ignore[arg-type]
-                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))
+                  dist_opt=dist_opt, recompute=recompute, cuda_graphs=cuda_graphs,
+                  ep_overlap=ep_overlap, **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))
 
 
 @lru_cache(maxsize=32)
 def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> FeasibleSpace:
     """Build (once per job and options) the index of valid shapes."""
-    shapes = tuple(_shapes(job, options))
-    recompute = recompute_choices(job, options) if shapes else tuple(options.recompute)
-    if not recompute:
-        shapes = ()
-        recompute = tuple(options.recompute)
+    switches = {v: switch_choices(job, options, v) for v in (False, True)}
+    shapes = tuple(s for s in _shapes(job, options) if switches[s[-1]])
     children: dict[tuple, list] = {}
     for shape in shapes:
         for k in range(len(SHAPE_DIMENSIONS)):
@@ -393,22 +440,34 @@ def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> Feasible
             if shape[k] not in values:
                 values.append(shape[k])
     frozen = {prefix: tuple(values) for prefix, values in children.items()}
-    return FeasibleSpace(job=job, options=options, shapes=shapes, recompute=recompute, _children=frozen)
+    return FeasibleSpace(job=job, options=options, shapes=shapes, switches=switches, _children=frozen)
 
 
-def recompute_choices(job: Job, options: SpaceOptions) -> tuple[str, ...]:
-    """`options.recompute` less what the training settings forbid: with EP A2A overlap no full recompute
-    (0.16.1 and 0.19) and, in 0.19, no selective recompute of "moe" (`rules.ep_overlap_*`); with CUDA graphs other
-    than full-iteration ones no full recompute (`rules.cuda_graphs_no_full_recompute`)."""
-    t = job.training
-    out = tuple(options.recompute)
-    if full_recompute_cuda_graphs_refused(t):
-        out = tuple(r for r in out if r != "full")
-    if t.overlap_moe_expert_parallel_comm:
-        out = tuple(r for r in out if r != "full")
-        if t.megatron_core >= "0.17" and "moe" in t.recompute_modules:
-            out = tuple(r for r in out if r != "selective")
-    return out
+@lru_cache(maxsize=256)
+def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool) -> tuple[tuple[bool, str, str], ...]:
+    """The (dist_opt, recompute, cuda_graphs) a shape with `ep_overlap` may take, in option order: CUDA graphs the
+    model and ep_overlap allow (`rules.cuda_graph_modules_refused`, `full_iteration_moe_refused`,
+    `ep_overlap_cuda_graphs_refused`), recompute less what ep_overlap forbids (no full; in 0.19 no selective
+    recompute of "moe") and, per graph kind, what graphs forbid (`full_recompute_cuda_graphs_refused`,
+    `te_graphs_moe_recompute_refused`)."""
+    t, version = job.training, job.training.megatron_core
+    out = []
+    for cuda_graphs in options.cuda_graphs:
+        if cuda_graph_modules_refused(job, cuda_graphs, version):
+            continue
+        if cuda_graphs == "full_iteration" and full_iteration_moe_refused(job, version):
+            continue
+        if ep_overlap and ep_overlap_cuda_graphs_refused(job, cuda_graphs, version):
+            continue
+        for recompute in options.recompute:
+            if recompute == "full" and (ep_overlap or full_recompute_cuda_graphs_refused(cuda_graphs)):
+                continue
+            if recompute == "selective" and "moe" in t.recompute_modules and (
+                    (ep_overlap and version >= "0.17") or te_graphs_moe_recompute_refused(job, cuda_graphs)):
+                continue
+            out += [(dist_opt, recompute, cuda_graphs) for dist_opt in options.dist_opt]
+    return tuple(sorted(out, key=lambda s: (options.dist_opt.index(s[0]), options.recompute.index(s[1]),
+                                            options.cuda_graphs.index(s[2]))))
 
 
 def feasible_layouts(job: Job, options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:

@@ -18,13 +18,22 @@ performance tables, `scripts/performance/`:
   and Megatron-LM's own default is off (the optimizer then gives the master weights fp32 gradient copies).
 - overlap: `ddp.overlap_grad_reduce=True`, `ddp.overlap_param_gather=True` (`recipes/common.py`), `tp_comm_overlap`
   through `CommOverlapConfig(tp_comm_overlap=True)` (auto-disabled at TP 1 or without SP, `training/comm_overlap.py`),
-  `overlap_moe_expert_parallel_comm` only where a preset sets `moe_a2a_overlap`.
+  `overlap_moe_expert_parallel_comm` per layout (`Layout.ep_overlap`, searched), with `delay_wgrad_compute=True`
+  as Bridge 0.6's perf recipes pair them (30 of 32, `CommOverlapConfig(overlap_moe_expert_parallel_comm=True,
+  delay_wgrad_compute=True)`).
 - loss: `cross_entropy_loss_fusion=True` with `cross_entropy_fusion_impl="te"` (every pretrain recipe, and the
   perf overrides `_set_common_perf_overrides`); megatron-core's own default is the unfused loss.
 - MoE: `moe_router_force_load_balancing=False` (megatron-core's default; the performance scripts set True to
   benchmark, `scripts/performance/configs/qwen/qwen3_llm_pretrain.py`, so real training routes less evenly than
   their published rows), `moe_grouped_gemm=True`, `moe_permute_fusion=True`, `moe_token_dispatcher_type="alltoall"`
-  (the model bridges; the perf presets switch to `flex` with a DeepEP / HybridEP backend on the GPUs that run it).
+  (the model bridges); `moe_token_dispatcher=None` takes the GPU's own as Bridge 0.6's perf recipes do: the flex
+  dispatcher with HybridEP on Blackwell (every MXFP8 MoE recipe on B200/GB200/GB300, `moe_flex_dispatcher_backend=
+  "hybridep"`), alltoall on Hopper and Ampere.
+- CUDA graphs per layout (`Layout.cuda_graphs`, searched); Transformer Engine's capture `cuda_graph_modules`, by
+  default what Bridge 0.6 captures: `attn,moe_router,moe_preprocess` for MoE models, the whole layer for dense ones.
+  Full-iteration graphs of a MoE model run with the paged stash and a rank capacity factor of 1.5 (Bridge 0.6
+  `perf_recipes/qwen/common.py::_enable_hybridep_full_iteration_mxfp8`: `moe_paged_stash=True`,
+  `moe_expert_rank_capacity_factor=1.5`), the static token buffers a captured dispatcher needs.
 - recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
   full recompute is `uniform` over every layer unless `recompute_num_layers` gives a `block` of N layers per chunk.
 """
@@ -36,23 +45,25 @@ from typing import Any, Literal
 
 from search_spaces.megatron_version import RULE_SETS, megatron_core_choice, rules_version
 
-__all__ = ["TrainingSpec", "training_spec", "TRAINING_FIELDS", "Precision", "FP8Recipe", "Dispatcher", "CudaGraphs",
-           "MomentDtype", "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "CUDA_GRAPHS", "CUDA_GRAPH_SCOPES",
+__all__ = ["TrainingSpec", "training_spec", "default_cuda_graph_modules", "TRAINING_FIELDS", "Precision", "FP8Recipe",
+           "Dispatcher", "FlexBackend",
+           "MomentDtype", "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "FLEX_BACKENDS", "CUDA_GRAPH_MODULES",
            "RECOMPUTE_MODULES"]
 
 Precision = Literal["bf16", "fp8"]
 FP8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
-CudaGraphs = Literal["none", "local", "transformer_engine"]
+FlexBackend = Literal["deepep", "hybridep", "ncclep"]
 CrossEntropyFusion = Literal["te", "native", "none"]
 MomentDtype = Literal["fp32", "bf16"]
 PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
-CUDA_GRAPHS: tuple[str, ...] = ("none", "local", "transformer_engine")
+FLEX_BACKENDS: tuple[str, ...] = ("deepep", "hybridep", "ncclep")  # megatron-core `moe_flex_dispatcher_backend`
+# megatron-core 0.19 `CudaGraphModule` (transformer/enums.py; 0.16.1's `CudaGraphScope` less full_iteration, which
+# is `cuda_graph_impl="full_iteration"` now)
+CUDA_GRAPH_MODULES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
 # megatron-core 0.16.1 `TransformerConfig.recompute_modules` (transformer_config.py)
-# megatron-core 0.16.1 `CudaGraphScope` (transformer/enums.py)
-CUDA_GRAPH_SCOPES: tuple[str, ...] = ("full_iteration", "attn", "mlp", "moe", "moe_router", "moe_preprocess")
 RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                                       "shared_experts")
 
@@ -72,15 +83,17 @@ class TrainingSpec:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # needs the distributed optimizer (a layout without it has none to overlap)
     tp_comm_overlap: bool = True  # Transformer Engine userbuffers; only where TP > 1 and SP is on
-    overlap_moe_expert_parallel_comm: bool = False
-    moe_token_dispatcher: Dispatcher = "alltoall"
+    delay_wgrad_compute: bool = True  # with the EP A2A overlap (Layout.ep_overlap): weight gradients behind the combine
+    moe_token_dispatcher: Dispatcher | None = None  # None: the GPU's own (module docstring; Job.moe_dispatcher)
+    moe_flex_backend: FlexBackend | None = None  # flex dispatcher backend; None: hybridep (deepep on a flex H100 job)
+    moe_rank_capacity_factor: float = 1.5  # the paged stash's per-rank token budget (full-iteration graphs of MoE)
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = True  # TE's fused permutation keeps an int32 row map, not the token indices
     moe_router_force_load_balancing: bool = False  # benchmark routing (every EP rank gets its share); real training
     #   routes by the learned router with an aux loss, so the busiest rank carries more
     cross_entropy_fusion: CrossEntropyFusion = "te"  # Bridge: cross_entropy_loss_fusion=True, impl "te"
-    cuda_graphs: CudaGraphs = "none"
-    cuda_graph_scope: tuple[str, ...] = ()  # TE graphs: () is the whole layer (megatron-core's default)
+    cuda_graph_modules: tuple[str, ...] | None = None  # per-layer graphs capture these; () the whole layer; None:
+    #   Bridge 0.6's (attn, moe_router, moe_preprocess) for MoE models, the whole layer for dense ones
     recompute_modules: tuple[str, ...] = ("core_attn",)  # what recompute="selective" recomputes
     recompute_num_layers: int | None = None  # recompute="full": None uniform over every layer; N a block per chunk
     # the megatron-core release the cluster runs: its validity rules and launch lines (search_spaces.megatron_version)
@@ -96,13 +109,21 @@ class TrainingSpec:
         if self.fp8_recipe is not None:
             _one_of("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
         _one_of("optimizer_moments", self.optimizer_moments, ("fp32", "bf16"))
-        _one_of("moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
-        _one_of("cuda_graphs", self.cuda_graphs, CUDA_GRAPHS)
+        if self.moe_token_dispatcher is not None:
+            _one_of("moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
+        if self.moe_flex_backend is not None:
+            _one_of("moe_flex_backend", self.moe_flex_backend, FLEX_BACKENDS)
+        if (isinstance(self.moe_rank_capacity_factor, bool) or not isinstance(self.moe_rank_capacity_factor,
+                                                                              (int, float))
+                or not 1.0 <= self.moe_rank_capacity_factor <= 64.0):
+            raise ValueError(f"`1 <= moe_rank_capacity_factor <= 64` must hold, but got "
+                             f"{self.moe_rank_capacity_factor!r}.")
         _one_of("cross_entropy_fusion", self.cross_entropy_fusion, ("te", "native", "none"))
-        bad_scope = [s for s in self.cuda_graph_scope if s not in CUDA_GRAPH_SCOPES]
-        if bad_scope:
-            raise ValueError(f"cuda_graph_scope must be a subset of {CUDA_GRAPH_SCOPES}, "
-                             f"but got {self.cuda_graph_scope!r}.")
+        if self.cuda_graph_modules is not None:
+            bad = [s for s in self.cuda_graph_modules if s not in CUDA_GRAPH_MODULES]
+            if bad:
+                raise ValueError(f"cuda_graph_modules must be a subset of {CUDA_GRAPH_MODULES}, "
+                                 f"but got {self.cuda_graph_modules!r}.")
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown or not self.recompute_modules:
             raise ValueError(f"recompute_modules must be a non-empty subset of {RECOMPUTE_MODULES}, but got "
@@ -128,6 +149,13 @@ class TrainingSpec:
         return "bf16" if self.optimizer_moments == "bf16" and dist_opt else "fp32"
 
 
+def default_cuda_graph_modules(is_moe: bool) -> tuple[str, ...]:
+    """What per-layer CUDA graphs capture when the training spec does not say: Megatron-Bridge 0.6's perf recipes'
+    `attn`, `moe_router`, `moe_preprocess` for MoE models (`perf_recipes/*/common.py`), the whole layer (an empty
+    list) for dense ones."""
+    return ("attn", "moe_router", "moe_preprocess") if is_moe else ()
+
+
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}, but got {value!r}.")
@@ -141,7 +169,7 @@ def training_spec(**values: Any) -> TrainingSpec:
     unknown = sorted(set(values) - set(TRAINING_FIELDS))
     if unknown:
         raise ValueError(f"unknown training option(s) {unknown}; options are {list(TRAINING_FIELDS)}.")
-    for name in ("recompute_modules", "cuda_graph_scope"):
+    for name in ("recompute_modules", "cuda_graph_modules"):
         items = values.get(name)
         if isinstance(items, str):  # the CLI's comma-separated list
             values[name] = tuple(m.strip() for m in items.split(",") if m.strip())

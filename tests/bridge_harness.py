@@ -19,6 +19,9 @@ Three things stand in for what a CPU machine lacks, each named where it is made:
   `transformer_engine.pytorch.optimizers.FusedAdam` takes the precision-aware optimizer's arguments
   (`OptimizerConfig.__post_init__`), and that megatron-core found TE's fused permutation kernels
   (`TransformerConfig.__post_init__`, `moe_permute_fusion`). These answer yes, and only inside the call.
+- the model provider's `gradient_accumulation_fusion`, whose default Bridge computes when the provider is made
+  (`utils/fusions.py::can_enable_gradient_accumulation_fusion`: True where Transformer Engine is installed), is set
+  to what it is on the GPU node, True (megatron-core refuses delayed weight gradients under CUDA graphs without it).
 - `gpu_present()`: the job's GPU as torch reports it on the node (name, compute capability), which Bridge's
   flex-dispatcher validation reads (`training/flex_dispatcher_backend.py`).
 Hugging Face configs come from tests/data/hf through an offline cache (`hf_cache`), so recipes that build their
@@ -214,7 +217,14 @@ def _te_kernel(name: str) -> Any:
 
 
 def base_config(bridge: types.SimpleNamespace, case: Case) -> Any:
-    """The ConfigContainer the line is applied to: the recipe's, or the template with the model's provider."""
+    """The ConfigContainer the line is applied to: the recipe's, or the template with the model's provider, with
+    the fusion Bridge decides by Transformer Engine's presence as on the GPU node (module docstring)."""
+    cfg = _base_config(bridge, case)
+    cfg.model.gradient_accumulation_fusion = True
+    return cfg
+
+
+def _base_config(bridge: types.SimpleNamespace, case: Case) -> Any:
     if case.recipe is not None:
         module, function = case.recipe.split(":")
         return getattr(importlib.import_module(module), function)()
@@ -242,6 +252,7 @@ def provider(bridge: types.SimpleNamespace, fields: dict[str, Any]) -> Any:
 
 
 # the ConfigContainer attribute each megatron-core setting ends up in after runtime_config_update
+_RENAMED = {"check_for_nan_in_loss_and_grad": ("rerun_state_machine", "check_for_nan_in_loss")}
 _WHERE = {"micro_batch_size": "train", "global_batch_size": "train", "use_distributed_optimizer": "ddp",
           "grad_reduce_in_fp32": "ddp", "overlap_grad_reduce": "ddp", "overlap_param_gather": "ddp",
           "fp8_param_gather": "ddp", "reuse_grad_buf_for_mxfp8_param_ag": "ddp",
@@ -254,8 +265,8 @@ def read_values(cfg: Any, names: list[str]) -> dict[str, Any]:
     use_distributed_optimizer."""
     out: dict[str, Any] = {}
     for name in names:
-        owner = getattr(cfg, _WHERE.get(name, "model"))
-        out[name] = plain(getattr(owner, name, "<missing>"))
+        group, attr = _RENAMED.get(name, (_WHERE.get(name, "model"), name))
+        out[name] = plain(getattr(getattr(cfg, group), attr, "<missing>"))
     out["dataset.seq_length"] = cfg.dataset.seq_length
     out["dataset.sequence_length"] = cfg.dataset.sequence_length
     out["optimizer.use_distributed_optimizer"] = cfg.optimizer.use_distributed_optimizer

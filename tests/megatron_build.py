@@ -40,6 +40,7 @@ from typing import Any
 
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec, padded_vocab_size
+from search_spaces.training import default_cuda_graph_modules
 
 __all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank",
            "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "timed_megatron_decisions",
@@ -236,11 +237,19 @@ def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, traini
                   v_head_dim=model.mla.v_head_dim, rope_type="rope", multi_latent_attention=True)
         kw.pop("num_query_groups")
         kw.pop("kv_channels")
-    if training is not None:
-        kw.update(overlap_moe_expert_parallel_comm=training.overlap_moe_expert_parallel_comm)
-        if training.cuda_graphs != "none":
-            kw.update(cuda_graph_impl=training.cuda_graphs)
-            kw[mc.cuda_graph_modules_field] = list(training.cuda_graph_scope)  # () is the whole layer in both
+    kw.update(overlap_moe_expert_parallel_comm=layout.ep_overlap)
+    if layout.cuda_graphs != "none":
+        # the layout's graphs as megatron_names.job_settings spells them for the installed release: 0.16.1 has no
+        # cuda_graph_impl "full_iteration" but local graphs of the scope ["full_iteration"]
+        modules = (training.cuda_graph_modules if training is not None and training.cuda_graph_modules is not None
+                   else default_cuda_graph_modules(model.is_moe))
+        if layout.cuda_graphs == "full_iteration":
+            new = mc.cuda_graph_modules_field == "cuda_graph_modules"
+            kw.update(cuda_graph_impl="full_iteration" if new else "local")
+            kw[mc.cuda_graph_modules_field] = [] if new else ["full_iteration"]
+        else:
+            kw.update(cuda_graph_impl=layout.cuda_graphs)
+            kw[mc.cuda_graph_modules_field] = list(modules)  # () is the whole layer in both
     return kw
 
 
@@ -416,7 +425,7 @@ def _cp_batch_split(seq: int) -> None:
 _COMPUTE_CAPABILITY = {"ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0)}
 
 
-def _init_rng_tracker(job: Any) -> None:
+def _init_rng_tracker(job: Any, layout: Layout) -> None:
     """The RNG tracker as Megatron-LM's `initialize._set_random_seed` makes it: cudagraph-safe when the run uses
     CUDA graphs (`use_cudagraphable_rng=args.cuda_graph_impl != "none"`, megatron/training/initialize.py:138 in
     core_v0.16.1, :119 in core_v0.19.0); local graphs refuse any other tracker (transformer/cuda_graphs.py:1406-1410
@@ -425,7 +434,7 @@ def _init_rng_tracker(job: Any) -> None:
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
     torch = mc.torch
-    graphs = job.training.cuda_graphs != "none"
+    graphs = layout.cuda_graphs != "none"
     if graphs and not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
         # torch 2.13.0+cpu lacks it; the tracker asks for it (tensor_parallel/random.py:176-181 in 0.16.1)
         torch.cuda.CUDAGraph.register_generator_state = lambda self, *args, **kwargs: None
@@ -458,7 +467,7 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
         for stage in range(layout.pp):  # 2
             where = f"pp rank {stage}"
             init_rank(layout, stage_first_rank(job.world_size, layout, stage), config, job.world_size)
-            _init_rng_tracker(job)
+            _init_rng_tracker(job, layout)
             with meta_device():
                 chunks = build_chunks(model, layout, config, seq=seq)
             if schedule:

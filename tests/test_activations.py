@@ -168,19 +168,20 @@ def test_fused_permutation_keeps_an_int32_row_map():
 
 def test_te_cuda_graphs_keep_static_buffers_per_captured_part():
     # whole layer: input, output and both gradients, 4 x 2 T h / t*
-    layout = Layout(tp=2, sp=True, ep=2, etp=1)
-    whole = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True, cuda_graphs="transformer_engine")
+    plain = Layout(tp=2, sp=True, ep=2, etp=1)
+    layout = Layout(tp=2, sp=True, ep=2, etp=1, cuda_graphs="transformer_engine")
+    whole = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True, cuda_graph_modules=())
     assert whole["cuda_graph_buffers"] == 4 * 2 * 256 * 128 / 2
     routed, e, k, h = 128, 8, 2, 128
     router = 2 * 2 * routed * h + 5 * routed * e
     # the alltoall dispatcher permutes the tokens inside moe_preprocess; the flex one keeps only fp32 probs there
-    alltoall = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True, cuda_graphs="transformer_engine",
-                      cuda_graph_scope=("moe_router", "moe_preprocess"))
+    alltoall = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True,
+                      cuda_graph_modules=("moe_router", "moe_preprocess"))
     assert alltoall["cuda_graph_buffers"] == router + routed * k * (2 * h + 4)
-    flex = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True, cuda_graphs="transformer_engine",
-                  cuda_graph_scope=("moe_router", "moe_preprocess"), moe_token_dispatcher="flex")
+    flex = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True,
+                  cuda_graph_modules=("moe_router", "moe_preprocess"), moe_token_dispatcher="flex")
     assert flex["cuda_graph_buffers"] == router + 4 * routed * e
-    none = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True)
+    none = _terms("tiny-moe", plain, seq=256, assumptions=TE, moe=True)
     assert "cuda_graph_buffers" not in none
 
 

@@ -122,7 +122,7 @@ def bridge_mismatches(job: Job, layout: Layout, outcome: Outcome) -> list[str]:
         if name == "fp8_recipe" and job.fp8_recipe is None:
             continue  # inert without FP8 (the recipe's own default stays)
         value = got[name]
-        if name in ("recompute_modules", "cuda_graph_scope") and want is None:
+        if name in ("recompute_modules", "cuda_graph_modules") and want is None:
             continue  # set only where they act (selective recompute, scoped TE graphs)
         if value != want:
             out.append(f"{name}: {value!r} in Bridge, the prediction assumes {want!r}")
@@ -166,8 +166,8 @@ CASES: dict[str, tuple[Job, str]] = {
     "mixtral-vpp-selective": (_job("mixtral", 4),
                               "tp=2,pp=2,vpp=2,ep=8,etp=1,dp=8,sp=true,dist_opt=true,recompute=selective"),
     "mixtral-fp8-blackwell": (_job("mixtral", 4, gpu="b200", precision="fp8"), "tp=1,pp=2,ep=8,dp=16,dist_opt=true"),
-    "mixtral-ep-overlap-flex": (_job("mixtral", 4, overlap_moe_expert_parallel_comm=True, moe_token_dispatcher="flex"),
-                                "tp=1,pp=4,vpp=2,ep=8,dp=8,dist_opt=true"),
+    "mixtral-ep-overlap-flex": (_job("mixtral", 4, moe_token_dispatcher="flex"),
+                                "tp=1,pp=4,vpp=2,ep=8,dp=8,dist_opt=true,ep_overlap=true"),
     "deepseek-uneven-full": (_job("deepseek-v3", 32, gbs=4096, optimizer_moments="bf16", recompute_num_layers=2),
                              "tp=2,pp=16,ep=64,etp=1,first_stage_layers=3,last_stage_layers=2,dp=8,sp=true,"
                              "dist_opt=true,recompute=full"),
@@ -178,13 +178,18 @@ CASES: dict[str, tuple[Job, str]] = {
                                            fp8_recipe="delayed"),
                                       "tp=8,pp=8,vpp=2,cp=2,embedding_loss_split=true,dp=2,sp=true,dist_opt=true"),
     "llama8b-recipe-h100": (_job("llama3-8b", 1), "tp=2,dp=4,sp=true,dist_opt=true"),
-    "llama8b-recipe-b200-mxfp8-graphs": (_job("llama3-8b", 1, gpu="b200", precision="fp8",
-                                              cuda_graphs="transformer_engine", overlap_grad_reduce=False,
-                                              grad_reduce_in_fp32=True), "tp=1,dp=8,mbs=2"),
-    "qwen3-moe-recipe-gb200": (_job("qwen3-30b-a3b", 2, gpu="gb200", precision="fp8", moe_token_dispatcher="flex",
-                                    overlap_moe_expert_parallel_comm=True), "tp=1,pp=2,vpp=2,ep=4,dp=4,dist_opt=true"),
-    "qwen3-dense-provider": (_job("qwen3-8b", 1, cuda_graphs="transformer_engine", cuda_graph_scope=("attn",)),
-                             "tp=2,pp=2,dp=2,sp=true,dist_opt=true,recompute=selective"),
+    "llama8b-recipe-b200-mxfp8-graphs": (_job("llama3-8b", 1, gpu="b200", precision="fp8", overlap_grad_reduce=False,
+                                              grad_reduce_in_fp32=True),
+                                         "tp=1,dp=8,mbs=2,cuda_graphs=transformer_engine"),
+    "llama8b-recipe-b200-full-iteration": (_job("llama3-8b", 1, gpu="b200"),
+                                           "tp=1,dp=8,mbs=2,recompute=full,cuda_graphs=full_iteration"),
+    "qwen3-moe-recipe-gb200": (_job("qwen3-30b-a3b", 2, gpu="gb200", precision="fp8"),
+                               "tp=1,pp=2,vpp=2,ep=4,dp=4,dist_opt=true,ep_overlap=true,cuda_graphs=transformer_engine"),
+    "qwen3-moe-full-iteration-gb200": (_job("qwen3-30b-a3b", 2, gpu="gb200", precision="fp8",
+                                            moe_router_force_load_balancing=True),
+                                       "tp=1,ep=8,dp=8,mbs=4,dist_opt=true,ep_overlap=true,cuda_graphs=full_iteration"),
+    "qwen3-dense-provider": (_job("qwen3-8b", 1, cuda_graph_modules=("attn",)),
+                             "tp=2,pp=2,dp=2,sp=true,dist_opt=true,recompute=selective,cuda_graphs=transformer_engine"),
     "gpt-oss-recipe-h100": (_job(model_from_hf_config(HERE / "data" / "hf" / "gpt-oss-20b.json"), 2),
                             "tp=1,ep=8,etp=1,dp=16,dist_opt=true"),
 }
@@ -200,10 +205,9 @@ def _special_cases() -> dict[str, Case]:
     case = case_of(job, _layout(job, text))
     # Bridge v0.3.1's sequence key on a 0.6 recipe
     old = tuple(o.replace("dataset.seq_length=", "dataset.sequence_length=") for o in case.overrides)
-    local = _job("llama3-8b", 1, cuda_graphs="local")
     hopper = _job("llama3-8b", 1)
     return {"v031-sequence-key": dataclasses.replace(case, overrides=old, megatron_lm=()),
-            "local-graphs": case_of(local, _layout(local, "tp=1,dp=8")),
+            "local-graphs": case_of(hopper, _layout(hopper, "tp=1,dp=8,cuda_graphs=local")),
             "no-connections-env": dataclasses.replace(case_of(hopper, _layout(hopper, "tp=2,dp=4,sp=true")),
                                                       megatron_lm_env=())}
 
@@ -310,8 +314,9 @@ def test_every_hf_fixture_the_harness_names_exists() -> None:
 def test_bridge_refuses_per_layer_local_graphs_as_the_header_says(outcomes) -> None:
     """Bridge 0.6 runs `cuda_graph_impl="local"` only as full-iteration graphs; the header says so, and Bridge's
     own validation refuses the line (the Megatron-LM line is accepted)."""
-    job = _job("llama3-8b", 1, cuda_graphs="local")
-    assert "Bridge 0.6 runs local CUDA graphs only as full-iteration graphs" in launch_header(job, "megatron_bridge")
+    job = _job("llama3-8b", 1)
+    header = launch_header(job, "megatron_bridge", _layout(job, "tp=1,dp=8,cuda_graphs=local"))
+    assert "Bridge 0.6 runs local CUDA graphs only as full-iteration graphs" in header
     outcome = outcomes["local-graphs"]
     assert outcome.error is not None and 'cuda_graph_impl="local" only for full-iteration' in outcome.error
     assert outcome.lm_error is None

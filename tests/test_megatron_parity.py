@@ -36,7 +36,7 @@ from search_spaces.rules import RULE_NAMES, check
 from search_spaces.space import SpaceOptions, dimension_ranges, feasible_space, pipeline_fields
 
 import megatron_runner
-from test_rules import EP_OVERLAP, GQA12, GQA12_FFN198, MOE6, MOE_BIAS, MOE_MTP2, MTP12, make_job
+from test_rules import GQA12, GQA12_FFN198, MOE6, MOE_BIAS, MOE_MTP2, MTP12, OVERLAP, make_job
 
 pytestmark = pytest.mark.slow
 HF_DATA = Path(__file__).parent / "data" / "hf"
@@ -101,18 +101,20 @@ JOBS: list[tuple[ModelSpec | str, int, int, int, int, Mapping[str, object], tupl
                                     "pp=4,vpp=2,pipeline_layout=Et|(t|)*5tmL", "tp=2,ep=8")),
     (TINY_GEMMA, 8, 8, 64, 16, {}, ("tp=2,pp=2,sp=true", "tp=4,pp=2", "pp=3,vpp=2")),
     (TINY_OSS, 8, 8, 64, 16, {}, ("tp=2,sp=true,ep=4,etp=1", "tp=2,sp=true,ep=2", "pp=2,ep=4,etp=1")),
-    ("tiny-moe", 8, 8, 64, 32, EP_OVERLAP, ("ep=1", "pp=2,ep=2", "pp=2,vpp=2,ep=2", "ep=2,recompute=full")),
-    ("tiny-moe", 8, 8, 64, 32, {**EP_OVERLAP, "cuda_graphs": "local"}, ("ep=2",)),
-    (TINY_DSV3, 8, 8, 64, 32, EP_OVERLAP, ("ep=2", "pp=2,vpp=2,ep=2,pipeline_layout=Et*2|t*2|tt|tmL")),
+    ("tiny-moe", 8, 8, 64, 32, {}, tuple(t + OVERLAP for t in ("ep=1", "pp=2,ep=2", "pp=2,vpp=2,ep=2",
+                                                               "ep=2,recompute=full", "ep=2,cuda_graphs=local"))),
+    (TINY_DSV3, 8, 8, 64, 32, {}, ("ep=2" + OVERLAP, "pp=2,vpp=2,ep=2,pipeline_layout=Et*2|t*2|tt|tmL" + OVERLAP)),
     # 0.19 refuses moe in recompute_modules with the overlap; both refuse 2 MTP layers and TE graphs on mlp with it
-    ("tiny-moe", 8, 8, 64, 32, {**EP_OVERLAP, "recompute_modules": ("moe",)}, ("ep=2,recompute=selective",)),
-    (MOE_MTP2, 8, 8, 64, 32, EP_OVERLAP, ("ep=2",)),
-    (MOE6, 8, 8, 64, 32, {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("mlp",)},
-     ("ep=2", "ep=2,recompute=selective")),
+    ("tiny-moe", 8, 8, 64, 32, {"recompute_modules": ("moe",)}, ("ep=2,recompute=selective" + OVERLAP,)),
+    (MOE_MTP2, 8, 8, 64, 32, {}, ("ep=2" + OVERLAP,)),
+    (MOE6, 8, 8, 64, 32, {"cuda_graph_modules": ("mlp",)},
+     ("ep=2,cuda_graphs=transformer_engine" + OVERLAP, "ep=2,recompute=selective,cuda_graphs=transformer_engine"
+      + OVERLAP)),
     # CUDA graphs without the overlap: full recompute needs full-iteration graphs (both versions)
-    ("tiny-moe", 8, 8, 64, 32, {"cuda_graphs": "local"}, ("ep=2,recompute=full", "pp=2,vpp=2,ep=2", "recompute=full")),
-    ("tiny-gpt", 8, 8, 64, 32, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)},
-     ("recompute=full", "pp=2,vpp=2,recompute=full")),
+    ("tiny-moe", 8, 8, 64, 32, {}, ("ep=2,recompute=full,cuda_graphs=local", "pp=2,vpp=2,ep=2,cuda_graphs=local",
+                                    "recompute=full,cuda_graphs=local")),
+    ("tiny-gpt", 8, 8, 64, 32, {}, ("recompute=full,cuda_graphs=full_iteration",
+                                    "pp=2,vpp=2,recompute=full,cuda_graphs=full_iteration")),
 ]
 N_ACCEPTED, PER_RULE, N_STRINGS, DRAWS = 8, 2, 4, 3000
 VERSIONS = ("0.16.1", "0.19.2")
@@ -278,7 +280,7 @@ def test_same_decision_as_megatron_core(cases, megatron, version) -> None:
 def _training_diff(job: Job) -> Mapping[str, object]:
     """The job's training settings that differ from the defaults (to tell the parity jobs apart)."""
     base = make_job(job.model, job.world_size).training
-    names = ("overlap_moe_expert_parallel_comm", "cuda_graphs", "cuda_graph_scope", "recompute_modules")
+    names = ("cuda_graph_modules", "recompute_modules")
     return {n: getattr(job.training, n) for n in names if getattr(job.training, n) != getattr(base, n)}
 
 

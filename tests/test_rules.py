@@ -36,7 +36,6 @@ MTP12 = ModelSpec(name="mtp12", num_layers=12, hidden_size=100, ffn_hidden_size=
 MOE_MTP2 = ModelSpec(name="moe-mtp2", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
                      vocab_size=1024, mtp_num_layers=2, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
 FLEX = {"moe_token_dispatcher": "flex"}
-EP_OVERLAP = {"overlap_moe_expert_parallel_comm": True}
 
 
 def make_job(model: ModelSpec | str, world: int, *, gpus_per_node: int = 0, seq: int = 4096, gbs: int = 256,
@@ -177,41 +176,65 @@ BROKEN: list[tuple[ModelSpec | str, int, int, int, int, str, str | None]] = [
 ]
 
 
-# rules of the training settings (the MoE dispatcher and the EP all-to-all overlap), per megatron-core version
-# training settings by name, each its own type (TrainingSpec checks them)
+# rules of the training settings and the layout's switches (the MoE dispatcher, the EP all-to-all overlap, CUDA
+# graphs), per megatron-core version; training settings by name, each its own type (TrainingSpec checks them)
+OVERLAP = ",ep_overlap=true"
+_TINY_MOE = get_model("tiny-moe")
+assert _TINY_MOE.moe is not None
+DENSE_FIRST_MOE = dataclasses.replace(_TINY_MOE, name="tiny-moe-dense-first",
+                                      moe=dataclasses.replace(_TINY_MOE.moe, first_dense_layers=1))
 TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str | None]] = [
     # (model, world, training, layout, version, the one rule it breaks)
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.16.1", "flex_dispatcher_needs_tp_ep"),  # 1 x 1: nothing to dispatch over
     ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),
-    ("tiny-moe", 8, EP_OVERLAP, "ep=1", "0.16.1", "ep_overlap_needs_ep"),
-    ("tiny-moe", 8, EP_OVERLAP, "pp=2,ep=2", "0.16.1", "ep_overlap_needs_vpp"),
-    ("tiny-moe", 8, EP_OVERLAP, "pp=2,vpp=2,ep=2", "0.16.1", None),
-    ("tiny-moe", 8, EP_OVERLAP, "ep=2,recompute=full", "0.16.1", "ep_overlap_no_full_recompute"),
-    ("tiny-moe", 8, {**EP_OVERLAP, "recompute_modules": ("moe",)}, "ep=2,recompute=selective", "0.19.2",
+    ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.19.2", "flex_dispatcher_needs_tp_ep"),  # DeepEP (the H100 default)
+    ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=1,etp=1", "0.19.2", None),  # 0.19: deepep, ncclep
+    ("tiny-moe", 8, {}, "ep=1" + OVERLAP, "0.16.1", "ep_overlap_needs_ep"),
+    ("tiny-moe", 8, {}, "pp=2,ep=2" + OVERLAP, "0.16.1", "ep_overlap_needs_vpp"),
+    ("tiny-moe", 8, {}, "pp=2,vpp=2,ep=2" + OVERLAP, "0.16.1", None),
+    ("tiny-moe", 8, {}, "ep=2,recompute=full" + OVERLAP, "0.16.1", "ep_overlap_no_full_recompute"),
+    ("tiny-moe", 8, {"recompute_modules": ("moe",)}, "ep=2,recompute=selective" + OVERLAP, "0.19.2",
      "ep_overlap_recompute_modules"),  # new in 0.19
-    ("tiny-moe", 8, {**EP_OVERLAP, "recompute_modules": ("moe",)}, "ep=2,recompute=selective", "0.16.1", None),
-    (MOE_MTP2, 8, EP_OVERLAP, "ep=2", "0.16.1", "ep_overlap_mtp"),  # at most one MTP layer
-    (MOE_MTP2, 8, EP_OVERLAP, "ep=2", "0.19.2", "ep_overlap_mtp"),
-    (dataclasses.replace(MOE_MTP2, mtp_num_layers=1), 8, EP_OVERLAP, "ep=2", "0.16.1", "ep_overlap_mtp"),  # PP 1
-    (dataclasses.replace(MOE_MTP2, mtp_num_layers=1), 8, EP_OVERLAP, "ep=2", "0.19.2", None),  # dropped in 0.19
-    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "local"}, "ep=2", "0.16.1", "ep_overlap_cuda_graphs"),
-    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "local"}, "ep=2", "0.19.2", None),
-    # Transformer Engine graphs may not capture moe or mlp under the overlap, in both versions
-    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn", "moe")}, "ep=2",
+    ("tiny-moe", 8, {"recompute_modules": ("moe",)}, "ep=2,recompute=selective" + OVERLAP, "0.16.1", None),
+    (MOE_MTP2, 8, {}, "ep=2" + OVERLAP, "0.16.1", "ep_overlap_mtp"),  # at most one MTP layer
+    (MOE_MTP2, 8, {}, "ep=2" + OVERLAP, "0.19.2", "ep_overlap_mtp"),
+    (dataclasses.replace(MOE_MTP2, mtp_num_layers=1), 8, {}, "ep=2" + OVERLAP, "0.16.1", "ep_overlap_mtp"),  # PP 1
+    (dataclasses.replace(MOE_MTP2, mtp_num_layers=1), 8, {}, "ep=2" + OVERLAP, "0.19.2", None),  # dropped in 0.19
+    ("tiny-moe", 8, {}, "ep=2,cuda_graphs=local" + OVERLAP, "0.16.1", "ep_overlap_cuda_graphs"),
+    ("tiny-moe", 8, {}, "ep=2,cuda_graphs=local" + OVERLAP, "0.19.2", None),
+    # per-layer graphs may not capture moe or mlp under the overlap, in both versions
+    ("tiny-moe", 8, {"cuda_graph_modules": ("attn", "moe")}, "ep=2,cuda_graphs=transformer_engine" + OVERLAP,
      "0.16.1", "ep_overlap_cuda_graphs"),
-    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("mlp",)}, "ep=2",
+    (DENSE_FIRST_MOE, 8, {"cuda_graph_modules": ("mlp",)}, "ep=2,cuda_graphs=transformer_engine" + OVERLAP,
      "0.19.2", "ep_overlap_cuda_graphs"),
-    ("tiny-moe", 8, {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn", "moe_router")},
-     "ep=2", "0.16.1", None),
+    ("tiny-moe", 8, {"cuda_graph_modules": ("attn", "moe_router")}, "ep=2,cuda_graphs=transformer_engine" + OVERLAP,
+     "0.16.1", None),
     # full recompute only under full-iteration CUDA graphs, in both versions (transformer_config.py __post_init__)
-    ("tiny-gpt", 8, {"cuda_graphs": "local"}, "recompute=full", "0.16.1", "cuda_graphs_no_full_recompute"),
-    ("tiny-gpt", 8, {"cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn",)}, "recompute=full", "0.19.2",
+    ("tiny-gpt", 8, {}, "recompute=full,cuda_graphs=local", "0.16.1", "cuda_graphs_no_full_recompute"),
+    ("tiny-gpt", 8, {"cuda_graph_modules": ("attn",)}, "recompute=full,cuda_graphs=transformer_engine", "0.19.2",
      "cuda_graphs_no_full_recompute"),
-    ("tiny-gpt", 8, {"cuda_graphs": "local"}, "recompute=selective", "0.19.2", None),
-    ("tiny-gpt", 8, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)}, "recompute=full", "0.19.2",
-     None),  # 0.19 makes it cuda_graph_impl full_iteration
-    ("tiny-gpt", 8, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)}, "recompute=full", "0.16.1",
-     None),
+    ("tiny-gpt", 8, {}, "recompute=selective,cuda_graphs=local", "0.19.2", None),
+    ("tiny-gpt", 8, {}, "recompute=full,cuda_graphs=full_iteration", "0.19.2", None),
+    ("tiny-gpt", 8, {}, "recompute=full,cuda_graphs=full_iteration", "0.16.1", None),  # local, scope full_iteration
+    # what per-layer graphs may capture (transformer_config.py 0.19.2 :2478-2516)
+    ("tiny-moe", 8, {"cuda_graph_modules": ("moe_preprocess",)}, "ep=2,cuda_graphs=transformer_engine", "0.19.2",
+     "cuda_graph_modules_supported"),
+    ("tiny-moe", 8, {"cuda_graph_modules": ("attn", "moe")}, "ep=2,cuda_graphs=transformer_engine", "0.19.2",
+     "cuda_graph_modules_supported"),  # a dropless MoE block
+    ("tiny-gpt", 8, {"cuda_graph_modules": ("moe_router",)}, "cuda_graphs=transformer_engine", "0.19.2",
+     "cuda_graph_modules_supported"),  # no MoE layer
+    ("tiny-moe", 8, {}, "ep=2,cuda_graphs=transformer_engine", "0.19.2", None),  # attn, moe_router, moe_preprocess
+    # selective recompute of moe under graphs of the router
+    ("tiny-moe", 8, {"recompute_modules": ("moe",)}, "ep=2,recompute=selective,cuda_graphs=transformer_engine",
+     "0.19.2", "te_graphs_moe_recompute"),
+    ("tiny-moe", 8, {"recompute_modules": ("moe",), "cuda_graph_modules": ("attn",)},
+     "ep=2,recompute=selective,cuda_graphs=transformer_engine", "0.19.2", None),
+    # full-iteration graphs of a MoE model need the paged stash: HybridEP in 0.19, not at all in 0.16.1
+    ("tiny-moe", 8, {"moe_token_dispatcher": "alltoall"}, "ep=2,cuda_graphs=full_iteration", "0.19.2",
+     "full_iteration_moe"),
+    ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=2,cuda_graphs=full_iteration", "0.19.2", None),
+    ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=2,cuda_graphs=full_iteration", "0.16.1",
+     "full_iteration_moe"),
 ]
 
 
@@ -258,7 +281,7 @@ def test_violation_names_its_fields_and_values(rule) -> None:
     assert rule.source.startswith("megatron/core/")
 
 
-STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers"}
+STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers", "full_iteration_moe"}
 
 
 def test_pp1_split_that_megatron_refuses_too_is_not_stricter() -> None:
@@ -401,10 +424,10 @@ def test_a_megatron_core_without_rules_is_refused(given) -> None:
 
 def test_the_job_picks_the_rule_set() -> None:
     """0.16.1 asks for PP > 1 with an MTP layer and the EP A2A overlap; 0.19 does not (`ep_overlap_mtp`)."""
-    layout = Layout(ep=2, dp=8)
+    layout = Layout(ep=2, dp=8, ep_overlap=True)
     model = dataclasses.replace(MOE_MTP2, mtp_num_layers=1)
     for version, refused in (("0.16.1", True), ("0.19.2", False)):
-        job = make_job(model, 8, overlap_moe_expert_parallel_comm=True, megatron_core=version)
+        job = make_job(model, 8, megatron_core=version)
         assert ("ep_overlap_mtp" in {v.rule for v in check(job, layout)}) is refused, version
 
 

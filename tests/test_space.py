@@ -26,14 +26,14 @@ from search_spaces.space import (
     space_rules,
 )
 
-from test_rules import EP_OVERLAP, FLEX, GQA12, MOE6, MOE_BIAS, MTP12, make_job
+from test_rules import FLEX, GQA12, MOE6, MOE_BIAS, MTP12, make_job
 
 # 14 layers: PP 4 splits (14 + 2) / 4 = 4 with embedding_loss_split; PP 3: 5 + 5 + 4; PP 6: 1 + 4*3 + 1
 GQA14 = dataclasses.replace(GQA12, name="gqa14", num_layers=14)
 
 SMALL = SpaceOptions(micro_batch_sizes=(1, 2), recompute=("none",), dist_opt=(False,))
 WIDE = SpaceOptions(micro_batch_sizes=(1, 4), recompute=("full",), dist_opt=(True,), tp_within_node=False,
-                    expert_within_node=False, min_pp_for_vpp=3)
+                    expert_within_node=False, min_pp_for_vpp=3, cuda_graphs=("local", "full_iteration"))
 
 # (model, world, gpus per node, seq, gbs): small enough to enumerate the naive product
 SMALL_JOBS = [
@@ -44,13 +44,11 @@ SMALL_JOBS = [
     (MOE_BIAS, 8, 8, 64, 16),
     (GQA14, 12, 4, 4104, 48),
     (MTP12, 12, 4, 4104, 24),  # MTP: eh_proj splits hidden 100 over TP; layout strings carry its `m`
-    ("tiny-moe", 8, 4, 4096, 16, EP_OVERLAP),  # EP overlap: EP > 1, VPP with PP > 1, no full recompute
-    # TE graphs on the MoE block with EP overlap: refused whatever the layout, so the space is empty
-    ("tiny-moe", 8, 4, 4096, 16,
-     {**EP_OVERLAP, "cuda_graphs": "transformer_engine", "cuda_graph_scope": ("attn", "moe")}),
+    # per-layer graphs cannot capture a dropless MoE block: only no graphs (and full-iteration ones with HybridEP)
+    ("tiny-moe", 8, 4, 4096, 16, {"cuda_graph_modules": ("attn", "moe")}),
     ("tiny-moe", 8, 4, 4096, 16, FLEX),  # the flex dispatcher needs ETP x EP > 1
-    ("tiny-gpt", 8, 4, 4096, 16, {"cuda_graphs": "local"}),  # CUDA graphs: no full recompute (WIDE's only choice)
-    ("tiny-gpt", 8, 4, 4096, 16, {"cuda_graphs": "local", "cuda_graph_scope": ("full_iteration",)}),  # but these
+    ("tiny-moe", 8, 4, 4096, 16, {**FLEX, "moe_flex_backend": "hybridep"}),  # full-iteration graphs of MoE too
+    ("tiny-moe", 8, 4, 4096, 16, {"recompute_modules": ("moe",)}),  # no moe recompute under router graphs
 ]
 GQA14_JOB = (GQA14, 12, 4, 4104, 48)
 
@@ -203,7 +201,8 @@ def test_choices_need_the_earlier_dimensions() -> None:
 
 def test_layout_of_values_outside_the_space_is_refused() -> None:
     space = feasible_space(make_job("tiny-gpt", 8))
-    values = dict(tp=1, cp=1, pp=1, vpp=None, ep=1, etp=None, mbs=1, sp=True, dist_opt=False, recompute="none")
+    values = dict(tp=1, cp=1, pp=1, vpp=None, ep=1, etp=None, mbs=1, sp=True, ep_overlap=False, dist_opt=False,
+                  recompute="none", cuda_graphs="none")
     with pytest.raises(ValueError, match="not a layout of this space"):
         space.layout(values)  # SP with TP 1
     assert space.layout({**values, "sp": False}).dp == 8  # 8 / (1 * 1 * 1)
@@ -213,7 +212,8 @@ def test_param_names_carry_the_prefix() -> None:
     space = feasible_space(make_job("tiny-gpt", 8))
     assert space.param_name("tp", {}) == "tp"
     assert space.param_name("pp", {"tp": 2, "cp": 1}) == "pp_tp2_cp1"
-    assert space.param_name("recompute", {"tp": 2}) == "recompute"
+    assert space.param_name("recompute", {"tp": 2, "ep_overlap": False, "dist_opt": True}) == \
+        "recompute_ep_overlapFalse_dist_optTrue"
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -313,7 +313,8 @@ def test_layout_strings_balance_the_pipeline_ranks(model, nodes) -> None:
 def test_layout_of_values_adds_the_split() -> None:
     # 14 layers on PP 4: (14 + 2) / 4 = 4 per stage with the embedding and the loss counted as layers
     space = feasible_space(_job(GQA14_JOB), SMALL)
-    values = dict(tp=1, cp=1, pp=4, vpp=None, ep=1, etp=None, mbs=1, sp=False, dist_opt=False, recompute="none")
+    values = dict(tp=1, cp=1, pp=4, vpp=None, ep=1, etp=None, mbs=1, sp=False, ep_overlap=False, dist_opt=False,
+                  recompute="none", cuda_graphs="none")
     layout = space.layout(values)
     assert layout.embedding_loss_split and layout.stage_layer_counts(14) == (3, 4, 4, 3)
 

@@ -326,7 +326,7 @@ def layer_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssu
                                           job.training.moe_permute_fusion))
     else:
         terms.update(mlp_activation_bytes(model, x, model.ffn_hidden_size))
-    if job.training.cuda_graphs == "transformer_engine" and x.te:
+    if layout.cuda_graphs == "transformer_engine" and x.te:
         terms["cuda_graph_buffers"] = cuda_graph_static_bytes(job, layout, x, moe=moe)
     return terms
 
@@ -347,7 +347,7 @@ def cuda_graph_static_bytes(job: Job, layout: Layout, x: Shape, *, moe: bool) ->
     model = job.model
     T, sd, h = x.tokens, x.sp_div, model.hidden_size
     boundary = 4 * BF16 * T * h / sd
-    scopes = set(job.training.cuda_graph_scope)
+    scopes = set(job.cuda_graph_modules)
     if not scopes:
         return boundary
     total = boundary if "attn" in scopes else 0.0
@@ -361,7 +361,7 @@ def cuda_graph_static_bytes(job: Job, layout: Layout, x: Shape, *, moe: bool) ->
     if "moe_router" in scopes:
         total += 2 * BF16 * routed * h + 5 * routed * e
     if "moe_preprocess" in scopes:
-        if job.training.moe_token_dispatcher == "alltoall":
+        if job.moe_dispatcher[0] == "alltoall":
             total += routed * k * (BF16 * h + FP32)
         else:
             total += FP32 * routed * e

@@ -116,7 +116,7 @@ def _deepep_bytes(job: Job, layout: Layout, a: AllowanceAssumptions) -> float:
     DeepEP's `Config.get_nvl_buffer_size_hint` / `get_rdma_buffer_size_hint` size them: per channel
     (num_sms / 2), per NVLink peer (up to 8) 256 chunked receive tokens of 2h bytes, and per RDMA peer
     (EP / 8 nodes) 128 tokens: an approximation of DeepEP's default `Config(num_sms, 6, 256, 6, 128)`."""
-    if job.model.moe is None or job.training.moe_token_dispatcher != "flex" or layout.ep <= 1:
+    if job.model.moe is None or job.moe_dispatcher[0] != "flex" or layout.ep <= 1:
         return 0.0
     channels = a.deepep_num_sms // 2
     hidden_bytes = BF16 * job.model.hidden_size

@@ -79,6 +79,8 @@ class Shape:
     etp: int
     mbs: int
     sp: bool
+    cuda_graphs: str  # the layout's CUDA graphs (Layout.cuda_graphs)
+    ep_overlap: bool  # the layout's EP A2A overlap (Layout.ep_overlap)
     rows: float  # b * s / c: rows of the attention and dense-MLP GEMMs
     tokens: float  # b * s / (c * t) with SP (else b * s / c): tokens per rank between blocks, the MoE input
     host_op_s: float
@@ -92,31 +94,33 @@ class Shape:
         return self.job.training.fp8
 
 
-def shape_of(job: Job, cal: Calibration, tp: int, cp: int, ep: int, etp: int, mbs: int, sp: bool) -> Shape:
+def shape_of(job: Job, cal: Calibration, tp: int, cp: int, ep: int, etp: int, mbs: int, sp: bool,
+             cuda_graphs: str = "none", ep_overlap: bool = False) -> Shape:
     s = job.training.seq_length
     rows = mbs * s / cp
     return Shape(job=job, cal=cal, gemm=gemm_cost(job.cluster.gpu, job.training.precision, job.fp8_recipe, cal),
-                 tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, sp=sp, rows=rows, tokens=rows / tp if sp else rows,
-                 host_op_s=cal.arch(job.cluster.gpu).host_op_s)
+                 tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, sp=sp, cuda_graphs=cuda_graphs, ep_overlap=ep_overlap,
+                 rows=rows, tokens=rows / tp if sp else rows, host_op_s=cal.arch(job.cluster.gpu).host_op_s)
 
 
-def graphed(job: Job, part: str) -> bool:
-    """Whether CUDA graphs capture `part` ('attn', 'mlp', 'moe_router', 'moe_preprocess', 'moe'): megatron-core
-    0.16.1 `cuda_graph_impl="local"` captures whole layers that have static shapes (not a dropless MoE block,
-    `transformer/cuda_graphs.py`); `"transformer_engine"` captures the `cuda_graph_scope` parts (an empty scope:
-    the whole layer, again without a dropless MoE block)."""
-    t = job.training
-    if t.cuda_graphs == "none":
+def graphed(x: Shape, part: str) -> bool:
+    """Whether the layout's CUDA graphs capture `part` ('attn', 'mlp', 'moe_router', 'moe_preprocess', 'moe'):
+    full-iteration graphs capture every part; per-layer graphs (`local`, `transformer_engine`) the job's
+    `cuda_graph_modules` (empty: the whole layer's static parts, never a dropless MoE block,
+    megatron-core `transformer/cuda_graphs.py`)."""
+    if x.cuda_graphs == "none":
         return False
-    static = part in ("attn", "mlp")
-    if t.cuda_graphs == "local" or not t.cuda_graph_scope:
-        return static
-    return part in t.cuda_graph_scope
+    if x.cuda_graphs == "full_iteration":
+        return True
+    modules = x.job.cuda_graph_modules
+    if not modules:
+        return part in ("attn", "mlp")
+    return part in modules
 
 
 def host_s(x: Shape, ops: float, part: str) -> float:
     """Host time of `ops` framework ops of one part's forward; one graph replay when CUDA graphs capture it."""
-    return x.host_op_s * (1.0 if graphed(x.job, part) else ops)
+    return x.host_op_s * (1.0 if graphed(x, part) else ops)
 
 
 def fp8_cast_s(x: Shape, elements: float) -> float:

@@ -2,11 +2,11 @@
 
 A `LayoutTable` holds one numpy array per `Layout` field, all of the same length. Optional fields are stored as
 integers with 0 for None (`vpp`, `etp`, `first_stage_layers`, `last_stage_layers`), `recompute` as its index in
-`RECOMPUTE_CHOICES`, `pipeline_layout` as an index into the table's `layout_strings` (0 for None, the
-strings themselves kept once per table). Build one from Layout objects (`from_layouts`), from arrays
-(`from_arrays`), or straight from
-a feasible space without making a Layout per row (`from_space`, in the order `FeasibleSpace.layouts()` yields).
-`layout(i)` turns row i back into the Layout it stands for. The arrays are read-only.
+`RECOMPUTE_CHOICES`, `cuda_graphs` as its index in `CUDA_GRAPH_CHOICES`, `pipeline_layout` as an index into the
+table's `layout_strings` (0 for None, the strings themselves kept once per table). Build one from Layout objects
+(`from_layouts`), from arrays (`from_arrays`), or straight from a feasible space without making a Layout per row
+(`from_space`, in the order `FeasibleSpace.layouts()` yields). `layout(i)` turns row i back into the Layout it
+stands for. The arrays are read-only.
 """
 
 from __future__ import annotations
@@ -17,17 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from search_spaces.layout import RECOMPUTE_CHOICES, Layout
+from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES, Layout
 from search_spaces.space import FeasibleSpace, pipeline_fields
 
 __all__ = ["LayoutTable", "COLUMNS"]
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 _OPTIONAL = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
-_BOOLS = ("sp", "dist_opt", "embedding_loss_split")
+_BOOLS = ("sp", "dist_opt", "embedding_loss_split", "ep_overlap")
+_CODED = {"recompute": RECOMPUTE_CHOICES, "cuda_graphs": CUDA_GRAPH_CHOICES}  # stored as the index of the value
 _DEFAULTS: dict[str, int] = {"tp": 1, "pp": 1, "vpp": 0, "cp": 1, "ep": 1, "etp": 0, "dp": 1, "mbs": 1, "sp": 0,
                              "dist_opt": 0, "recompute": 0, "first_stage_layers": 0, "last_stage_layers": 0,
-                             "embedding_loss_split": 0, "pipeline_layout": 0}
+                             "embedding_loss_split": 0, "pipeline_layout": 0, "cuda_graphs": 0, "ep_overlap": 0}
 
 
 def _frozen(values: object, dtype: type) -> np.ndarray:
@@ -55,6 +56,8 @@ class LayoutTable:
     last_stage_layers: np.ndarray
     embedding_loss_split: np.ndarray
     pipeline_layout: np.ndarray  # codes into layout_strings
+    cuda_graphs: np.ndarray
+    ep_overlap: np.ndarray
     layout_strings: tuple[str | None, ...] = (None,)
     _python: list[list[object]] | None = field(default=None, init=False, repr=False)  # columns as Python values
 
@@ -83,8 +86,9 @@ class LayoutTable:
             given = columns.get(name)
             values = np.full(n, _DEFAULTS[name]) if given is None else given
             out[name] = _frozen(values, np.bool_ if name in _BOOLS else np.int64)
-        if n and not np.all(out["recompute"] < len(RECOMPUTE_CHOICES)):
-            raise ValueError(f"recompute codes index {RECOMPUTE_CHOICES}, but got {sorted(set(out['recompute']))}.")
+        for name, choices in _CODED.items():
+            if n and not np.all(out[name] < len(choices)):
+                raise ValueError(f"{name} codes index {choices}, but got {sorted(set(out[name]))}.")
         if n and not np.all(out["pipeline_layout"] < len(layout_strings)):
             raise ValueError(f"pipeline_layout codes index {len(layout_strings)} layout strings.")
         return cls(**out, layout_strings=tuple(layout_strings))
@@ -97,8 +101,8 @@ class LayoutTable:
         for name in COLUMNS:
             if name == "pipeline_layout":
                 columns[name] = [strings.setdefault(r[name], len(strings)) for r in rows]
-            elif name == "recompute":
-                columns[name] = [RECOMPUTE_CHOICES.index(r[name]) for r in rows]
+            elif name in _CODED:
+                columns[name] = [_CODED[name].index(r[name]) for r in rows]
             elif name in _OPTIONAL:
                 columns[name] = [r[name] or 0 for r in rows]
             else:
@@ -107,16 +111,22 @@ class LayoutTable:
 
     @classmethod
     def from_space(cls, space: FeasibleSpace) -> LayoutTable:
-        """Every layout of `space`, row i being the i-th of `space.layouts()` (shape, then dist_opt, then
-        recompute), built from the space's shapes without a Layout per row."""
-        job, options = space.job, space.options
-        extras = [(d, RECOMPUTE_CHOICES.index(r)) for d in options.dist_opt for r in space.recompute]
-        shapes = np.array([[s[0], s[1], s[2], s[3] or 0, s[4], s[5] or 0, s[6], int(s[7])] for s in space.shapes],
-                          dtype=np.int64).reshape(-1, 8)
-        reps = len(extras)
-        tp, cp, pp, vpp, ep, etp, mbs, sp = (np.repeat(shapes[:, k], reps) for k in range(8))
-        dist_opt = np.tile(np.array([d for d, _ in extras], dtype=bool), len(shapes))
-        recompute = np.tile(np.array([r for _, r in extras], dtype=np.int64), len(shapes))
+        """Every layout of `space`, row i being the i-th of `space.layouts()` (shape, then its switches in order),
+        built from the space's shapes without a Layout per row."""
+        job = space.job
+        shapes = np.array([[s[0], s[1], s[2], s[3] or 0, s[4], s[5] or 0, s[6], int(s[7]), int(s[8])]
+                           for s in space.shapes], dtype=np.int64).reshape(-1, 9)
+        # each shape repeated once per switch of its ep_overlap; the switches laid out shape after shape
+        switch = {v: np.array([(int(d), RECOMPUTE_CHOICES.index(r), CUDA_GRAPH_CHOICES.index(g))
+                               for d, r, g in space.switches.get(v, ())], dtype=np.int64).reshape(-1, 3)
+                  for v in (False, True)}
+        counts = np.where(shapes[:, 8] == 1, len(switch[True]), len(switch[False]))
+        tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap = (np.repeat(shapes[:, k], counts) for k in range(9))
+        start = np.repeat(np.cumsum(counts) - counts, counts)
+        position = np.arange(len(tp)) - start  # the row's index in its shape's switch list
+        both = np.concatenate([switch[False], switch[True]])
+        chosen = both[np.where(ep_overlap == 1, len(switch[False]) + position, position)] if len(tp) else both[:0]
+        dist_opt, recompute, cuda_graphs = chosen[:, 0].astype(bool), chosen[:, 1], chosen[:, 2]
         split = {"first_stage_layers": np.zeros(len(tp), np.int64), "last_stage_layers": np.zeros(len(tp), np.int64),
                  "embedding_loss_split": np.zeros(len(tp), bool), "pipeline_layout": np.zeros(len(tp), np.int64)}
         strings: dict[str | None, int] = {None: 0}
@@ -132,8 +142,8 @@ class LayoutTable:
                     assert isinstance(value, int), (name, value)
                     split[name][rows] = int(value)
         return cls.from_arrays(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp),
-                               mbs=mbs, sp=sp, dist_opt=dist_opt, recompute=recompute, layout_strings=tuple(strings),
-                               **split)
+                               mbs=mbs, sp=sp, dist_opt=dist_opt, recompute=recompute, cuda_graphs=cuda_graphs,
+                               ep_overlap=ep_overlap.astype(bool), layout_strings=tuple(strings), **split)
 
     # --- reading --------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -149,8 +159,8 @@ class LayoutTable:
 
     def _decoded(self, name: str) -> list[object]:
         values = getattr(self, name).tolist()
-        if name == "recompute":
-            return [RECOMPUTE_CHOICES[v] for v in values]
+        if name in _CODED:
+            return [_CODED[name][v] for v in values]
         if name == "pipeline_layout":
             return [self.layout_strings[v] for v in values]
         if name in _OPTIONAL:

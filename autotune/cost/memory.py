@@ -255,7 +255,7 @@ def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
     if stages is None:
         stages = cache.stages[stage_key] = _stage_params_cached(
             model, *stage_key, assumptions.make_vocab_size_divisible_by, assumptions.mla_down_proj_split)
-    unit_key = (tp, layout.sp, layout.cp, layout.mbs, etp, layout.recompute)
+    unit_key = (tp, layout.sp, layout.cp, layout.mbs, etp, layout.recompute, layout.cuda_graphs)
     unit = cache.units.get(unit_key)
     if unit is None:
         vocab = padded_vocab_size(model.vocab_size, tp, assumptions.make_vocab_size_divisible_by)
@@ -278,7 +278,7 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
     microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
     last = pp * vpp - 1
     weights, grads, optim = _state_bytes(job, sp, layout)
-    extra = 1 if (job.training.overlap_moe_expert_parallel_comm and model.moe is not None and vpp > 1) else 0
+    extra = 1 if (layout.ep_overlap and model.moe is not None and vpp > 1) else 0
     inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage, extra_warmup=extra)
     has_moe = sp.moe_layers > 0
     mtp = _mtp_counts(model, layout)

@@ -44,9 +44,9 @@ SEQUENTIAL_EXPERT_HOST_OPS = 6  # SequentialMLP: a Python loop over experts, fc1
 
 def _dispatch_s(x: Shape) -> float:
     """One dispatch (or combine, the same size) of this rank's T tokens."""
-    m, t = x.model.moe, x.job.training
+    m = x.model.moe
     assert m is not None
-    return dispatch_s(t.moe_token_dispatcher, x.tokens, m.topk, x.model.hidden_size, x.tp, x.ep, x.etp,
+    return dispatch_s(x.job.moe_dispatcher[0], x.tokens, m.topk, x.model.hidden_size, x.tp, x.ep, x.etp,
                       x.job.cluster, x.cal)
 
 
@@ -56,7 +56,7 @@ def _ep_exposed_s(x: Shape, comm_s: float, overlap_s: float) -> float:
     the other micro-batch's compute cannot cover."""
     if comm_s <= 0:
         return 0.0
-    if x.job.training.overlap_moe_expert_parallel_comm:
+    if x.ep_overlap:
         return max(x.cal.ep_overlap_exposed * comm_s, comm_s - overlap_s)
     return comm_s
 

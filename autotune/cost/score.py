@@ -266,7 +266,8 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
     full = table.recompute == FULL
     chunks = np.where(full, table.pp * t.vpp, 0) if training.recompute_num_layers else np.zeros(n, np.int64)
-    layer = _group(table.tp, table.cp, table.ep, t.etp, table.mbs, table.sp & (table.tp > 1), table.recompute, chunks)
+    layer = _group(table.tp, table.cp, table.ep, t.etp, table.mbs, table.sp & (table.tp > 1), table.recompute, chunks,
+                   table.cuda_graphs, table.ep_overlap)
     lts = layer.values(lambda i: layer_times(job, t.layout(i), cal))
 
     def per_layer(f: Callable[[Any], float]) -> np.ndarray:
@@ -367,7 +368,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
 
     stage_lists = t.placement.values(lambda i: _lookups(job, t.layout(i), assumptions)[0])
-    unit = _group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute)
+    unit = _group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute, table.cuda_graphs)
     units = unit.values(lambda i: _lookups(job, t.layout(i), assumptions)[1])
     u_rows = unit.inverse
     u = {name: np.array([getattr(x, name) for x in units], dtype=np.float64)[u_rows]
@@ -400,7 +401,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
         for c, (p, _) in enumerate(cands[s_rows[i]]):
             state_values[g, c, :3] = _state_bytes(job, stages[p], layout)
             state_values[g, c, 3] = _optimizer_step_bytes(job, stages[p], layout)
-    extra = (training.overlap_moe_expert_parallel_comm and model.moe is not None) & (t.vpp > 1)
+    extra = table.ep_overlap & (model.moe is not None) & (t.vpp > 1)
     flight = _group(table.pp, t.vpp, m, extra)
     flight_values = np.zeros((len(flight), width, depth), dtype=np.int64)
     for g, i in enumerate(flight.first):

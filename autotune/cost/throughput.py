@@ -130,7 +130,7 @@ def layer_times(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION
     memo = _memo(job, cal)
     chunks = layout.pp * layout.vpp_size if job.training.recompute_num_layers and layout.recompute == "full" else 0
     key = (layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
-           layout.recompute, chunks)
+           layout.recompute, chunks, layout.cuda_graphs, layout.ep_overlap)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = _layer_times(job, layout, cal)
@@ -138,7 +138,8 @@ def layer_times(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION
 
 
 def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
-    x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1)
+    x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
+                 layout.cuda_graphs, layout.ep_overlap)
     attn = attention_block(x)
     dense, dense_f, dense_b = _layer(job, layout, [attn, dense_mlp_block(x)], cal)
     moe, moe_f, moe_b = (dense, dense_f, dense_b)

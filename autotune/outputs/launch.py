@@ -61,7 +61,7 @@ BRIDGE_RECIPES: dict[str, str] = {
 }
 # MixedPrecisionConfig fields that are False unless set (training/mixed_precision.py): left out when off
 _OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"})
-_GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng")
+_GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng", "rerun_state_machine")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted
 # keys a Bridge release's recipes may still set that would fight the line's: megatron-core 0.19 migrates a
@@ -106,7 +106,6 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
     out: list[str] = []
     objects: dict[str, dict[str, object]] = {"comm_overlap": {}, "mixed_precision": {}}
     release = LAUNCH_TARGETS[job.training.megatron_core].bridge
-    out += [f"{key}=null" for key in _BRIDGE_CLEARED.get(release, ())]
     for core, value in job_settings(job, layout).items():
         name = NAMES[core]
         for key in name.bridge_keys(release):
@@ -121,6 +120,7 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
                  "pipeline_dtype": _torch_dtype("bf16"), "autocast_enabled": "false"}
     if job.fp8_recipe == "delayed":
         precision.update({k: _hydra(v) for k, v in _DELAYED_AMAX.items()})
+    out += [f"{key}=null" for key in _BRIDGE_CLEARED.get(release, ())]
     out.sort(key=lambda item: _GROUP_ORDER.index(item.split(".", 1)[0]))  # stable: grouped, table order inside
     out += ["comm_overlap=null", f"comm_overlap={_target(COMM_OVERLAP_CLASS, comm)}",
             "mixed_precision=null", f"mixed_precision={_target(MIXED_PRECISION_CLASS, precision)}"]
@@ -162,11 +162,11 @@ def megatron_lm_environment(job: Job, layout: Layout) -> dict[str, str]:
     return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
-def bridge_notes(job: Job) -> list[str]:
+def bridge_notes(job: Job, layout: Layout | None) -> list[str]:
     """Where the Bridge line cannot run as the prediction assumes, in words."""
-    if job.training.megatron_core >= "0.17" and job.training.cuda_graphs == "local":
+    if layout is not None and job.training.megatron_core >= "0.17" and layout.cuda_graphs == "local":
         return ["Bridge 0.6 runs local CUDA graphs only as full-iteration graphs (utils/cuda_graph.py "
-                "validate_cuda_graph_configuration) and refuses per-layer ones: use --cuda-graphs transformer_engine "
+                "validate_cuda_graph_configuration) and refuses per-layer ones: use cuda_graphs=transformer_engine "
                 "for Bridge, or the Megatron-LM line"]
     return []
 
@@ -182,11 +182,13 @@ def megatron_lm_args(job: Job, layout: Layout) -> list[str]:
     for core, value in settings.items():
         name = NAMES[core]
         flag = name.lm_flag(tag)
-        if flag is None or value is None:
+        if value is None:
             continue
         if name.kind == "bool":
             chosen = flag if value else name.lm_false
             out += [chosen] if chosen else []
+        elif flag is None:
+            continue
         elif name.kind == "list":
             out += [flag, *(str(v) for v in value)] if value else []  # type: ignore[attr-defined]  # empty: default
         else:
@@ -205,7 +207,7 @@ def launch_header(job: Job, form: str, layout: Layout | None = None) -> str:
     layout, the environment the line needs too."""
     target = LAUNCH_TARGETS[job.training.megatron_core]
     if form == "megatron_bridge":
-        notes = "".join(f" ({note})" for note in bridge_notes(job))
+        notes = "".join(f" ({note})" for note in bridge_notes(job, layout))
         return (f"Megatron-Bridge {target.bridge} overrides for {BRIDGE_SCRIPT} {_recipe_words(job, target.bridge)}"
                 f"{notes}")
     env = megatron_lm_environment(job, layout) if layout is not None else {}

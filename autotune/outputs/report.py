@@ -317,8 +317,9 @@ def render_report(data: ReportInput, pngs: Mapping[str, bytes] | None = None) ->
     shown = df.head(MAX_TRIAL_ROWS)
     cut = "" if len(df) <= MAX_TRIAL_ROWS else f'<p class="muted">First {MAX_TRIAL_ROWS} of {len(df)} trials.</p>'
     created = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    legend = ('<p class="muted">flags: sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), '
-              "split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss count as layers). "
+    from autotune.outputs.tables import FLAGS_TEXT
+
+    legend = (f'<p class="muted">flags: {_esc(FLAGS_TEXT)}. '
               "free: usable memory (GPU memory minus headroom) left per GPU.</p>")
     u = data.usable_gib
     body = [

@@ -25,8 +25,12 @@ __all__ = ["terminal_width", "make_console", "layout_cells", "layout_flags", "ra
 GIB = 1024**3
 PIPED_WIDTH = 120  # piped without COLUMNS: complete rows
 WIDE_WIDTH = 100_000  # --wide: no column is dropped, no cell is wrapped
-FLAGS_LEGEND = ("flags: sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), "
-                "split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss count as layers)")
+FLAGS_TEXT = ("sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), cg CUDA graphs (te: "
+              "Transformer Engine's per layer, full: full-iteration, local: megatron-core's per layer), a2a MoE "
+              "all-to-all overlap, split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss "
+              "count as layers)")
+FLAGS_LEGEND = "flags: " + FLAGS_TEXT
+_GRAPH_FLAGS = {"transformer_engine": "te", "full_iteration": "full", "local": "local"}
 _GAP = 1  # columns are separated by one space (box.SIMPLE_HEAD without padding)
 _FLAGS_NARROW = 16  # the flags column wraps onto a second line beyond this, unless wide ("sp dopt rc=full" is 15)
 
@@ -49,10 +53,15 @@ def make_console(*, wide: bool = False, width: int | None = None, stderr: bool =
 
 
 def layout_flags(layout: Layout) -> str:
-    """`sp dopt rc=sel split=3|..|2`: the layout's switches in a few characters (FLAGS_LEGEND says them in words)."""
+    """`sp dopt rc=sel cg=te a2a split=3|..|2`: the layout's switches in a few characters (FLAGS_LEGEND says them in
+    words)."""
     flags = [name for name, on in (("sp", layout.sp), ("dopt", layout.dist_opt)) if on]
     if layout.recompute != "none":
         flags.append("rc=" + {"selective": "sel"}.get(layout.recompute, layout.recompute))
+    if layout.cuda_graphs != "none":
+        flags.append("cg=" + _GRAPH_FLAGS[layout.cuda_graphs])
+    if layout.ep_overlap:
+        flags.append("a2a")
     if layout.embedding_loss_split:
         flags.append("split=emb+loss")
     elif layout.first_stage_layers is not None or layout.last_stage_layers is not None:

@@ -100,17 +100,30 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                        ("moe-grouped-gemm", "one grouped GEMM for a rank's experts"),
                        ("moe-permute-fusion", "TE's fused token permutation")):
         g.add_argument(f"--{name}", action=on_off, default=None, help=f"{what} (default on)")
-    g.add_argument("--overlap-moe-expert-parallel-comm", action=on_off, default=None,
-                   help="overlap the expert all-to-all with compute (default off)")
+    g.add_argument("--overlap-moe-expert-parallel-comm", "--ep-overlap", dest="ep_overlap", action=on_off,
+                   default=None, help="the MoE all-to-all overlap (a layout switch: search tries both unless this "
+                                      "fixes it; check/estimate: the value when --layout does not say)")
+    g.add_argument("--delay-wgrad-compute", action=on_off, default=None,
+                   help="with the all-to-all overlap, delay the weight gradients behind the combine (default on)")
     g.add_argument("--moe-dispatcher", dest="moe_token_dispatcher", choices=("alltoall", "allgather", "flex"),
-                   default=None, help="MoE token dispatcher (default alltoall)")
+                   default=None, help="MoE token dispatcher (default: flex with HybridEP on Blackwell, alltoall "
+                                      "elsewhere, as Megatron-Bridge 0.6's recipes)")
+    g.add_argument("--moe-flex-backend", choices=("deepep", "hybridep", "ncclep"), default=None,
+                   help="the flex dispatcher's backend (default hybridep on Blackwell, deepep elsewhere)")
+    g.add_argument("--moe-force-balance", dest="moe_router_force_load_balancing", action=on_off, default=None,
+                   help="forced balanced routing, as every published MoE benchmark runs (default off: real "
+                        "training routes by the learned router)")
+    g.add_argument("--moe-rank-capacity-factor", type=float, default=None, metavar="X",
+                   help="the paged stash's per-rank token budget of full-iteration graphs of MoE models (default 1.5)")
     g.add_argument("--cross-entropy-fusion", choices=("te", "native", "none"), default=None,
                    help="fused cross-entropy loss (default te: the bf16 logits are its only copy)")
-    g.add_argument("--cuda-graphs", choices=("none", "local", "transformer_engine"), default=None,
-                   help="CUDA graphs (default none)")
-    g.add_argument("--cuda-graph-scope", default=None, metavar="LIST",
-                   help="what TE CUDA graphs capture, comma-separated: attn, mlp, moe, moe_router, moe_preprocess "
-                        "(default: the whole layer)")
+    g.add_argument("--cuda-graphs", choices=("none", "local", "transformer_engine", "full_iteration"), default=None,
+                   help="CUDA graphs (a layout switch: search tries none, transformer_engine and full_iteration "
+                        "unless this fixes one; check/estimate: the value when --layout does not say)")
+    g.add_argument("--cuda-graph-modules", "--cuda-graph-scope", dest="cuda_graph_modules", default=None,
+                   metavar="LIST", help="what per-layer CUDA graphs capture, comma-separated: attn, mlp, moe, "
+                                        "moe_router, moe_preprocess (default: attn,moe_router,moe_preprocess for "
+                                        "MoE models, the whole layer for dense ones; '' the whole layer)")
     g.add_argument("--recompute-modules", default=None, metavar="LIST",
                    help="what selective recompute recomputes, comma-separated (default core_attn)")
     g.add_argument("--recompute-num-layers", type=_positive_int, default=None, metavar="N",

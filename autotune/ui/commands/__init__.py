@@ -6,11 +6,12 @@ Shared here: turning the job options every verb takes into a `Job`.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from search_spaces.job import Job
 from search_spaces.training import TRAINING_FIELDS, training_spec
 
-__all__ = ["job_from_args", "add_layout_argument"]
+__all__ = ["job_from_args", "add_layout_argument", "layout_from_args"]
 
 
 def add_layout_argument(parser: argparse.ArgumentParser) -> None:
@@ -51,3 +52,20 @@ def job_from_args(args: argparse.Namespace) -> Job:
     )
     training = training_spec(**{name: getattr(args, name, None) for name in TRAINING_FIELDS})
     return Job(model=model, cluster=cluster, training=training)
+
+
+def layout_from_args(args: argparse.Namespace, job: Job):
+    """`--layout` as a Layout, with `--cuda-graphs` / `--ep-overlap` as the values of those switches when the
+    layout text does not name them (check, estimate)."""
+    from dataclasses import replace
+
+    from search_spaces.layout import parse_layout
+
+    layout = parse_layout(args.layout, world_size=job.world_size)
+    named = {item.split("=", 1)[0].strip().lower() for item in args.layout.split(",") if "=" in item}
+    switches: dict[str, Any] = {}
+    if getattr(args, "cuda_graphs", None) is not None and "cuda_graphs" not in named:
+        switches["cuda_graphs"] = args.cuda_graphs
+    if getattr(args, "ep_overlap", None) is not None and "ep_overlap" not in named:
+        switches["ep_overlap"] = bool(args.ep_overlap)
+    return replace(layout, **switches) if switches else layout

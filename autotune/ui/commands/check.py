@@ -84,13 +84,12 @@ def memory_fit(job, layout, headroom: float) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.ui.commands import job_from_args
-    from search_spaces.layout import parse_layout
+    from autotune.ui.commands import job_from_args, layout_from_args
     from search_spaces.rules import check
 
     job = job_from_args(args)
     headroom = headroom_bytes(args, job)
-    layout = parse_layout(args.layout, world_size=job.world_size)
+    layout = layout_from_args(args, job)
     violations = check(job, layout)
     memory = None if violations else memory_fit(job, layout, headroom)
     if args.json:

@@ -108,12 +108,11 @@ def _print_rich(job, m, headroom: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.cost.analytic import AnalyticBackend
-    from autotune.ui.commands import job_from_args
-    from search_spaces.layout import parse_layout
+    from autotune.ui.commands import job_from_args, layout_from_args
 
     job = job_from_args(args)
     headroom = headroom_bytes(args, job)
-    layout = parse_layout(args.layout, world_size=job.world_size)
+    layout = layout_from_args(args, job)
     m = AnalyticBackend(headroom_bytes=headroom).evaluate(job, layout)
     if args.json:
         print(json.dumps(estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom, headroom=headroom),

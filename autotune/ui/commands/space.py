@@ -58,6 +58,10 @@ def options_from_args(args: argparse.Namespace):
         kwargs["max_vpp"] = args.max_vpp
     if getattr(args, "min_pp_for_vpp", None) is not None:
         kwargs["min_pp_for_vpp"] = args.min_pp_for_vpp
+    if getattr(args, "cuda_graphs", None) is not None:  # a fixed switch: search only that value
+        kwargs["cuda_graphs"] = (args.cuda_graphs,)
+    if getattr(args, "ep_overlap", None) is not None:
+        kwargs["ep_overlap"] = (bool(args.ep_overlap),)
     return SpaceOptions(**kwargs)  # type: ignore[arg-type]
 
 
