@@ -197,10 +197,13 @@ class Layout:
 
     def to_megatron(self) -> dict[str, object]:
         """megatron-core field names and values (`search_spaces.megatron_names`), plus the derived `dp` and
-        `expert_dp`."""
+        `expert_dp` and the searched switches under their layout names (`cuda_graphs`, `ep_overlap`: the megatron
+        settings they stand for depend on the release, `megatron_names.job_settings`)."""
         out = layout_settings(self)
         out["dp"] = self.dp
         out["expert_dp"] = self.expert_dp
+        out["cuda_graphs"] = self.cuda_graphs
+        out["ep_overlap"] = self.ep_overlap
         return out
 
     def short_dict(self) -> dict[str, object]:

@@ -115,6 +115,11 @@ JOBS: list[tuple[ModelSpec | str, int, int, int, int, Mapping[str, object], tupl
                                     "recompute=full,cuda_graphs=local")),
     ("tiny-gpt", 8, 8, 64, 32, {}, ("recompute=full,cuda_graphs=full_iteration",
                                     "pp=2,vpp=2,recompute=full,cuda_graphs=full_iteration")),
+    # graph modules the model lacks or that need another (both versions): router graphs of a dense model,
+    # moe_preprocess without moe_router
+    ("tiny-gpt", 8, 8, 64, 32, {"cuda_graph_modules": ("attn", "moe_router")}, ("cuda_graphs=transformer_engine",)),
+    ("tiny-moe", 8, 8, 64, 32, {"cuda_graph_modules": ("attn", "moe_preprocess")},
+     ("ep=2,cuda_graphs=transformer_engine",)),
 ]
 N_ACCEPTED, PER_RULE, N_STRINGS, DRAWS = 8, 2, 4, 3000
 VERSIONS = ("0.16.1", "0.19.2")
