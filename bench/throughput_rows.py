@@ -1,9 +1,10 @@
 """Published throughput rows for the throughput benchmark and fit: one reading of every source.
 
 Sources (each row cites its own table in the CSV):
-- `bench/data/published_layouts.csv`: Megatron-Bridge's performance summaries, releases 25.09 to 26.08 (H100, B200,
-  GB200; the recipe switches of each row's Megatron-Bridge v0.3.1 performance preset in its `training` column).
-- `bench/data/published_throughput_extra.csv` (when present): further public rows in the same format.
+- `bench/recipe_rows.py`: every row of Megatron-Bridge's performance tables, releases 25.09 to 26.08 (H100, B200,
+  GB200, and the held-out GB300 and B300), at the switches of the recipe that produced it.
+- `bench/data/published_throughput_extra.csv`: further public rows (NeMo performance summaries 24.03-25.07,
+  Megatron-Core examples), each with the release it ran (the reference release's factors where it names none).
 - `bench/data/calibration-runs.csv`: papers and READMEs (Narayanan et al. 2021 and Korthikanti et al. 2022
   on A100, the Megatron-LM README's H100 weak-scaling table, the Megatron-MoE-ModelZoo's Qwen3-235B H100 runs); only
   trust A/B rows with a full layout and tokens/s are used. Their training switches, where the source states them:
@@ -22,18 +23,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autotune.cost.efficiency import REFERENCE_RELEASE  # noqa: E402
 from bench.published_runs import CSV_PATH as PAPER_CSV  # noqa: E402
 from bench.published_runs import float_or, job_of, layout_of  # noqa: E402
+from bench.recipe_rows import HELD_OUT_GPUS, load_recipe_rows  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout, parse_layout  # noqa: E402
+from search_spaces.releases import release_names  # noqa: E402
 from search_spaces.training import training_spec  # noqa: E402
 
-__all__ = ["Row", "load_rows", "BRIDGE_CSVS"]
+__all__ = ["Row", "load_rows", "EXTRA_CSV", "HELD_OUT_GPUS"]
 
 DATA = Path(__file__).resolve().parent / "data"
-BRIDGE_CSVS = (DATA / "published_layouts.csv", DATA / "published_throughput_extra.csv")
+EXTRA_CSV = DATA / "published_throughput_extra.csv"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,9 +50,18 @@ class Row:
     published: float  # tokens/s per GPU
 
     @property
+    def held_out(self) -> bool:
+        """Blackwell Ultra rows: reported, never fitted (how the model generalises to a GPU from its spec sheet)."""
+        return self.gpu in HELD_OUT_GPUS
+
+    @property
+    def release(self) -> str:
+        return self.job.training.release
+
+    @property
     def config(self) -> tuple[object, ...]:
         """What makes two rows the same run up to the software release (they then share one weight in the fit)."""
-        t = self.job.training
+        t = replace(self.job.training, release=REFERENCE_RELEASE)
         return (self.model, self.gpu, self.job.world_size, str(self.layout), t)
 
     @property
@@ -74,8 +87,9 @@ def _bridge_rows(path: Path) -> list[Row]:
             tokens = float(r["published_tokens_per_s_per_gpu"])
             gpus = int(r["num_gpus"])
             gpn = 4 if r["gpu"] == "gb200" else 8
+            release = r["release"] if r["release"] in release_names() else REFERENCE_RELEASE
             training = training_spec(seq_length=int(r["seq_length"]), global_batch_size=int(r["global_batch_size"]),
-                                     precision=r["precision"], fp8_recipe=r["fp8_recipe"] or None,
+                                     precision=r["precision"], fp8_recipe=r["fp8_recipe"] or None, release=release,
                                      **json.loads(r["training"]))
             job = Job(model=get_model(r["model"]), training=training,
                       cluster=build_cluster(nodes=max(gpus // gpn, 1), gpus_per_node=min(gpn, gpus), gpu=r["gpu"]))
@@ -122,12 +136,19 @@ def _paper_rows(path: Path = PAPER_CSV) -> list[Row]:
                 switches = {"tp_comm_overlap": False, "grad_reduce_in_fp32": True, "cross_entropy_fusion": "native"}
             if modules:
                 switches["recompute_modules"] = modules
+            switches["release"] = REFERENCE_RELEASE  # papers name no NeMo release: the base constants describe them
             job = replace(job, training=replace(job.training, **switches))
             rows.append(Row(source=source, model=r["model"], gpu=r["gpu_type"].lower(), job=job,
                             layout=layout_of(r, recompute), published=tokens))  # type: ignore[arg-type]
     return rows
 
 
+def _recipe_rows() -> list[Row]:
+    return [Row(source=r.release, model=r.job.model.name, gpu=r.gpu, job=r.job, layout=r.layout, published=r.published)
+            for r in load_recipe_rows() if not r.skip and r.job is not None and r.layout is not None
+            and r.published is not None]
+
+
 def load_rows() -> list[Row]:
-    """Every usable published row: Bridge tables first, then the papers."""
-    return [row for path in BRIDGE_CSVS for row in _bridge_rows(path)] + _paper_rows()
+    """Every usable published row: the Bridge tables first, then the other public rows and the papers."""
+    return _recipe_rows() + _bridge_rows(EXTRA_CSV) + _paper_rows()

@@ -101,6 +101,16 @@ DEEPSEEK_V3 = ModelSpec(
                 topk_scaling_factor=2.5, expert_bias=True),
     mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
 )
+# GPT-OSS-120B (Hugging Face openai/gpt-oss-120b config.json): 36 layers alternating a 128-token sliding window
+# with full attention (layer_types), attention sinks (a learnable softmax offset per head), biased linears, 128
+# experts of which 4 per token (experts_per_token), SwiGLU experts of 2880, no shared expert, untied embeddings.
+GPT_OSS_120B = ModelSpec(
+    name="gpt-oss-120b", aliases=("gpt-oss", "openai/gpt-oss-120b"),
+    num_layers=36, hidden_size=2880, ffn_hidden_size=2880, num_attention_heads=64, num_query_groups=8,
+    kv_channels=64, vocab_size=201088, add_bias_linear=True, softmax_type="learnable", sliding_window=128,
+    window_attn_skip_freq=2,
+    moe=MoESpec(num_experts=128, topk=4, expert_ffn_hidden_size=2880),
+)
 # GPT-3 (Brown et al. 2020, Table 2.1): learned positions (n_ctx 2048), biases, LayerNorm, GELU, tied embeddings.
 GPT3_175B = ModelSpec(
     name="gpt3-175b", aliases=("gpt3", "gpt-3", "gpt-3-175b"),
@@ -134,7 +144,7 @@ TINY_MLA = ModelSpec(
 
 _MODELS: tuple[ModelSpec, ...] = (
     LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MISTRAL_7B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_8B, QWEN3_30B_A3B,
-    QWEN3_235B_A22B, DEEPSEEK_V3, GPT3_175B, TINY_GPT, TINY_MOE, TINY_MLA,
+    QWEN3_235B_A22B, DEEPSEEK_V3, GPT_OSS_120B, GPT3_175B, TINY_GPT, TINY_MOE, TINY_MLA,
 )
 
 PUBLISHED: dict[str, PublishedCounts] = {
@@ -172,6 +182,10 @@ PUBLISHED: dict[str, PublishedCounts] = {
         total_params=671e9, active_params=37e9, last_digit=1e9,
         source="DeepSeek-V3 technical report arXiv 2412.19437: 671B total, 37B activated (MTP module excluded: "
                "tests compare the counts without `mtp_params`)"),
+    "gpt-oss-120b": PublishedCounts(
+        total_params=116.83e9, active_params=None, last_digit=0.01e9,
+        source="OpenAI, 'gpt-oss-120b & gpt-oss-20b Model Card' (Aug 2025), Table 1: 116.83B total; its 5.13B "
+               "active per token leaves the input embedding out (tests/test_models.py)"),
     "gpt3-175b": PublishedCounts(
         total_params=175e9, active_params=None,
         source="Brown et al. 2020, 'Language Models are Few-Shot Learners' arXiv 2005.14165, Table 2.1: 175.0B"),

@@ -117,6 +117,9 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     _n("fp8", _T, "str", "--fp8-format", "mixed_precision:fp8"),
     _n("fp8_recipe", _T, "str", "--fp8-recipe", "mixed_precision:fp8_recipe"),
     _n("fp8_param_gather", _D, "bool", "--fp8-param-gather", "mixed_precision:fp8_param_gather"),
+    # Megatron-LM has no flag for it ("no CLI argument exists for these", arguments.py `_add_network_size_args`,
+    # core_v0.16.1 and 0.19.2): its line says so (`autotune.outputs.launch.megatron_lm_notes`)
+    _n("fp8_dot_product_attention", _T, "bool", None, "mixed_precision:fp8_dot_product_attention"),
     # MXFP8 primary weights gather through the gradient buffer; Bridge asserts it (`MixedPrecisionConfig.finalize`)
     _n("reuse_grad_buf_for_mxfp8_param_ag", _D, "bool", "--reuse-grad-buf-for-mxfp8-param-ag",
        "mixed_precision:reuse_grad_buf_for_mxfp8_param_ag"),
@@ -158,6 +161,9 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     # 'hybridep' backend requires use_transformer_engine_op_fuser", transformer_config.py :1698-1705)
     _n("use_transformer_engine_op_fuser", _T, "bool", "--use-transformer-engine-op-fuser",
        "model.use_transformer_engine_op_fuser", since="0.19.2"),
+    _n("moe_expert_capacity_factor", _T, "float", "--moe-expert-capacity-factor", "model.moe_expert_capacity_factor"),
+    _n("moe_pad_expert_input_to_capacity", _T, "bool", "--moe-pad-expert-input-to-capacity",
+       "model.moe_pad_expert_input_to_capacity"),
     _n("moe_grouped_gemm", _T, "bool", "--moe-grouped-gemm", "model.moe_grouped_gemm"),
     _n("moe_permute_fusion", _T, "bool", "--moe-permute-fusion", "model.moe_permute_fusion"),
     _n("moe_router_force_load_balancing", _T, "bool", "--moe-router-force-load-balancing",
@@ -202,6 +208,7 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "precision": ("bf16", "fp8"),
     "fp8_recipe": ("fp8_recipe",),
     "fp8_param_gather": ("fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"),
+    "fp8_dot_product_attention": ("fp8_dot_product_attention",),
     "grad_reduce_in_fp32": ("grad_reduce_in_fp32",),
     "optimizer_moments": ("use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype"),
     "precision_aware_optimizer": ("use_precision_aware_optimizer",),
@@ -214,6 +221,8 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "moe_rank_capacity_factor": ("moe_paged_stash", "moe_expert_rank_capacity_factor",
                                  "moe_paged_stash_buffer_size_factor_cuda", "moe_paged_stash_buffer_size_factor_cpu",
                                  "use_transformer_engine_op_fuser"),
+    "moe_expert_capacity_factor": ("moe_expert_capacity_factor",),
+    "moe_pad_expert_input_to_capacity": ("moe_pad_expert_input_to_capacity",),
     "moe_grouped_gemm": ("moe_grouped_gemm",),
     "moe_permute_fusion": ("moe_permute_fusion",),
     "moe_router_force_load_balancing": ("moe_router_force_load_balancing",),
@@ -222,12 +231,14 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "recompute_modules": ("recompute_modules",),
     "recompute_num_layers": ("recompute_method", "recompute_num_layers"),
     "megatron_core": (),  # which release the names are spelled for (Name.lm_flag, Name.bridge_keys), no setting
+    "release": (),  # the software release the throughput factors are for (search_spaces.releases), no setting
 }
 
 # Settings that exist only for MoE models (a dense model's launch line leaves them out).
 MOE_ONLY = frozenset({"expert_model_parallel_size", "expert_tensor_parallel_size", "overlap_moe_expert_parallel_comm",
                       "moe_token_dispatcher_type", "moe_grouped_gemm", "moe_permute_fusion",
-                      "moe_router_force_load_balancing", "moe_flex_dispatcher_backend", "delay_wgrad_compute"})
+                      "moe_router_force_load_balancing", "moe_flex_dispatcher_backend", "delay_wgrad_compute",
+                      "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity"})
 # Bridge 0.6 paged-stash buffer sizes NVIDIA's full-iteration MoE recipes use (perf_recipes/qwen/common.py
 # `_enable_hybridep_full_iteration_mxfp8`): 1.2 x the average-based device buffer, a host buffer of 1.0 x it
 PAGED_STASH_BUFFER_CUDA = 1.2
@@ -314,6 +325,7 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     # distributed optimizer ...")
     out["fp8_param_gather"] = recipe is not None and t.fp8_param_gather and layout.dist_opt
     out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8"
+    out["fp8_dot_product_attention"] = recipe is not None and t.fp8_dot_product_attention
     out["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
     # bf16 moments are the precision-aware optimizer's, which megatron-core runs with the distributed optimizer
     # only ("--use-precision-aware-optimizer only supported with distributed optimizer", optimizer_config.py)
@@ -336,6 +348,8 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
         out["moe_grouped_gemm"] = t.moe_grouped_gemm
         out["moe_permute_fusion"] = t.moe_permute_fusion
         out["moe_router_force_load_balancing"] = t.moe_router_force_load_balancing
+        out["moe_expert_capacity_factor"] = t.moe_expert_capacity_factor
+        out["moe_pad_expert_input_to_capacity"] = t.moe_pad_expert_input_to_capacity
     out["cross_entropy_loss_fusion"] = t.cross_entropy_fusion != "none"
     out["cross_entropy_fusion_impl"] = "native" if t.cross_entropy_fusion == "none" else t.cross_entropy_fusion
     graphs, modules = layout.cuda_graphs, list(job.cuda_graph_modules)

@@ -296,9 +296,10 @@ def cuda_graphs_no_full_recompute(job: Job, layout: Layout) -> Violation | None:
 
 def cuda_graph_modules_refused(job: Job, cuda_graphs: str, version: str = "0.19.2") -> str | None:
     """megatron-core's message when per-layer graphs cannot capture the job's `cuda_graph_modules`, whatever the
-    layout, or None (transformer_config.py `__post_init__`, 0.19.2 :2478-2516): `moe_preprocess` needs
-    `moe_router`; `moe` / `moe_router` exist only in MoE models, `mlp` only where dense layers are; a dropless MoE
-    block (no capacity factor with padding, what autotune models) cannot be captured whole (0.19 only)."""
+    layout, or None (transformer_config.py `__post_init__`, 0.19.2 :2478-2520): `moe_preprocess` needs
+    `moe_router`; `moe` / `moe_router` exist only in MoE models, `mlp` only where dense layers are; a MoE block that
+    is not drop-and-pad (a capacity factor and padding) cannot be captured whole (0.19 only), and the alltoall
+    dispatcher's preprocess copies to the host when tokens drop without padding."""
     if cuda_graphs not in ("local", "transformer_engine"):
         return None
     modules, m = set(job.cuda_graph_modules), job.model
@@ -308,8 +309,13 @@ def cuda_graph_modules_refused(job: Job, cuda_graphs: str, version: str = "0.19.
         return "moe cuda graph is only supported for MoE."
     if m.is_moe and m.num_dense_mlp_layers == 0 and "mlp" in modules:
         return "mlp cuda graph is only supported for dense layers, but not found in the model."
-    if m.is_moe and "moe" in modules and version >= "0.17":
+    drop_pad = job.training.moe_expert_capacity_factor is not None and job.training.moe_pad_expert_input_to_capacity
+    if m.is_moe and "moe" in modules and version >= "0.17" and not drop_pad:
         return "moe cuda graph is only supported with drop-padding MoE."
+    if (m.is_moe and not drop_pad and "moe_preprocess" in modules and job.moe_dispatcher[0] == "alltoall"
+            and job.training.moe_expert_capacity_factor is not None):
+        return ("moe_preprocess cuda graph is not supported when there are DtoH copies and synchronizations in the "
+                "preprocess step.")
     return None
 
 

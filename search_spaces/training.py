@@ -7,6 +7,8 @@ performance tables, `scripts/performance/`:
 
 - precision: `utils/precision.py` maps `fp8_cs` to `bf16_with_fp8_current_scaling_mixed` (`fp8_recipe="tensorwise"`,
   `fp8_param_gather=True`) and `fp8_mx` to `bf16_with_mxfp8_mixed` (`fp8_recipe="mxfp8"`, `fp8_param_gather=True`);
+  FP8 attention (`fp8_dot_product_attention`) is off, as in those configs; Bridge 0.5+'s MoE full-iteration
+  recipes turn it on (`perf_recipes/qwen/common.py`);
   `training/mixed_precision.py` defines both. `fp8_recipe=None` takes the GPU's own: tensorwise on Hopper,
   MXFP8 on Blackwell (the published H100 "FP8" rows are FP8-CS, the B200/GB200 "MXFP8" rows fp8_mx).
 - `grad_reduce_in_fp32=False`: every perf config sets `mixed_precision.grad_reduce_in_fp32=False` and
@@ -33,21 +35,26 @@ performance tables, `scripts/performance/`:
   default what Bridge 0.6 captures: `attn,moe_router,moe_preprocess` for MoE models, the whole layer for dense ones.
   Full-iteration graphs of a MoE model run with the paged stash and a rank capacity factor of 1.5 (Bridge 0.6
   `perf_recipes/qwen/common.py::_enable_hybridep_full_iteration_mxfp8`: `moe_paged_stash=True`,
-  `moe_expert_rank_capacity_factor=1.5`), the static token buffers a captured dispatcher needs.
+  `moe_expert_rank_capacity_factor=1.5`), the static token buffers a captured dispatcher needs. Token dropping
+  (`moe_expert_capacity_factor`, with or without padding every expert to its capacity) is off, as in megatron-core;
+  NVIDIA's "tokendrop" rows set a capacity factor of 1.0.
 - recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
   full recompute is `uniform` over every layer unless `recompute_num_layers` gives a `block` of N layers per chunk.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from search_spaces.megatron_version import RULE_SETS, megatron_core_choice, rules_version
+from search_spaces.releases import DEFAULT_RELEASE, release_names, release_rule_set, resolve_release
 
 __all__ = ["TrainingSpec", "training_spec", "default_cuda_graph_modules", "TRAINING_FIELDS", "Precision", "FP8Recipe",
            "Dispatcher", "FlexBackend",
-           "MomentDtype", "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "FLEX_BACKENDS", "CUDA_GRAPH_MODULES",
+           "MomentDtype", "ReleaseFallback", "PRECISION_CHOICES", "FP8_RECIPES", "DISPATCHERS", "FLEX_BACKENDS",
+           "CUDA_GRAPH_MODULES",
            "RECOMPUTE_MODULES"]
 
 Precision = Literal["bf16", "fp8"]
@@ -77,6 +84,7 @@ class TrainingSpec:
     precision: Precision = "bf16"
     fp8_recipe: FP8Recipe | None = None  # None: tensorwise (current scaling) on Hopper, MXFP8 on Blackwell
     fp8_param_gather: bool = True  # FP8 primary weights (fp8 only): Bridge's fp8 recipes turn it on
+    fp8_dot_product_attention: bool = False  # the attention core in FP8 (fp8 only; TE's cuDNN FP8 fused attention)
     grad_reduce_in_fp32: bool = False  # fp32 main grads in the DDP buffer (4 B/param instead of 2)
     optimizer_moments: MomentDtype = "fp32"  # Adam exp_avg / exp_avg_sq dtype (precision-aware optimizer)
     precision_aware_optimizer: bool = True  # `use_precision_aware_optimizer`: bf16 grads feed the fp32 master directly
@@ -87,6 +95,9 @@ class TrainingSpec:
     moe_token_dispatcher: Dispatcher | None = None  # None: the GPU's own (module docstring; Job.moe_dispatcher)
     moe_flex_backend: FlexBackend | None = None  # flex dispatcher backend; None: hybridep (deepep on a flex H100 job)
     moe_rank_capacity_factor: float = 1.5  # the paged stash's per-rank token budget (full-iteration graphs of MoE)
+    moe_expert_capacity_factor: float | None = None  # token dropping: an expert keeps at most this times its even
+    #   share of the tokens (megatron-core `moe_expert_capacity_factor`); None: dropless
+    moe_pad_expert_input_to_capacity: bool = False  # drop-and-pad: every expert runs exactly its capacity
     moe_grouped_gemm: bool = True
     moe_permute_fusion: bool = True  # TE's fused permutation keeps an int32 row map, not the token indices
     moe_router_force_load_balancing: bool = False  # benchmark routing (every EP rank gets its share); real training
@@ -98,6 +109,8 @@ class TrainingSpec:
     recompute_num_layers: int | None = None  # recompute="full": None uniform over every layer; N a block per chunk
     # the megatron-core release the cluster runs: its validity rules and launch lines (search_spaces.megatron_version)
     megatron_core: str = field(default_factory=rules_version)
+    # the NeMo / Megatron-Bridge release it runs: the throughput model's per-release factors (search_spaces.releases)
+    release: str = DEFAULT_RELEASE
 
     def __post_init__(self) -> None:
         if type(self.seq_length) is not int or self.seq_length <= 0:
@@ -108,6 +121,9 @@ class TrainingSpec:
         _one_of("precision", self.precision, PRECISION_CHOICES)
         if self.fp8_recipe is not None:
             _one_of("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+        if self.fp8_dot_product_attention and self.precision != "fp8":
+            raise ValueError("fp8_dot_product_attention needs precision fp8 (Transformer Engine runs FP8 attention "
+                             "inside its FP8 autocast only).")
         _one_of("optimizer_moments", self.optimizer_moments, ("fp32", "bf16"))
         if self.moe_token_dispatcher is not None:
             _one_of("moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
@@ -118,6 +134,15 @@ class TrainingSpec:
                 or not 1.0 <= self.moe_rank_capacity_factor <= 64.0):
             raise ValueError(f"`1 <= moe_rank_capacity_factor <= 64` must hold, but got "
                              f"{self.moe_rank_capacity_factor!r}.")
+        if self.moe_expert_capacity_factor is not None and (
+                isinstance(self.moe_expert_capacity_factor, bool)
+                or not isinstance(self.moe_expert_capacity_factor, (int, float))
+                or not 0.0 < self.moe_expert_capacity_factor <= 64.0):
+            raise ValueError(f"`0 < moe_expert_capacity_factor <= 64` (or unset: dropless) must hold, but got "
+                             f"{self.moe_expert_capacity_factor!r}.")
+        if self.moe_pad_expert_input_to_capacity and self.moe_expert_capacity_factor is None:
+            # megatron-core's own message (transformer_config.py 0.19.2 :1686-1690)
+            raise ValueError("moe_expert_capacity_factor must be set to use moe_pad_expert_input_to_capacity")
         _one_of("cross_entropy_fusion", self.cross_entropy_fusion, ("te", "native", "none"))
         if self.cuda_graph_modules is not None:
             bad = [s for s in self.cuda_graph_modules if s not in CUDA_GRAPH_MODULES]
@@ -129,6 +154,7 @@ class TrainingSpec:
             raise ValueError(f"recompute_modules must be a non-empty subset of {RECOMPUTE_MODULES}, but got "
                              f"{self.recompute_modules!r}.")
         _one_of("megatron_core", self.megatron_core, RULE_SETS)
+        _one_of("release", self.release, release_names())
         if self.recompute_num_layers is not None and (type(self.recompute_num_layers) is not int
                                                       or self.recompute_num_layers <= 0):
             raise ValueError(f"`recompute_num_layers > 0` (or unset) must hold, but got "
@@ -164,8 +190,14 @@ def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
 TRAINING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrainingSpec))
 
 
+class ReleaseFallback(UserWarning):
+    """A release autotune has no factors for was replaced by the nearest one (the message says which)."""
+
+
 def training_spec(**values: Any) -> TrainingSpec:
-    """A TrainingSpec from keyword values; None means "the default". Unknown names raise ValueError."""
+    """A TrainingSpec from keyword values; None means "the default". Unknown names raise ValueError. A `release`
+    may be any NeMo tag or Bridge version (`search_spaces.releases.resolve_release`); one without factors becomes
+    the nearest with a `ReleaseFallback` warning, and sets the rule set unless `megatron_core` is given."""
     unknown = sorted(set(values) - set(TRAINING_FIELDS))
     if unknown:
         raise ValueError(f"unknown training option(s) {unknown}; options are {list(TRAINING_FIELDS)}.")
@@ -177,5 +209,12 @@ def training_spec(**values: Any) -> TrainingSpec:
             values[name] = tuple(items)
     if values.get("megatron_core") is not None:
         values["megatron_core"] = megatron_core_choice(values["megatron_core"])
+    if values.get("release") is not None:
+        name, warning = resolve_release(values["release"])
+        if warning is not None:
+            warnings.warn(warning, ReleaseFallback, stacklevel=2)
+        values["release"] = name
+        if values.get("megatron_core") is None:  # the release's own megatron-core judges its layouts
+            values["megatron_core"] = release_rule_set(name)
     given = values
     return TrainingSpec(**{k: v for k, v in given.items() if v is not None})

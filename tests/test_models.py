@@ -38,6 +38,12 @@ def test_active_params_match_published(name: str) -> None:
     assert abs(model.active_params - published.active_params) <= published.tolerance(published.active_params)
 
 
+def test_gpt_oss_120b_active_params_are_the_model_cards_plus_the_input_embedding() -> None:
+    # the model card's 5.13B active per token (Table 1) counts no input embedding (201088 x 2880 = 0.58B)
+    model = get_model("gpt-oss-120b")
+    assert abs(model.active_params - model.vocab_size * model.hidden_size - 5.13e9) <= 0.01e9
+
+
 @pytest.mark.parametrize(
     ("name", "exact_total"),
     [

@@ -11,7 +11,7 @@ from autotune.cost.comm import dispatch_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.cost.throughput import estimate_time, layer_times
 from search_spaces.catalog import get_model
-from search_spaces.gpus import build_cluster
+from search_spaces.gpus import build_cluster, get_gpu
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.training import TrainingSpec
@@ -45,13 +45,15 @@ def test_moe_gpu_time_per_token_falls_only_as_gemm_efficiency_allows(model: str)
 
 def test_moe_micro_batch_gain_is_bounded_by_the_host() -> None:
     # with host time on, mbs 4 amortises the per-layer launches: a real gain (Bridge's qwen3-30b-a3b on B200:
-    # mbs 1 9,691 vs mbs 4 + CUDA graphs 27,136 tokens/s/GPU), but never more than the host share allows
+    # mbs 1 9,691 vs mbs 4 + CUDA graphs 27,136 tokens/s/GPU), but never more than the host share and the larger
+    # GEMMs' efficiency allow
     job = _job("qwen3-30b-a3b", nodes=1, gpu="b200", gbs=512, precision="fp8")
     one = estimate_time(job, Layout(tp=1, ep=8, etp=1, dp=8, mbs=1))
     four = estimate_time(job, Layout(tp=1, ep=8, etp=1, dp=8, mbs=4))
     assert one.breakdown["host"] > 0.2 * one.step_time_s  # small MoE layers at mbs 1 run at the host's pace
     gain = four.tokens_per_s_per_gpu / one.tokens_per_s_per_gpu
-    assert 1.0 < gain <= one.step_time_s / (one.step_time_s - one.breakdown["host"]) * 1.05
+    saved = one.breakdown["host"] + max(0.0, one.breakdown["compute"] - four.breakdown["compute"])
+    assert 1.0 < gain <= one.step_time_s / (one.step_time_s - saved) * 1.05
 
 
 def test_longer_sequences_are_not_faster_per_gpu_for_moe() -> None:
@@ -142,3 +144,104 @@ def test_an_mtp_layer_costs_more_than_a_moe_layer_and_lengthens_the_step() -> No
     with_t, without_t = estimate_time(job, layout), estimate_time(no_mtp, layout)
     assert with_t.step_time_s > without_t.step_time_s
     assert with_t.model_flops_per_step > without_t.model_flops_per_step
+
+
+# --- the Blackwell MoE recipe bundle (issue 19) --------------------------------------------------------------
+def test_full_iteration_graphs_remove_the_host_the_syncs_and_the_pipeline_host_work() -> None:
+    job = _job("qwen3-30b-a3b", nodes=2, gpu="gb200", gbs=512, precision="fp8")
+    layout = Layout(tp=1, pp=2, vpp=4, ep=8, etp=1, dp=4, mbs=1, dist_opt=True)
+    full = replace(layout, cuda_graphs="full_iteration")
+    per_layer = replace(layout, cuda_graphs="transformer_engine")
+    eager, graphs, te = (estimate_time(job, x) for x in (layout, full, per_layer))
+    assert graphs.breakdown["host"] == 0.0 < te.breakdown["host"] < eager.breakdown["host"]
+    assert graphs.breakdown["pp_p2p"] < eager.breakdown["pp_p2p"]  # the schedule's host work per chunk step is gone
+    assert graphs.breakdown["compute"] == pytest.approx(eager.breakdown["compute"])
+
+
+def test_delayed_wgrad_hides_more_of_the_backward_all_to_all() -> None:
+    # EP 64 across NVL72 racks of B200 nodes: the all-to-all outlasts the expert GEMMs it overlaps
+    base = _job("deepseek-v3", nodes=32, gpu="b200", gbs=1024, precision="fp8")
+    layout = Layout(tp=1, pp=4, ep=64, etp=1, dp=64, mbs=1, dist_opt=True, ep_overlap=True,
+                    pipeline_layout="Et*4|(t*4|)*14tmL")
+    delayed = estimate_time(base, layout).breakdown["ep_comm"]
+    eager = replace(base, training=replace(base.training, delay_wgrad_compute=False))
+    assert delayed < estimate_time(eager, layout).breakdown["ep_comm"]
+
+
+def test_token_dropping_caps_the_busiest_expert_and_padding_runs_every_expert_at_capacity() -> None:
+    from autotune.cost.moe_time import moe_load_factor
+
+    cal = DEFAULT_CALIBRATION
+    learned, forced = TrainingSpec(), TrainingSpec(moe_router_force_load_balancing=True)
+    assert moe_load_factor(learned, cal) == cal.moe_imbalance and moe_load_factor(forced, cal) == 1.0
+    assert moe_load_factor(replace(learned, moe_expert_capacity_factor=1.0), cal) == 1.0
+    assert moe_load_factor(replace(forced, moe_expert_capacity_factor=1.5, moe_pad_expert_input_to_capacity=True),
+                           cal) == 1.5
+    with pytest.raises(ValueError, match="moe_expert_capacity_factor must be set"):
+        TrainingSpec(moe_pad_expert_input_to_capacity=True)
+
+
+def test_attention_softmax_runs_on_the_sfu_so_blackwell_ultra_speeds_it_up() -> None:
+    from autotune.cost.efficiency import attention_time_s
+
+    cal = DEFAULT_CALIBRATION
+    gb200, gb300 = get_gpu("gb200"), get_gpu("gb300")
+    assert gb200.bf16_flops == gb300.bf16_flops and gb300.sfu_exp_per_s == pytest.approx(2.14 * gb200.sfu_exp_per_s)
+    scores = 4096 * 2048 * 64.0  # one micro-batch of 4K tokens, 64 heads, causal
+    flops = 2 * 256 * scores  # head dim 128: QK^T and PV
+    slow, fast = (attention_time_s(flops, scores, gpu=g, cal=cal, block_tokens=4096) for g in (gb200, gb300))
+    assert fast < slow
+    fp8 = attention_time_s(flops, scores, gpu=gb200, cal=cal, block_tokens=4096, fp8=True)
+    assert fp8 < slow  # FP8 attention halves the matmul part only
+    no_exp = replace(cal, sfu_fraction=1e9)
+    assert attention_time_s(flops, scores, gpu=gb200, cal=no_exp, block_tokens=4096, fp8=True) < fp8
+
+
+def test_sliding_window_layers_attend_to_fewer_keys() -> None:
+    from autotune.cost.layer_time import attended_keys
+
+    oss = get_model("gpt-oss-120b")  # a 128-token window on every other layer
+    full = replace(oss, sliding_window=None, window_attn_skip_freq=None)
+    assert attended_keys(full, 4096) == 2048
+    assert attended_keys(oss, 4096) == pytest.approx(0.5 * 2048 + 0.5 * (128 - 128 * 128 / 8192))
+
+
+# --- the software release (issue 19) ----------------------------------------------------------------------
+def test_a_release_without_its_own_factor_takes_the_nearest_fitted_one() -> None:
+    from autotune.cost.efficiency import REFERENCE_RELEASE, Calibration, ReleaseFactors
+
+    cal = Calibration(per_arch=DEFAULT_CALIBRATION.per_arch,
+                      per_release=(("25.09", ReleaseFactors(moe=0.8)), ("26.06", ReleaseFactors(dense=1.2, moe=1.3))))
+    assert cal.release_factor(REFERENCE_RELEASE, "moe") == (1.0, REFERENCE_RELEASE)
+    assert cal.release_factor("26.06", "dense") == (1.2, "26.06")
+    assert cal.release_factor("26.08", "moe") == (1.3, "26.06")  # nearest fitted
+    assert cal.release_factor("25.11", "moe") == (0.8, "25.09")  # 25.09 and 26.02 (reference) both 1 away: earlier
+    faster = cal.for_release("26.06")
+    assert faster.arch(get_gpu("b200")).gemm_bf16 == pytest.approx(1.2 * cal.arch(get_gpu("b200")).gemm_bf16)
+    assert faster.for_release("26.06") is faster.for_release("26.06")
+
+
+def test_the_release_changes_the_prediction_and_unknown_ones_fall_back_with_a_warning() -> None:
+    import warnings
+
+    from search_spaces.releases import DEFAULT_RELEASE, resolve_release
+    from search_spaces.training import ReleaseFallback, training_spec
+
+    assert resolve_release("26.06") == ("26.06", None)
+    assert resolve_release("0.5.1") == ("26.06.01", None)  # a Megatron-Bridge version
+    name, warning = resolve_release("26.05")
+    assert name == "26.04.01" and warning is not None and "nearest" in warning
+    with pytest.raises(ValueError, match="NeMo container tag"):
+        resolve_release("latest")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = training_spec(release="26.05")
+    assert spec.release == "26.04.01" and spec.megatron_core == "0.19.2"
+    assert any(issubclass(w.category, ReleaseFallback) for w in caught)
+    assert training_spec(release="26.02").megatron_core == "0.16.1"  # its megatron-core's rules
+    job = _job("qwen3-30b-a3b", nodes=1, gpu="gb200", gbs=512, precision="fp8")
+    layout = Layout(tp=1, ep=8, etp=1, dp=8, mbs=4, dist_opt=True)
+    newest = estimate_time(job, layout).tokens_per_s_per_gpu
+    assert job.training.release == DEFAULT_RELEASE
+    older = estimate_time(replace(job, training=replace(job.training, release="26.04")), layout).tokens_per_s_per_gpu
+    assert older != newest

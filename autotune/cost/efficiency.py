@@ -19,13 +19,15 @@ roofline (bytes / HBM bandwidth) bounds very small GEMMs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from search_spaces.cluster import GPUSpec
+from search_spaces.releases import RELEASES
 
 __all__ = [
     "ArchFractions",
+    "ReleaseFactors",
     "Calibration",
     "DEFAULT_CALIBRATION",
     "gemm_efficiency",
@@ -61,6 +63,21 @@ class ArchFractions:
                          f"(calibrated: {', '.join(n for n, _ in self.gemm_fp8) or 'none'}).")
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReleaseFactors:
+    """What one software release's kernels and libraries gain over the reference release (`REFERENCE_RELEASE`) at
+    the same layout, which no layout term can show: `dense` multiplies every GEMM's and the attention core's
+    fraction of peak, `moe` the expert GEMMs' on top of it (grouped GEMM, fused MoE kernels). None: no published
+    rows of that release inform it; the nearest release's value stands in (`Calibration.for_release`)."""
+
+    dense: float | None = None
+    moe: float | None = None
+
+
+REFERENCE_RELEASE = "26.02"  # its factors are 1 by definition: the per-generation fractions describe it
+RELEASE_FACTOR_KINDS = ("dense", "moe")
+
+
 def _arch(**kw: object) -> ArchFractions:
     return ArchFractions(**kw)  # type: ignore[arg-type]
 
@@ -85,6 +102,9 @@ class Calibration:
     tp_overlap_exposed: float = 0.15  # fitted: share of TP all-gather / reduce-scatter left exposed by TE userbuffers
     ep_overlap_exposed: float = 0.2  # fitted: share of the EP dispatch / combine left exposed with
     #   overlap_moe_expert_parallel_comm (1F1B all-to-all overlap across micro-batches)
+    sfu_fraction: float = 0.5  # fitted: share of the SFU's exponential rate the fused attention softmax reaches
+    softmax_serial: float = 0.5  # fitted: share of the shorter of the matmul and softmax parts not hidden under the
+    #   longer one (0: FA3/FA4's ping-pong overlaps them fully; 1: they run one after the other)
     cp_overlap_fraction: float = 0.8  # fitted: share of the attention time that can hide the CP ring exchange
     pp_p2p_exposed: float = 1.0  # fitted: share of pipeline send/recv time on the critical path
     pp_step_host_s: float = 2e-4  # fitted: host time of one pipeline chunk step (post p2p, wait, schedule bookkeeping)
@@ -98,10 +118,29 @@ class Calibration:
     # --- uncertainty --------------------------------------------------------------------
     band_dense: tuple[float, float] = (-0.077, 0.095)  # measured: 10th / 90th percentile of log(published /
     band_moe: tuple[float, float] = (-0.178, 0.382)  #   predicted) leaving each model out of the fit (bench --loo)
+    # --- software releases --------------------------------------------------------------
+    per_release: tuple[tuple[str, ReleaseFactors], ...] = ()  # fitted per release (search_spaces.releases)
 
     def band(self, moe: bool) -> tuple[float, float]:
         """(low, high) log-ratio band around a prediction: tokens/s * exp(low) .. tokens/s * exp(high)."""
         return self.band_moe if moe else self.band_dense
+
+    def release_factor(self, release: str, kind: str) -> tuple[float, str]:
+        """(factor, the release it was fitted on) of `kind` ("dense" or "moe") for `release`: its own where fitted,
+        else the nearest fitted release's (earlier first on a tie), else 1 (the reference release)."""
+        if release == REFERENCE_RELEASE:
+            return 1.0, release
+        names = [r.name for r in RELEASES]
+        fitted = {name: getattr(f, kind) for name, f in self.per_release if getattr(f, kind) is not None}
+        fitted.setdefault(REFERENCE_RELEASE, 1.0)
+        at = names.index(release) if release in names else len(names) - 1
+        nearest = min(fitted, key=lambda n: (abs(names.index(n) - at), names.index(n) > at))
+        return float(fitted[nearest]), nearest
+
+    def for_release(self, release: str) -> Calibration:
+        """This calibration with `release`'s factors applied (cached: equal inputs give the same object, which the
+        throughput model's memos key on)."""
+        return _for_release(self, release)
 
     def arch(self, gpu: GPUSpec) -> ArchFractions:
         """The fractions of `gpu`'s generation (`GPUSpec.arch`)."""
@@ -112,25 +151,52 @@ class Calibration:
                          f"{', '.join(n for n, _ in self.per_arch)}.")
 
 
-DEFAULT_CALIBRATION = Calibration(  # python bench/bench_throughput.py --fit --sweeps 3 --trials 1500 (2026-12-01)
+DEFAULT_CALIBRATION = Calibration(  # python bench/bench_throughput.py --fit --sweeps 6 (2026-12-02; no GB300/B300 row)
     per_arch=(
-        ("ampere", _arch(gemm_bf16=0.8283, attention=0.08056, host_op_s=1.2e-5)),
-        ("hopper", _arch(gemm_bf16=0.7013, gemm_fp8=(("delayed", 0.5785), ("tensorwise", 0.5785),
-                                                     ("blockwise", 0.5785)),
-                         attention=0.3868, host_op_s=1.007e-4)),
-        ("blackwell", _arch(gemm_bf16=0.5418, gemm_fp8=(("delayed", 0.5285), ("tensorwise", 0.5285),
-                                                        ("mxfp8", 0.5059), ("blockwise", 0.5285)),
-                            attention=0.3259, host_op_s=1.008e-4)),
+        ('ampere', _arch(gemm_bf16=0.8283, gemm_fp8=(), attention=0.1015, host_op_s=1.2e-05)),
+        ('hopper', _arch(gemm_bf16=0.7013, gemm_fp8=(('delayed', 0.5785), ('tensorwise', 0.5785),
+                                                     ('blockwise', 0.5785)),
+                         attention=0.8392, host_op_s=9.566e-05)),
+        ('blackwell', _arch(gemm_bf16=0.3978, gemm_fp8=(('delayed', 0.5949), ('tensorwise', 0.5949),
+                                                        ('mxfp8', 0.5671), ('blockwise', 0.5949)),
+                            attention=0.5551, host_op_s=6.368e-05)),
     ),
-    gemm_dim_half=95.44,
-    grouped_gemm_fraction=0.7626,
-    tp_overlap_exposed=0.0009612,
-    ep_overlap_exposed=0.7299,
-    cp_overlap_fraction=0.342,
-    pp_p2p_exposed=0.6103,
-    pp_step_host_s=3.757e-4,
-    step_overhead_s=7.334e-4,
+    sfu_fraction=0.2476,
+    softmax_serial=0.2276,
+    gemm_dim_half=170.7,
+    grouped_gemm_fraction=0.6482,
+    tp_overlap_exposed=0.06643,
+    ep_overlap_exposed=0.01942,
+    cp_overlap_fraction=0.3666,
+    pp_p2p_exposed=0.1282,
+    pp_step_host_s=0.0008008,
+    step_overhead_s=0.02312,
+    per_release=(
+        ('24.07', ReleaseFactors(dense=0.9063)),
+        ('25.02', ReleaseFactors(dense=0.861)),
+        ('25.04', ReleaseFactors(dense=0.95)),
+        ('25.09', ReleaseFactors(moe=0.8075)),
+        ('25.11', ReleaseFactors(moe=1.5)),
+        ('26.02.01', ReleaseFactors(moe=0.95)),
+        ('26.04', ReleaseFactors(dense=1.06, moe=0.8006)),
+        ('26.04.01', ReleaseFactors(moe=0.855)),
+        ('26.06', ReleaseFactors(moe=0.95)),
+        ('26.06.01', ReleaseFactors(moe=1.203)),
+        ('26.08', ReleaseFactors(moe=1.105)),
+    ),
 )
+
+
+@lru_cache(maxsize=64)
+def _for_release(cal: Calibration, release: str) -> Calibration:
+    dense, _ = cal.release_factor(release, "dense")
+    moe, _ = cal.release_factor(release, "moe")
+    if dense == 1.0 and moe == 1.0:
+        return cal
+    per_arch = tuple((name, replace(f, gemm_bf16=f.gemm_bf16 * dense, attention=f.attention * dense,
+                                    gemm_fp8=tuple((r, v * dense) for r, v in f.gemm_fp8)))
+                     for name, f in cal.per_arch)
+    return replace(cal, per_arch=per_arch, grouped_gemm_fraction=cal.grouped_gemm_fraction * moe, per_release=())
 
 
 def gemm_efficiency(m: float, n: float, k: float, dim_half: float) -> float:
@@ -176,16 +242,31 @@ def gemm_cost(gpu: GPUSpec, precision: str, recipe: str | None, cal: Calibration
                     dim_half=cal.gemm_dim_half, gap_s=cal.kernel_gap_s)
 
 
-def attention_time_s(flops: float, *, gpu: GPUSpec, cal: Calibration, block_tokens: float) -> float:
-    """Fused attention core (cuDNN / FlashAttention, BF16 in every published recipe): FLOPs / (BF16 peak *
-    attention fraction * phi(n)^2).
+# FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, Sec. 3.1): H100 SXM5 runs 989 TFLOP/s of FP16 matmul but
+# 3.9 T exponentials/s, 256 times fewer; the ratio stands in for a GPU whose SFU rate the catalog lacks.
+MATMUL_PER_EXP_DEFAULT = 256.0
 
-    `block_tokens` n is the length of the query and key blocks one kernel call sees (s without CP, s / c per ring
-    step with CP); phi(n) = n / (n + gemm_dim_half), the GEMMs' saturating factor, so short blocks run further from
-    peak.
+
+def attention_time_s(flops: float, exps: float, *, gpu: GPUSpec, cal: Calibration, block_tokens: float,
+                     fp8: bool = False) -> float:
+    """Fused attention core (cuDNN / FlashAttention): (matmul FLOPs / tensor peak + softmax exponentials / SFU
+    rate) / (attention fraction * phi(n)^2).
+
+    Within a tile the softmax's exponentials run on the special-function units while the tensor cores wait for
+    them (FlashAttention-3 Sec. 3.1; the ping-pong overlap across tiles that FA3 and FA4 use is what the fitted
+    fraction leaves room for), so the two add: at head dim 128 each score costs 512 matmul FLOPs and one exp, and
+    Blackwell's 2.25 PFLOP/s BF16 against 5 T exp/s spends nearly as long on the exps as on the matmuls; Blackwell
+    Ultra's doubled SFU rate (10.7 T/s) shortens that part, FP8 attention (`fp8_dot_product_attention`, TE's cuDNN
+    FP8 kernel) the matmul part only. `block_tokens` n is the length of the query and key blocks one kernel call
+    sees (s without CP, s / c per ring step with CP); phi(n) = n / (n + gemm_dim_half), the GEMMs' saturating
+    factor, so short blocks run further from peak.
     """
     shape = (block_tokens / (block_tokens + cal.gemm_dim_half)) ** 2
-    return flops / (gpu.bf16_flops * cal.arch(gpu).attention * shape)
+    peak = gpu.peak_flops("fp8") if fp8 else gpu.bf16_flops
+    exp_rate = gpu.sfu_exp_per_s or gpu.bf16_flops / MATMUL_PER_EXP_DEFAULT
+    matmul_s = flops / (peak * cal.arch(gpu).attention)
+    exp_s = exps / (exp_rate * cal.sfu_fraction)
+    return (max(matmul_s, exp_s) + cal.softmax_serial * min(matmul_s, exp_s)) / shape
 
 
 def memory_bound_time_s(nbytes: float, *, gpu: GPUSpec, cal: Calibration) -> float:

@@ -10,7 +10,8 @@ Symbols (Narayanan et al. 2021, arXiv 2104.04473; Korthikanti et al. 2022, arXiv
 b micro-batch, h hidden, a heads, g query groups, d head dim, f FFN, t TP, c CP. Rows of the attention and dense
 MLP GEMMs: b*s/c (SP all-gathers the sequence before them); activations between blocks: b*s/(c*t) rows with SP.
 Backward GEMMs cost 2x the forward (dgrad + wgrad, same shapes transposed); the fused attention backward 2.5x its
-forward (FlashAttention-2, Dao 2023: 5 matmuls vs 2). The MoE block is in `autotune/cost/moe_time.py`.
+forward's matmuls (FlashAttention-2, Dao 2023: 5 matmuls vs 2) and its softmax exponentials once more.
+The MoE block is in `autotune/cost/moe_time.py`.
 """
 
 from __future__ import annotations
@@ -119,7 +120,11 @@ def graphed(x: Shape, part: str) -> bool:
 
 
 def host_s(x: Shape, ops: float, part: str) -> float:
-    """Host time of `ops` framework ops of one part's forward; one graph replay when CUDA graphs capture it."""
+    """Host time of `ops` framework ops of one part's forward; one graph replay when per-layer CUDA graphs capture
+    it; none under full-iteration graphs, which replay the whole step at once (`FullCudaGraphWrapper`: one launch
+    per iteration, in the step's fixed overhead)."""
+    if x.cuda_graphs == "full_iteration":
+        return 0.0
     return x.host_op_s * (1.0 if graphed(x, part) else ops)
 
 
@@ -188,14 +193,30 @@ def attention_gemms_fwd_s(x: Shape) -> tuple[float, float, float]:
     return qkv + proj, 0.0, rows * (h + a * d / t)
 
 
-def _attention_core_fwd_flops(m: ModelSpec, rows: float, s: int, t: int) -> float:
-    """Causal attention core per GPU: 2 * rows * (s/2) * (a/t) * (d_qk + d_v) (QK^T and PV; CP splits queries)."""
+def attended_keys(m: ModelSpec, s: int) -> float:
+    """Keys a query attends to, averaged over the queries and the layers: s/2 under the causal mask; a w-token
+    sliding window (megatron-core `window_size=(w-1, 0)`) about w - w^2/(2s) of them, on the layers that use it
+    (`ModelSpec.is_sliding_window_layer`: GPT-OSS every other layer, Mistral all)."""
+    full = s / 2
+    w = m.sliding_window
+    if w is None or w >= s:
+        return full
+    windowed = w - w * w / (2 * s)
+    n = m.num_layers
+    share = sum(1 for i in range(n) if m.is_sliding_window_layer(i)) / n
+    return share * windowed + (1 - share) * full
+
+
+def _attention_core_fwd(m: ModelSpec, rows: float, s: int, t: int) -> tuple[float, float]:
+    """(matmul FLOPs, softmax exponentials) of the causal attention core per GPU and forward: scores rows * keys *
+    (a/t) (`attended_keys`; CP splits the queries), each 2 * (d_qk + d_v) FLOPs (QK^T and PV) and one exp."""
     if m.mla is not None:
         y = m.mla
         width = y.qk_head_dim + y.qk_pos_emb_head_dim + y.v_head_dim
     else:
         width = 2 * m.head_dim
-    return 2.0 * rows * (s / 2) * (m.num_attention_heads / t) * width
+    scores = rows * attended_keys(m, s) * (m.num_attention_heads / t)
+    return 2.0 * scores * width, scores
 
 
 def _kv_width(m: ModelSpec, t: int) -> float:
@@ -214,7 +235,12 @@ def attention_block(x: Shape) -> dict[str, Pass]:
     gpu, s, t, c = job.cluster.gpu, job.training.seq_length, x.tp, x.cp
     h = m.hidden_size
     gemms, up_proj, fp8_elements = attention_gemms_fwd_s(x)
-    core = attention_time_s(_attention_core_fwd_flops(m, x.rows, s, t), gpu=gpu, cal=cal, block_tokens=s / c)
+    flops, exps = _attention_core_fwd(m, x.rows, s, t)
+    fp8_attention = job.training.fp8 and job.training.fp8_dot_product_attention
+    core = attention_time_s(flops, exps, gpu=gpu, cal=cal, block_tokens=s / c, fp8=fp8_attention)
+    # the backward: 2.5x the forward's matmuls (dQ, dK, dV and the recomputed QK^T; FlashAttention-2, Dao 2023) and
+    # the exponentials once more (P is recomputed from the saved log-sum-exp)
+    core_bwd = attention_time_s(2.5 * flops, exps, gpu=gpu, cal=cal, block_tokens=s / c, fp8=fp8_attention)
     act = x.tokens * h  # norm input and BDA on the sequence-sharded activation
     head_width = (m.num_attention_heads + 2 * (m.query_groups if m.mla is None else 0)) / t * m.head_dim
     norm = _elementwise_s(x, BF16 * 2 * act)
@@ -227,11 +253,11 @@ def attention_block(x: Shape) -> dict[str, Pass]:
         link = job.cluster.link_for_group(c, t)
         step = x.rows * _kv_width(m, t) * BF16 / (link.bandwidth_bytes_per_s * cal.link_fraction) + link.latency_s
         cp_f = max(0.0, (c - 1) * step - cal.cp_overlap_fraction * core)
-        cp_b = max(0.0, 2 * (c - 1) * step - cal.cp_overlap_fraction * 2.5 * core)
+        cp_b = max(0.0, 2 * (c - 1) * step - cal.cp_overlap_fraction * core_bwd)
     ops = ATTENTION_HOST_OPS + (2 if m.qk_layernorm else 0)
     host = host_s(x, ops, "attn")
     fwd = Pass(compute=gemms + core + elem + cast, tp_comm=tp_exposed_s(x, cf * one, gemms), cp_comm=cp_f, host=host)
-    bwd = Pass(compute=2 * gemms + 2.5 * core + 2 * elem + cast, tp_comm=tp_exposed_s(x, cb * one, 2 * gemms),
+    bwd = Pass(compute=2 * gemms + core_bwd + 2 * elem + cast, tp_comm=tp_exposed_s(x, cb * one, 2 * gemms),
                cp_comm=cp_b, host=cal.host_backward_ratio * host)
     return {"fwd": fwd, "bwd": bwd, "core_attn": Pass(compute=core), "layernorm": Pass(compute=norm),
             "mla_up_proj": Pass(compute=up_proj)}

@@ -24,10 +24,12 @@ FFN split over ETP ranks. Per forward:
 from __future__ import annotations
 
 from autotune.cost.comm import dispatch_s, group_collective_s
-from autotune.cost.efficiency import gemm_cost, memory_bound_time_s
+from autotune.cost.efficiency import Calibration, gemm_cost, memory_bound_time_s
 from autotune.cost.layer_time import BF16, Pass, Shape, fp8_cast_s, host_s, mlp_gemms_fwd_s, tp_exposed_s
+from search_spaces.training import TrainingSpec
 
-__all__ = ["moe_block", "MOE_ROUTER_HOST_OPS", "MOE_PREPROCESS_HOST_OPS", "MOE_HOST_OPS", "EXPERT_KERNELS"]
+__all__ = ["moe_block", "moe_load_factor", "MOE_ROUTER_HOST_OPS", "MOE_PREPROCESS_HOST_OPS", "MOE_HOST_OPS",
+           "EXPERT_KERNELS"]
 
 # Framework ops per MoE forward, counted on megatron-core 0.16.1 (`moe_layer.py`, `router.py`, `token_dispatcher.py`,
 # `experts.py` TEGroupedMLP): router GEMM, fused top-k, aux-loss bookkeeping (router); token counts, the
@@ -40,6 +42,17 @@ MOE_HOST_OPS = 20
 # (TE `general_grouped_gemm` / `split_quantize` loop over the experts' problems).
 EXPERT_KERNELS = {"bf16": 2, "fp8": 4}
 SEQUENTIAL_EXPERT_HOST_OPS = 6  # SequentialMLP: a Python loop over experts, fc1 / act / fc2 / reshapes each
+
+
+def moe_load_factor(training: TrainingSpec, cal: Calibration) -> float:
+    """The busiest expert's tokens over its even share: 1 with forced balanced routing, `moe_imbalance` with the
+    learned router; token dropping caps it at the capacity factor, drop-and-pad runs every expert at exactly it
+    (megatron-core `moe_utils.py::get_capacity`, `topk_routing_with_score_function` + `apply_router_token_dropping`)."""
+    load = 1.0 if training.moe_router_force_load_balancing else cal.moe_imbalance
+    cf = training.moe_expert_capacity_factor
+    if cf is None:
+        return load
+    return cf if training.moe_pad_expert_input_to_capacity else min(load, cf)
 
 
 def _dispatch_s(x: Shape) -> float:
@@ -68,7 +81,7 @@ def moe_block(x: Shape) -> dict[str, Pass]:
     assert m is not None
     h, T, k = model.hidden_size, x.tokens, m.topk
     local = m.num_experts / x.ep
-    imbalance = 1.0 if training.moe_router_force_load_balancing else cal.moe_imbalance
+    imbalance = moe_load_factor(training, cal)
     rows = T * k * x.ep * x.etp / m.num_experts * imbalance  # rows per local expert on the busiest rank
     copies = T * k * imbalance  # token copies this rank sends and receives
 
@@ -107,19 +120,28 @@ def moe_block(x: Shape) -> dict[str, Pass]:
     compute_f = router + norm + permute + unpermute + experts + act + experts_cast + shared + shared_cast + bda
     overlap_window = experts + shared  # the GEMMs another micro-batch's all-to-all can hide under
 
+    full = x.cuda_graphs == "full_iteration"
     kernels = EXPERT_KERNELS["fp8" if x.fp8 else "bf16"] * local
-    expert_host = kernels * cal.host_kernel_s
-    if not training.moe_grouped_gemm:
+    expert_host = 0.0 if full else kernels * cal.host_kernel_s
+    if not training.moe_grouped_gemm and not full:
         expert_host += SEQUENTIAL_EXPERT_HOST_OPS * local * x.host_op_s
     host = (host_s(x, MOE_ROUTER_HOST_OPS, "moe_router") + host_s(x, MOE_PREPROCESS_HOST_OPS, "moe_preprocess")
-            + MOE_HOST_OPS * x.host_op_s + expert_host)
+            + (0.0 if full else MOE_HOST_OPS * x.host_op_s) + expert_host)
+    # full-iteration graphs of a MoE model run with the paged stash: the dispatcher's buffers are static (sized by
+    # the rank capacity factor), so the token counts never travel to the host (megatron-core 0.19
+    # `token_dispatcher.py` with `moe_expert_rank_capacity_factor`); otherwise one device-to-host sync per forward
+    syncs = 0 if full else 1
 
+    # the backward's all-to-alls hide under the other micro-batch's data-gradient GEMMs, and with
+    # `delay_wgrad_compute` its weight-gradient GEMMs too, which wait for the dispatch instead of running before it
+    # (megatron-core `pipeline_parallel/combined_1f1b.py`, `transformer/moe/experts.py` `backward_dw`)
+    bwd_window = (2.0 if training.delay_wgrad_compute else 1.0) * overlap_window
     fwd = Pass(compute=compute_f, tp_comm=tp_exposed_s(x, shared_tp, shared) + etp_comm,
-               ep_comm=_ep_exposed_s(x, 2 * a2a, overlap_window) + counts, host=host, syncs=1)
+               ep_comm=_ep_exposed_s(x, 2 * a2a, overlap_window) + counts, host=host, syncs=syncs)
     casts = experts_cast + shared_cast  # the backward quantises the output gradients once, as the forward its inputs
     bwd = Pass(compute=2 * (compute_f - casts) + casts,
                tp_comm=tp_exposed_s(x, 1.5 * shared_tp, 2 * shared) + etp_comm,
-               ep_comm=_ep_exposed_s(x, 2 * a2a, 2 * overlap_window), host=cal.host_backward_ratio * host)
+               ep_comm=_ep_exposed_s(x, 2 * a2a, bwd_window), host=cal.host_backward_ratio * host)
     return {"fwd": fwd, "bwd": bwd, "layernorm": Pass(compute=norm), "moe_act": Pass(compute=act),
             "shared_experts": Pass(compute=shared + shared_cast), "moe": fwd}
 

@@ -262,6 +262,7 @@ def _exposed(comm: np.ndarray, window: np.ndarray, overlap: bool | np.ndarray, p
 
 def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     table, training, n = t.table, job.training, t.n
+    cal = cal.for_release(training.release)
     rows = np.arange(n)
     m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
     full = table.recompute == FULL
@@ -304,7 +305,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key] + pace["mtp"] * mtp[key]
                               + np.where(pace["out"], out[key], 0.0))
     breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * emb, breakdown["compute"])
-    p2p = _group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp)
+    p2p = _group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp, table.cuda_graphs)
     breakdown["pp_bubble"] = bubble
     breakdown["pp_p2p"] = m * _gather(p2p.values(lambda i: pipeline_p2p_s(job, t.layout(i), cal)), p2p)
 

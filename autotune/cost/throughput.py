@@ -150,7 +150,8 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     logits = 3 * gemm_cost(gpu, "bf16", None, cal).time_s(x.rows, vocab, h)  # megatron's output layer is not FP8
     loss = memory_bound_time_s(x.rows * vocab * LOSS_BYTES_PER_LOGIT[job.training.cross_entropy_fusion],
                                gpu=gpu, cal=cal)
-    out_host = (1 + cal.host_backward_ratio) * OUTPUT_HOST_OPS * x.host_op_s
+    full = layout.cuda_graphs == "full_iteration"
+    out_host = 0.0 if full else (1 + cal.host_backward_ratio) * OUTPUT_HOST_OPS * x.host_op_s
     out_gpu = logits + loss
     output = dict.fromkeys(LAYER_KEYS, 0.0)
     output["compute"] = out_gpu
@@ -205,13 +206,16 @@ def pipeline_p2p_s(job: Job, layout: Layout, cal: Calibration) -> float:
     """Pipeline traffic of one micro-batch on one stage: 2 * v messages (activation forward, gradient backward) of
     b*s*h/(t if SP)/c bf16 elements on the PP group's link (stride t*c*DP), Narayanan et al. 2021 Sec. 4.1, the
     exposed share of each, and the schedule's host work per chunk step (posting the sends and receives and waiting
-    on them, megatron-core `pipeline_parallel/schedules.py`), which many small chunks make visible."""
+    on them, megatron-core `pipeline_parallel/schedules.py`), which many small chunks make visible; full-iteration
+    CUDA graphs capture the schedule with its sends and receives (`cuda_graph_impl="full_iteration"`, megatron-core
+    `transformer/cuda_graphs.py::FullCudaGraphWrapper` around `forward_backward_func`), so that host work is gone."""
     if layout.pp <= 1:
         return 0.0
     link = job.cluster.link_for_group(layout.pp, layout.tp * layout.cp * layout.dp)
     h = job.model.hidden_size
     nbytes = layout.mbs * job.training.seq_length / layout.cp * (h / layout.tp if layout.sp else h) * BF16
-    return 2 * layout.vpp_size * (p2p_s(nbytes, link, cal) * cal.pp_p2p_exposed + cal.pp_step_host_s)
+    host = 0.0 if layout.cuda_graphs == "full_iteration" else cal.pp_step_host_s
+    return 2 * layout.vpp_size * (p2p_s(nbytes, link, cal) * cal.pp_p2p_exposed + host)
 
 
 def _dp_groups(layout: Layout, heavy: StageParams) -> tuple[tuple[float, int, int], ...]:
@@ -274,8 +278,10 @@ def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StagePar
 
 
 def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION) -> TimeEstimate:
-    """Step time, tokens/s per GPU (with its band), model TFLOP/s per GPU and MFU of `layout` on `job`."""
+    """Step time, tokens/s per GPU (with its band), model TFLOP/s per GPU and MFU of `layout` on `job`, for the
+    software release the job names (`TrainingSpec.release`: `cal`'s factors of it)."""
     model, training = job.model, job.training
+    cal = cal.for_release(training.release)
     m = max(layout.num_microbatches(training.global_batch_size), 1)
     lt = layer_times(job, layout, cal)
     stages = _stages(job, layout, cal)

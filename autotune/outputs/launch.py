@@ -144,10 +144,15 @@ def _lm_refuses_te_loss(job: Job) -> bool:
 
 def megatron_lm_notes(job: Job) -> list[str]:
     """Where the Megatron-LM line cannot carry a switch the prediction assumes, in words."""
+    notes = []
     if _lm_refuses_te_loss(job):
-        return ["Megatron-LM core_v0.19.2 refuses Transformer Engine's fused cross-entropy, so this line uses the "
-                "native fused loss, which keeps more bytes per logit than the prediction assumes (Bridge runs TE's)"]
-    return []
+        notes.append("Megatron-LM core_v0.19.2 refuses Transformer Engine's fused cross-entropy, so this line uses the "
+                     "native fused loss, which keeps more bytes per logit than the prediction assumes (Bridge runs "
+                     "TE's)")
+    if job.training.fp8 and job.training.fp8_dot_product_attention:
+        notes.append("Megatron-LM has no flag for FP8 attention (fp8_dot_product_attention is excluded from its "
+                     "arguments), so this line runs BF16 attention, slower than predicted; Bridge's line sets it")
+    return notes
 
 
 def megatron_lm_environment(job: Job, layout: Layout) -> dict[str, str]:

@@ -90,6 +90,8 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="FP8 scaling (with --precision fp8); default tensorwise on Hopper, mxfp8 on Blackwell")
     g.add_argument("--fp8-param-gather", action=on_off, default=None,
                    help="keep FP8 primary weights (with --precision fp8; default on)")
+    g.add_argument("--fp8-dot-product-attention", action=on_off, default=None,
+                   help="run the attention core in FP8 (with --precision fp8; default off)")
     g.add_argument("--grad-reduce-in-fp32", action=on_off, default=None,
                    help=f"fp32 gradient buffer and reduction (default off, {from_bridge})")
     g.add_argument("--optimizer-moments", choices=("fp32", "bf16"), default=None,
@@ -115,6 +117,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                         "training routes by the learned router)")
     g.add_argument("--moe-rank-capacity-factor", type=float, default=None, metavar="X",
                    help="the paged stash's per-rank token budget of full-iteration graphs of MoE models (default 1.5)")
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="X",
+                   help="token dropping: each expert keeps at most X times its even share (default: dropless)")
+    g.add_argument("--moe-pad-expert-input-to-capacity", action=on_off, default=None,
+                   help="with --moe-expert-capacity-factor, pad every expert to its capacity (drop-and-pad)")
     g.add_argument("--cross-entropy-fusion", choices=("te", "native", "none"), default=None,
                    help="fused cross-entropy loss (default te: the bf16 logits are its only copy)")
     g.add_argument("--cuda-graphs", choices=("none", "local", "transformer_engine", "full_iteration"), default=None,
@@ -128,6 +134,11 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="what selective recompute recomputes, comma-separated (default core_attn)")
     g.add_argument("--recompute-num-layers", type=_positive_int, default=None, metavar="N",
                    help="full recompute of N layers per chunk (block); default every layer (uniform)")
+    g.add_argument("--release", default=None, metavar="TAG",
+                   help="the NeMo container (e.g. 26.06) or Megatron-Bridge version (e.g. 0.5.1) your cluster runs: "
+                        "the throughput model's per-release kernel factors, and the rule set unless --megatron-core "
+                        "says otherwise (default: the newest, 26.08; an unknown one falls back to the nearest, "
+                        "with a warning)")
     g.add_argument("--megatron-core", default=None, metavar="VERSION",
                    help="the megatron-core release your cluster runs: 0.19 (default: the installed one) or 0.16.1 "
                         "(older containers); picks the validity rules and what the launch lines are written for "

@@ -6,10 +6,12 @@ Shared here: turning the job options every verb takes into a `Job`.
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from typing import Any
 
 from search_spaces.job import Job
-from search_spaces.training import TRAINING_FIELDS, training_spec
+from search_spaces.training import TRAINING_FIELDS, ReleaseFallback, training_spec
 
 __all__ = ["job_from_args", "add_layout_argument", "layout_from_args"]
 
@@ -50,7 +52,14 @@ def job_from_args(args: argparse.Namespace) -> Job:
         inter_node=args.inter_node,
         yaml_path=args.cluster,
     )
-    training = training_spec(**{name: getattr(args, name, None) for name in TRAINING_FIELDS})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReleaseFallback)
+        training = training_spec(**{name: getattr(args, name, None) for name in TRAINING_FIELDS})
+    for w in caught:
+        if issubclass(w.category, ReleaseFallback):
+            print(f"autotune: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return Job(model=model, cluster=cluster, training=training)
 
 
