@@ -45,6 +45,10 @@ __all__ = [
     "inflight_microbatches_per_chunk",
     "saved_gemm_input_bytes",
     "cuda_graph_static_bytes",
+    "PagedStash",
+    "paged_stash_of",
+    "rank_capacity_tokens",
+    "expert_bytes_per_token",
 ]
 
 BF16 = 2  # activations and their gradients
@@ -73,6 +77,11 @@ class ActivationAssumptions:
       contiguous copy of x's first half.
     - `torch_rmsnorm`: torch's composite RMSNorm keeps fp32 copies of its input and output (8 B per element);
       the CPU proxy swaps in norms that save what TE's save (`trainers.proxy_norm`), so False there too.
+    - `paged_stash_buffer_factor`, `paged_stash_page_size`: the MoE paged stash of full-iteration graphs
+      (`moe_paged_stash_buffer_size_factor_cuda`, `moe_paged_stash_page_size`): 1.2, the value of every
+      full-iteration MoE recipe of Megatron-Bridge 0.6 (`perf_recipes/qwen/common.py::
+      _enable_hybridep_full_iteration_mxfp8`; megatron-core's own default is 1.10), and 64 tokens per page
+      (megatron-core's default, which no recipe changes). `TrainingSpec` has no field for them.
     """
 
     transformer_engine: bool = True
@@ -82,6 +91,8 @@ class ActivationAssumptions:
     attention_score_bytes: float = 5.0
     fused_swiglu: bool = True
     torch_rmsnorm: bool = False
+    paged_stash_buffer_factor: float = 1.2
+    paged_stash_page_size: int = 64
 
 
 def saved_gemm_input_bytes(fp8_recipe: str | None, transformer_engine: bool) -> float:
@@ -256,8 +267,94 @@ def mlp_activation_bytes(model: ModelSpec, x: Shape, ffn: int) -> dict[str, floa
     return terms
 
 
+@dataclass(frozen=True, slots=True)
+class PagedStash:
+    """The MoE paged stash of one layout (full-iteration CUDA graphs of a MoE model), per GPU and MoE layer:
+    `capacity_tokens` rows every routed-expert tensor is allocated with (the rank capacity budget),
+    `avg_tokens` the average-based rows the stash buffer is sized by, `buffer_factor` its headroom."""
+
+    capacity_tokens: int
+    avg_tokens: int
+    buffer_factor: float
+    page_size: int
+
+
+def rank_capacity_tokens(job: Job, x: Shape) -> int:
+    """Rows of the static token buffers one MoE layer dispatches into at the rank capacity factor
+    (`moe_expert_rank_capacity_factor`, `TrainingSpec.moe_rank_capacity_factor`): megatron-core 0.19
+    `transformer/moe/token_dispatcher.py::_HybridEPManager.setup_metadata`,
+    `budget = int(num_tokens * moe_router_topk * moe_expert_rank_capacity_factor)` with `num_tokens` the tokens
+    this rank routes (T_r = T / t*, `routing_map.shape[0]`), rounded up to `get_align_size_for_quantization`:
+    256 with `use_transformer_engine_op_fuser` (which the hybridep backend requires with a capacity factor,
+    `transformer_config.py`), else 32 for MXFP8, 16 for other FP8, none for bf16 (`fp8_utils.get_fp8_align_size`).
+    HybridEP returns the dispatched tokens with exactly this many rows (`num_permuted_tokens`), and every
+    tensor of the expert MLP follows. The budget has no ETP factor (the source's formula)."""
+    assert job.model.moe is not None
+    routed = int(x.tokens // x.sp_div)
+    budget = int(routed * job.model.moe.topk * job.training.moe_rank_capacity_factor)
+    if job.moe_dispatcher[1] == "hybridep":
+        pad = 256
+    elif job.fp8_recipe is None:
+        pad = 0
+    else:
+        pad = 32 if job.fp8_recipe == "mxfp8" else 16
+    return budget + (-budget % pad if pad else 0)
+
+
+def paged_stash_of(job: Job, layout: Layout, assumptions: ActivationAssumptions) -> PagedStash | None:
+    """The paged stash this layout runs with, or None. On exactly when `search_spaces.megatron_names` turns it on:
+    full-iteration CUDA graphs of a MoE model on megatron-core >= 0.17 (`moe_paged_stash=True` with
+    `moe_expert_rank_capacity_factor`, as every full-iteration MoE recipe of Bridge 0.6 sets them), with TE
+    (the stash pages only what TE's grouped MLP marks). `avg_tokens = int(max_num_tokens // cap_factor)`
+    (megatron-core `transformer/moe/experts.py::TEGroupedMLP._fused_forward`), `max_num_tokens` the capacity."""
+    if not (layout.cuda_graphs == "full_iteration" and job.model.moe is not None
+            and job.training.megatron_core >= "0.17" and assumptions.transformer_engine):
+        return None
+    x = shape_of(job, layout, assumptions)
+    cap = rank_capacity_tokens(job, x)
+    return PagedStash(capacity_tokens=cap, avg_tokens=int(cap // job.training.moe_rank_capacity_factor),
+                      buffer_factor=assumptions.paged_stash_buffer_factor, page_size=assumptions.paged_stash_page_size)
+
+
+def expert_bytes_per_token(model: ModelSpec, x: Shape, layout: Layout) -> float:
+    """Bytes the routed experts of one MoE layer save for backward per dispatched token copy: the grouped fc1
+    input (bf16, or its FP8 copy), the fc1 output the weighted SwiGLU keeps with the fp32 routing probability,
+    and the fc2 input (see `moe_activation_bytes`). Exactly the tensors TE's fused grouped MLP marks for the
+    paged stash (`mark_grouped_tensor(grouped_fc1_x, swiglu_in, scales, grouped_fc2_x)`, TE
+    `ops/fused/forward_grouped_mlp.py`); 0 when 'moe' recompute recomputes the whole layer."""
+    assert model.moe is not None
+    if "moe" in x.modules:
+        return 0.0
+    etp, ffn, h = layout.expert_tp, model.moe.expert_ffn_hidden_size, model.hidden_size
+    fc1_in = x.gemm_in if x.te else BF16
+    fc1_out, fc2_in = _swiglu_terms(model, x, 1.0, ffn, etp)
+    if not model.gated_linear_unit or (not x.te and not x.fused_swiglu):
+        # the probs multiply `act(x) * probs` keeps act(x) (`experts.py`, `activation_func_with_probs`): only the
+        # fused weighted SwiGLU (gated, GPU) avoids it
+        fc2_in += BF16 * ffn / etp
+    if "moe_act" in x.modules and not x.fp8:
+        fc2_in = 0.0
+    return fc1_in * h + fc1_out + fc2_in + FP32  # + fp32 probs
+
+
+def paged_stash_bytes(stash: PagedStash, per_token: float) -> float:
+    """One MoE layer's share, per micro-batch in flight, of the paged stash's CUDA buffer (megatron-core 0.19
+    `transformer/moe/paged_stash.py`). During the first (eager, 'capture') iteration `on_save_for_backward`
+    adds each saved expert tensor's `avg_num_tokens` to a running count per (dtype, hidden) and takes its peak
+    over the whole iteration (it falls again as `on_get_saved_tensor` hands them back in the backward):
+    `max_avg_tokens_across_vp_stages`, the average-based tokens of every (MoE layer, micro-batch) in flight at
+    once on this GPU, all model chunks together. `allocate_stash_buffers` then allocates one static buffer per
+    (dtype, hidden) of `int(peak x moe_paged_stash_buffer_size_factor_cuda)` tokens in pages of
+    `moe_paged_stash_page_size` (`PagedStashBuffer`: [pages x page_size, hidden]); MXFP8's columnwise scales
+    count one row per 32 tokens. Summed over the in-flight micro-batches of the stage's MoE layers (as the
+    memory model sums every per-layer term), this per-layer share gives that buffer; the page rounding (under
+    one page per buffer) is left out. The pinned host buffer (`..._cpu`, 1.0 in Bridge's recipes) is host
+    memory."""
+    return stash.buffer_factor * stash.avg_tokens * per_token
+
+
 def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: float,
-                         permute_fusion: bool = True) -> dict[str, float]:
+                         permute_fusion: bool = True, stash: PagedStash | None = None) -> dict[str, float]:
     """One MoE layer incl. its pre-MLP norm (megatron-core `moe_layer.py`, `experts.py`, `token_dispatcher.py`).
 
     Each GPU routes T_r = T / t* tokens (its SP shard); balanced routing brings every EP rank T_r * topk token
@@ -271,6 +368,10 @@ def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: 
       FP8 copies), the fc1 output that the weighted SwiGLU keeps with the fp32 routing probabilities, and the fc2
       input; 'moe_act' recompute drops the bf16 fc2 input (under FP8 the fc2 FP8 copy stays), 'moe' the whole part.
     - `shared_experts`: a TP-split MLP on `moe_input` (its fc1 keeps an FP8 copy of it under FP8).
+    - with the paged stash (`stash`, full-iteration graphs): the expert tensors are paged into the stash's static
+      buffer after the layer's forward and their capacity-sized originals freed (`PagedStashManager.
+      wait_for_stash_to_complete`), so `experts` is 0 and `paged_stash` holds this layer's average-based share of
+      the buffer (`paged_stash_bytes`), whatever the routing imbalance.
     """
     assert model.moe is not None
     m = model.moe
@@ -279,19 +380,8 @@ def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: 
     routed = T / sd
     expert_tokens = routed * m.topk * etp * imbalance
     whole = "moe" in x.modules
-    ffn = m.expert_ffn_hidden_size
-    if whole:
-        experts = 0.0
-    else:
-        fc1_in = x.gemm_in if x.te else BF16
-        fc1_out, fc2_in = _swiglu_terms(model, x, expert_tokens, ffn, etp)
-        if not model.gated_linear_unit or (not x.te and not x.fused_swiglu):
-            # the probs multiply `act(x) * probs` keeps act(x) (`experts.py`, `activation_func_with_probs`): only the
-            # fused weighted SwiGLU (gated, GPU) avoids it
-            fc2_in += BF16 * expert_tokens * ffn / etp
-        if "moe_act" in x.modules and not x.fp8:
-            fc2_in = 0.0
-        experts = fc1_in * expert_tokens * h + fc1_out + fc2_in + FP32 * expert_tokens  # + fp32 probs
+    per_token = expert_bytes_per_token(model, x, layout)
+    experts = per_token * expert_tokens
     shared = 0.0
     if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and not whole:
         s_out, s_in = _swiglu_terms(model, x, T, m.shared_expert_ffn_hidden_size, t)
@@ -309,6 +399,9 @@ def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: 
         "shared_experts": shared,
         "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
     })
+    if stash is not None:
+        terms["experts"] = 0.0
+        terms["paged_stash"] = paged_stash_bytes(stash, per_token)
     return terms
 
 
@@ -323,7 +416,7 @@ def layer_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssu
     terms = attention_activation_bytes(model, x)
     if moe:
         terms.update(moe_activation_bytes(model, x, layout, assumptions.moe_token_imbalance,
-                                          job.training.moe_permute_fusion))
+                                          job.training.moe_permute_fusion, paged_stash_of(job, layout, assumptions)))
     else:
         terms.update(mlp_activation_bytes(model, x, model.ffn_hidden_size))
     if layout.cuda_graphs == "transformer_engine" and x.te:
@@ -415,7 +508,7 @@ def mtp_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssump
     return terms
 
 
-def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool) -> float:
+def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool, stash: bool = False) -> float:
     """The gradients alive while one layer runs its backward: the activation gradients of the MLP (d of the
     fc2 input and of the fc1 output, 3 x ffn wide when gated) or of the experts, or of attention (dQ, dK, dV
     and dO), plus the incoming and outgoing gradient of the layer (2 x 2 T h / t*). Counted once per stage."""
@@ -431,11 +524,30 @@ def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool) 
         m = model.mla
         candidates.append(BF16 * T * model.num_attention_heads * (2 * (m.qk_head_dim + m.qk_pos_emb_head_dim)
                                                                   + 2 * m.v_head_dim) / t)
-    if has_moe and model.moe is not None:
+    if has_moe and model.moe is not None and not stash:
         e = model.moe
         tokens = T / sd * e.topk * layout.expert_tp * 1.0
         candidates.append(BF16 * tokens * (gate * e.expert_ffn_hidden_size / layout.expert_tp + h))
     return layer_io + max(candidates)
+
+
+def moe_capacity_working_set(model: ModelSpec, x: Shape, layout: Layout, stash: PagedStash) -> float:
+    """The static token buffers of the one MoE layer in flight at the rank capacity factor (full-iteration
+    graphs): every routed-expert tensor of the layer has `capacity_tokens` rows (`rank_capacity_tokens`), the
+    rows HybridEP dispatches into whatever arrives. Forward: the dispatched bf16 tokens and fp32 probabilities
+    (`hybrid_ep_dispatch`, PyTorch tensors of `num_permuted_tokens` rows), the expert tensors before the stash
+    pages them (`expert_bytes_per_token`), and the bf16 fc2 output the combine reads. Backward: the saved
+    tensors reloaded at full capacity (`PagedStashManager.reload_paged_tensors` allocates
+    `torch.empty(original_shape)`) beside the experts' activation gradients (the fc2 and fc1 output gradients,
+    3 f_e / etp wide when gated, and the dispatched tokens' gradient, h). The larger of the two, counted once
+    per stage; it replaces the experts' candidate of `backward_working_set`."""
+    assert model.moe is not None
+    e, h, etp = model.moe, model.hidden_size, layout.expert_tp
+    gate = 3 if model.gated_linear_unit else 2
+    per_token = expert_bytes_per_token(model, x, layout)
+    forward = 2 * BF16 * h + FP32 + per_token
+    backward = per_token + BF16 * (gate * e.expert_ffn_hidden_size / etp + h)
+    return stash.capacity_tokens * max(forward, backward)
 
 
 def _loss_transient_bytes(job: Job, x: Shape, vocab: int) -> float:
@@ -452,6 +564,8 @@ def transient_activation_bytes(job: Job, layout: Layout, assumptions: Activation
                                has_output: bool, has_moe: bool, vocab: int) -> dict[str, float]:
     """Memory live for one micro-batch only, counted once per stage:
     - `backward_working_set`: one layer's activation gradients (`_backward_working_set`);
+    - `moe_capacity_working_set`: with the paged stash, the MoE layer in flight at the rank capacity
+      (`moe_capacity_working_set`);
     - full recompute: one layer's complete activations while it is recomputed in the backward pass
       (Korthikanti Sec. 5), on the last stage only what exceeds the freed logits (measured on CPU proxies);
     - `loss_transient`: what the loss holds beside its saved tensors while it runs (`_loss_transient_bytes`)."""
@@ -459,8 +573,11 @@ def transient_activation_bytes(job: Job, layout: Layout, assumptions: Activation
     x = shape_of(job, layout, assumptions)
     out: dict[str, float] = {}
     loss = _loss_transient_bytes(job, x, vocab) if has_output else 0.0
+    stash = paged_stash_of(job, layout, assumptions) if has_moe else None
     if assumptions.transformer_engine:
-        out["backward_working_set"] = _backward_working_set(job, layout, x, has_moe=has_moe)
+        out["backward_working_set"] = _backward_working_set(job, layout, x, has_moe=has_moe, stash=stash is not None)
+    if stash is not None:
+        out["moe_capacity_working_set"] = moe_capacity_working_set(model, x, layout, stash)
     if layout.recompute == "full":
         working = sum(layer_activation_bytes(job, replace(layout, recompute="none"), assumptions,
                                              moe=has_moe and model.moe is not None).values())

@@ -3,9 +3,10 @@
 Two kinds, because they show up differently in what a run measures:
 - `workspace_terms`: buffers the framework allocates through PyTorch's caching allocator, so they are part of
   `torch.cuda.max_memory_allocated` (the figure Megatron logs as "max allocated"): Transformer Engine's cuBLASLt
-  workspaces.
+  workspaces, full-iteration graphs' static input copies.
 - `device_terms`: memory the GPU holds outside what PyTorch counts as allocated: the CUDA context, NCCL's
-  communicator buffers, Transformer Engine's userbuffers for TP overlap, DeepEP's dispatch buffers, and the
+  communicator buffers, Transformer Engine's userbuffers for TP overlap, DeepEP's and HybridEP's dispatch buffers,
+  the CUDA-graph pool that full-iteration graphs hold through the optimizer step (`memory.py`), and the
   caching allocator's reserve over its allocations. These decide whether a layout fits; a
   "max allocated" measurement does not contain them.
 
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
-__all__ = ["AllowanceAssumptions", "workspace_terms", "device_terms", "communicators"]
+__all__ = ["AllowanceAssumptions", "workspace_terms", "device_terms", "communicators", "hybridep_buffer_terms",
+           "full_iteration_static_input_bytes"]
 
 MIB = 1024**2
 GIB = 1024**3
@@ -94,6 +96,9 @@ def workspace_terms(job: Job, layout: Layout, *, has_output: bool = False) -> di
     if has_output and layout.sp and layout.tp > 1:
         t = job.training
         terms["sp_gather_buffer"] = BF16 * t.seq_length * layout.mbs / layout.cp * job.model.hidden_size
+    static_inputs = full_iteration_static_input_bytes(job, layout)
+    if static_inputs:
+        terms["graph_static_inputs"] = static_inputs
     return terms
 
 
@@ -111,18 +116,83 @@ def _userbuffers_bytes(job: Job, layout: Layout) -> float:
 
 
 def _deepep_bytes(job: Job, layout: Layout, a: AllowanceAssumptions) -> float:
-    """DeepEP's dispatch/combine buffers (`moe_token_dispatcher="flex"`), allocated once per process outside
+    """DeepEP's dispatch/combine buffers (`moe_token_dispatcher="flex"` with the deepep backend; HybridEP has its own,
+    `hybridep_buffer_terms`, and NCCL-EP's are not modelled), allocated once per process outside
     PyTorch's allocator (`megatron/core/transformer/moe/fused_a2a.py::get_buffer`, DeepEP `Buffer`). Sized as
     DeepEP's `Config.get_nvl_buffer_size_hint` / `get_rdma_buffer_size_hint` size them: per channel
     (num_sms / 2), per NVLink peer (up to 8) 256 chunked receive tokens of 2h bytes, and per RDMA peer
     (EP / 8 nodes) 128 tokens: an approximation of DeepEP's default `Config(num_sms, 6, 256, 6, 128)`."""
-    if job.model.moe is None or job.moe_dispatcher[0] != "flex" or layout.ep <= 1:
+    if job.model.moe is None or job.moe_dispatcher != ("flex", "deepep") or layout.ep <= 1:
         return 0.0
     channels = a.deepep_num_sms // 2
     hidden_bytes = BF16 * job.model.hidden_size
     nvl_peers = min(layout.ep, 8)
     rdma_peers = max(1, layout.ep // 8) if layout.ep > 8 else 0
     return channels * hidden_bytes * (nvl_peers * 256 + rdma_peers * 128)
+
+
+# megatron-core fused_a2a.py HYBRIDEP_TOKEN_ALIGNMENT; DeepEP NUM_OF_TOKENS_PER_CHUNK_COMBINE_API (default 64)
+HYBRIDEP_TOKEN_CHUNK = 64
+
+
+def hybridep_buffer_terms(job: Job, layout: Layout) -> dict[str, float]:
+    """HybridEP's buffers (`moe_token_dispatcher="flex"`, `moe_flex_dispatcher_backend="hybridep"`), by name, in
+    bytes: allocated once per process by DeepEP's `HybridEPBuffer` (branch hybrid-ep, `deep_ep/hybrid_ep_buffer.py`,
+    `csrc/hybrid_ep/buffer/intranode.cu`, `internode_doca.cu`, `extension/allgather.cu`) through its own
+    allocator (cuMem / cudaMalloc), outside PyTorch's. megatron-core creates it on the first dispatch
+    (`transformer/moe/fused_a2a.py::init_hybrid_ep_buffer`, `HybridEPDispatch.forward`) with the rank's
+    input tokens as `max_num_of_tokens_per_rank` (T_r = T / t*, padded to the 64-token chunk,
+    `hybrid_ep_pad_num_of_tokens_per_rank`), the hidden size h and the local experts L = E / EP, over the
+    MoE group of G = EP x ETP ranks; R = min(G, NVLink domain) ranks per NVLink domain
+    (`detect_accessible_ranks`; Bridge's recipes set `NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN` to EP, which is
+    R when the group fits a domain), N = G / R domains. With M = T_r R N (the worst case: every token of the
+    group to one rank), `use_shared_buffer=True` (dispatch and combine share token and probability buffers):
+    - `hybridep_nvl_tokens`: the combine/dispatch token buffer, M h x 2 B (uint16; megatron never dispatches FP8);
+    - `hybridep_nvl_probs`: M x L R x 4 B;
+    - `hybridep_nvl_scales`: the dispatch scaling-factor buffer, M x h / 128 x 4 B (allocated even without FP8);
+    - `hybridep_allgather`: the routing-map all-gather (`CustomAllgather::allocate_ag_buffer`, allocated whatever
+      `enable_custom_allgather` says), (L G) x T_r x G bool;
+    - `hybridep_rdma` (N > 1, `RDMACoordinator::allocate_dispatch_buffers` / `allocate_combine_buffers`):
+      T_r (h x 2 + L G x 4 + h / 128 x 4) for the attention-side dispatch buffers, T_r (N - 1) (h x 2 + L R x 4 +
+      h / 128 x 4) for the inter-node group, and 2 T_r (N - 1) (h x 2 + L R x 4) for the combine's reduction
+      and group buffers.
+    Synchronisation flags (a few KiB) are left out."""
+    moe = job.model.moe
+    if moe is None or job.moe_dispatcher != ("flex", "hybridep"):
+        return {}
+    t = job.training
+    routed = t.seq_length * layout.mbs // layout.cp // (layout.tp if layout.sp else 1)
+    tokens = -(-routed // HYBRIDEP_TOKEN_CHUNK) * HYBRIDEP_TOKEN_CHUNK
+    h = job.model.hidden_size
+    local = max(1, moe.num_experts // layout.ep)
+    group = layout.ep * layout.expert_tp
+    ranks = max(1, min(group, job.cluster.nvlink_domain))
+    nodes = -(-group // ranks)
+    worst = tokens * ranks * nodes
+    scales = h // 128 * 4
+    terms = {
+        "hybridep_nvl_tokens": float(worst * h * BF16),
+        "hybridep_nvl_probs": float(worst * local * ranks * 4),
+        "hybridep_nvl_scales": float(worst * scales),
+        "hybridep_allgather": float(local * group * tokens * group),
+    }
+    if nodes > 1:
+        rdma = tokens * (h * BF16 + local * group * 4 + scales)
+        rdma += tokens * (nodes - 1) * (h * BF16 + local * ranks * 4 + scales)
+        rdma += 2 * tokens * (nodes - 1) * (h * BF16 + local * ranks * 4)
+        terms["hybridep_rdma"] = float(rdma)
+    return terms
+
+
+def full_iteration_static_input_bytes(job: Job, layout: Layout) -> float:
+    """Full-iteration CUDA graphs copy every micro-batch of the step into static buffers before the replay
+    (megatron-core `full_cuda_graph.py::StaticBufferLoader`, one dict per micro-batch, kept for the run): tokens,
+    labels and position ids (int64) and the loss mask (fp32) of b x s tokens each, 28 B per token (the attention
+    mask is None with causal fused attention). Counted on every stage (Megatron-LM's middle stages load none)."""
+    if layout.cuda_graphs != "full_iteration":
+        return 0.0
+    microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
+    return float(microbatches * layout.mbs * job.training.seq_length * (8 + 8 + 8 + 4))
 
 
 def device_terms(job: Job, layout: Layout, a: AllowanceAssumptions = DEFAULT_ALLOWANCE) -> dict[str, float]:
@@ -133,5 +203,6 @@ def device_terms(job: Job, layout: Layout, a: AllowanceAssumptions = DEFAULT_ALL
         "nccl_buffers": per_communicator * len(communicators(layout)),
         "tp_userbuffers": _userbuffers_bytes(job, layout),
         "deepep_buffers": _deepep_bytes(job, layout, a),
+        "hybridep_buffers": sum(hybridep_buffer_terms(job, layout).values()),
         "allocator_reserve": a.allocator_reserve_bytes,
     }

@@ -1,7 +1,8 @@
 """Memory per GPU of a Megatron-Core training layout, by term, as a real GPU run keeps it.
 
     weights + gradients + optimizer + activations + workspace   = peak allocated (what "max allocated" measures)
-    + overhead (CUDA context, NCCL, TE userbuffers, DeepEP, the allocator's reserve)  = device memory at the peak
+    + overhead (CUDA context, NCCL, TE userbuffers, DeepEP / HybridEP, a full-iteration graph's pool held through
+      the optimizer step, the allocator's reserve)  = device memory at the peak
 
 Pure arithmetic on `Job` and `Layout` (no torch). Every term is one function that cites its source; the
 formulas, their sources and their limits are restated in `docs/memory-model.md`. Where the parameters are:
@@ -49,6 +50,7 @@ __all__ = [
     "estimate_memory_per_stage",
     "microbatch_activation_terms",
     "gemm_weight_bytes_per_param",
+    "graph_pool_held_bytes",
     "gradient_bytes_per_param",
     "optimizer_bytes_per_param",
 ]
@@ -205,6 +207,26 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
     return 4.0 * (dense + sp.expert_params_per_gpu / max(1, layout.expert_dp))
 
 
+def graph_pool_held_bytes(layout: Layout, activations: float, step: float) -> float:
+    """Device memory full-iteration CUDA graphs keep that the eager run would give to the optimizer step.
+
+    The captured forward-backward allocates from a private graph pool (megatron-core `full_cuda_graph.py::
+    FullCudaGraphWrapper`, `torch.cuda.graph(pool=get_graph_pool(...))`), which stays reserved for the graph's
+    replays: at the optimizer step its blocks are free but not reusable by eager allocations. With
+    `cuda_graph_use_single_mempool=True` (megatron-core's default, which Bridge passes) an optimizer captured by
+    `optimizer_cuda_graph` (`optimizer/optimizer_cuda_graph.py::OptimizerCudaGraphWrapper`) shares that pool and
+    reuses them, as the eager run does; no Bridge 0.6 recipe sets `optimizer_cuda_graph` (default False), so
+    the eager optimizer step's transient (`_optimizer_step_bytes`) comes on top of the pool. The pool holds the
+    forward-backward's peak (`activations`, with its transients): the device peak is state + activations +
+    step instead of state + max(activations, step); "max allocated" is unchanged (the pool's blocks are free),
+    so the difference, min(activations, step), is device memory outside the allocated bytes. The eager
+    iterations before the capture leave nothing cached (`torch.cuda.graph.__enter__` empties the cache).
+    `TrainingSpec` has no `optimizer_cuda_graph`; it is taken as off."""
+    if layout.cuda_graphs != "full_iteration":
+        return 0.0
+    return min(activations, step)
+
+
 @lru_cache(maxsize=4096)
 def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, split: Split = EVEN,
                       mtp: tuple[int, ...] | None = None,
@@ -292,11 +314,14 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
         has_output=sp.has_output, has_moe=has_moe, mtp=mtp)
     phase = "activations"
     step = _optimizer_step_bytes(job, sp, layout)
+    held = graph_pool_held_bytes(layout, activations, step)
     if step > activations:
         activations, phase = step, "optimizer step"
         breakdown = partial(lambda value: (("optimizer_step_fp32_grads", value),), step)
     workspace = sum(workspace_terms(job, layout, has_output=sp.has_output).values())
     overhead = device_terms(job, layout, assumptions.allowance)
+    if held:
+        overhead["graph_pool_held"] = held
     return MemoryEstimate(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,
         workspace_bytes=workspace, overhead_bytes=sum(overhead.values()), stage=sp.stage,
