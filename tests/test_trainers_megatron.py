@@ -126,15 +126,29 @@ def _tiny_job_config(fault: Fault):
                      num_microbatches=plan.num_microbatches, precision="fp32", timed_steps=1, fault=fault)
 
 
+# a rank's own error or hang is the layout's failure, which the search does not retry
 @pytest.mark.parametrize(("fault", "status"), [("crash", "failed"), ("hang", "timeout")])
 def test_crash_and_hang_are_outcomes_and_the_next_trial_gets_fresh_workers(backend, fault: Fault,
                                                                            status: str) -> None:
     from trainers.worker_pool import run_pooled
 
     out = run_pooled(_tiny_job_config(fault), world_size=WORLD, use_gpu=False, timeout_s=15)
-    assert out.status == status, out.reason
+    assert (out.status, out.failure) == (status, "layout"), out.reason
     after = _evaluate(backend, "tiny-gpt", "tp=2,pp=2")
     assert after.status == "ok" and after.extra["fresh_workers"] is True
+
+
+def test_a_worker_process_that_ends_is_the_infrastructures_failure(backend) -> None:
+    """Rank 0's process ends mid-step as a SIGKILL or a lost node ends it: Ray says the actor died, the other ranks
+    lose their peer; the trial is the infrastructure's failure (the search retries it) and the group is dropped, as
+    after a crash (above: the next trial gets fresh workers; nothing later in this module needs the pool)."""
+    from trainers.worker_pool import pool_stats, run_pooled
+
+    out = run_pooled(_tiny_job_config("exit"), world_size=WORLD, use_gpu=False, timeout_s=15)
+    assert (out.status, out.failure) == ("failed", "infrastructure"), out.reason
+    assert out.reason.startswith("rank 0's worker on node ") and " died: " in out.reason, out.reason
+    assert len(out.nodes) == WORLD
+    assert pool_stats()["workers"] == []  # the group is gone, its processes with it
 
 
 def test_each_job_destroys_the_previous_jobs_process_groups() -> None:

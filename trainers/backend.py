@@ -8,7 +8,14 @@ workers (`trainers.worker_pool`), and turns the ranks' reports into one Measurem
 - tokens/s per GPU: tokens per step / median step time / ranks that ran;
 - memory: the most loaded rank's breakdown with the analytic model's term names (weights, gradients,
   optimizer, activations; bytes), plus the allocator's peak on a GPU;
-- extra: proxy shape, DP reduction, group sizes formed by megatron-core, losses, per-rank memory.
+- extra: proxy shape, DP reduction, group sizes formed by megatron-core, losses, per-rank memory, each rank's Ray
+  node (`worker_nodes`), and for a failure whose it was (`failure`: "layout", "infrastructure" when a worker,
+  raylet or node died or no placement came in time, "placement" when this cluster can never hold the group).
+
+Placement (`trainers.placement`): the workers' placement group has one bundle per TP group (per lcm(TP, EP x ETP)
+ranks with `experts_within_node`), so a TP group never spans nodes; where the workers hold resources (GPUs, a
+test's fake GPU) the layout's DP is reduced to what the cluster's nodes hold in such bundles, and a layout whose
+model-parallel part (TP x PP x CP) the cluster cannot hold is refused with the reason.
 
 On a machine without GPUs the figures come from a scaled-down proxy model (source
 "megatron-cpu-proxy"): they show that the layout runs and how its memory terms scale, never GPU times.
@@ -17,10 +24,12 @@ Heavy imports (ray, torch, megatron) happen inside methods; the object is cheap 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -81,6 +90,15 @@ def _cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
+def _ranks_held(ranks_per_bundle: int, per_rank: dict[str, float]) -> int:
+    """Ranks the cluster's alive nodes hold in whole bundles of `ranks_per_bundle` ranks (each rank `per_rank`)."""
+    import ray
+
+    from trainers.placement import alive_nodes, ranks_held
+
+    return ranks_held(alive_nodes(ray.nodes()), ranks_per_bundle=ranks_per_bundle, per_rank=per_rank)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MegatronBackend:
     """Runs each layout as a short megatron-core job on Ray workers kept alive across trials."""
@@ -100,6 +118,14 @@ class MegatronBackend:
     # extra Ray resources each worker's placement-group bundle holds, e.g. {"fake_gpu": 1} on a test cluster
     # whose raylets advertise that resource: the workers then spread over the nodes as a multi-node job's do
     worker_resources: tuple[tuple[str, float], ...] = ()
+    experts_within_node: bool = False  # also keep each EP x ETP group on one node (the space's --experts-within-node)
+    placement_timeout_s: float = 600.0  # how long a group that fits the cluster waits for resources others hold
+
+    def ranks_per_bundle(self, layout: Layout) -> int:
+        from trainers.placement import ranks_per_bundle
+
+        return ranks_per_bundle(tp=layout.tp, ep=layout.ep, etp=layout.expert_tp,
+                                experts_within_node=self.experts_within_node)
 
     def plan(self, job: Job, layout: Layout, *, use_gpu: bool, max_workers: int) -> ProxyPlan:
         return plan_proxy(job.model, layout, job.training, max_workers=max_workers,
@@ -114,23 +140,50 @@ class MegatronBackend:
                          num_microbatches=plan.num_microbatches, precision=self.precision,
                          warmup_steps=max(1, self.warmup_steps), timed_steps=self.timed_steps)
 
-    def _device(self, layout: Layout) -> tuple[bool, int]:
+    def _device(self, layout: Layout) -> tuple[bool, int, str]:
+        """(on GPUs, workers at most, why the cluster can never hold the layout's model-parallel part or '')."""
         gpus = _cluster_gpus()
         if gpus > 0 and layout.tp * layout.pp * layout.cp <= gpus:
-            return True, min(gpus, self.max_workers or gpus)
-        return False, self.max_workers or default_max_workers()
+            per_rank = {"GPU": 1.0}
+            held = _ranks_held(self.ranks_per_bundle(layout), per_rank)
+            return True, min(held, self.max_workers or held), self._refusal(layout, per_rank, held)
+        workers = self.max_workers or default_max_workers()
+        if not self.worker_resources:
+            return False, workers, ""
+        # a test cluster's fake GPUs: as many ranks as its nodes hold in whole bundles
+        per_rank = dict(self.worker_resources)
+        held = _ranks_held(self.ranks_per_bundle(layout), per_rank)
+        return False, min(workers, held), self._refusal(layout, per_rank, held)
+
+    def _refusal(self, layout: Layout, per_rank: dict[str, float], held: int) -> str:
+        """Why the cluster's nodes can never hold TP x PP x CP ranks in bundles of `ranks_per_bundle`, or ''."""
+        import ray
+
+        from trainers.placement import GroupPlacement, alive_nodes, refusal
+
+        k = self.ranks_per_bundle(layout)
+        need = math.lcm(layout.tp * layout.pp * layout.cp, k)
+        if held >= need:
+            return ""
+        placement = GroupPlacement(world=need, ranks_per_bundle=k, per_rank=tuple(sorted(per_rank.items())))
+        return refusal(placement, alive_nodes(ray.nodes()))
 
     def evaluate(self, job: Job, layout: Layout) -> Measurement:
         ensure_ray(self.ray_temp_dir)
-        use_gpu, max_workers = self._device(layout)
+        use_gpu, max_workers, refused = self._device(layout)
         source: Source = "megatron-gpu" if use_gpu else "megatron-cpu-proxy"
         folding = expert_folding_violation(layout)
         if folding:
-            return Measurement(layout=layout, status="invalid", source=source, reason=folding, violations=(folding,))
+            return Measurement(layout=layout, status="invalid", source=source, reason=folding, violations=(folding,),
+                               extra={"failure": "layout"})
+        if refused:
+            return Measurement(layout=layout, status="failed", source=source,
+                               reason=f"cannot be placed on this cluster: {refused}", extra={"failure": "placement"})
         try:
             plan = self.plan(job, layout, use_gpu=use_gpu, max_workers=max_workers)
         except ValueError as e:
-            return Measurement(layout=layout, status="failed", source=source, reason=f"cannot profile here: {e}")
+            return Measurement(layout=layout, status="failed", source=source, reason=f"cannot profile here: {e}",
+                               extra={"failure": "placement"})
         outcome = self.run_plan(plan, use_gpu=use_gpu)
         return measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
 
@@ -142,9 +195,26 @@ class MegatronBackend:
         kwargs: dict[str, Any] = {"world_size": plan.world_size, "use_gpu": use_gpu, "timeout_s": self.timeout_s}
         if self.reuse_workers or self.cpus_per_worker > 0:
             kwargs["cpus_per_worker"] = self.cpus_per_worker
-        if self.worker_resources and self.reuse_workers:
-            kwargs["resources"] = dict(self.worker_resources)
+        if self.reuse_workers:
+            kwargs.update(ranks_per_bundle=self.ranks_per_bundle(plan.layout),
+                          placement_timeout_s=self.placement_timeout_s)
+            if self.worker_resources:
+                kwargs["resources"] = dict(self.worker_resources)
         return runner(cfg, **kwargs)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """The search's worker pool for the duration of the block (`trainers.worker_pool.open_pool`): owned by the
+        calling driver, in its Ray namespace, ended after."""
+        from trainers.worker_pool import open_pool, shutdown_pool
+
+        if self.reuse_workers:
+            open_pool()
+        try:
+            yield
+        finally:
+            if self.reuse_workers:
+                shutdown_pool()
 
     def with_options(self, **changes: Any) -> MegatronBackend:
         return replace(self, **changes)
@@ -182,6 +252,7 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
         "proxy_plan": plan,  # what ran (model, layout, batch): the caller compares the analytic model with it
     }
     if outcome.status != "ok":
+        extra["failure"] = getattr(outcome, "failure", "") or "layout"
         return Measurement(layout=layout, status=outcome.status, source=source, reason=outcome.reason, extra=extra)
     ranks = sorted(outcome.ranks, key=lambda r: r["rank"])
     losses = _losses(ranks)
@@ -196,6 +267,8 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
         status = "failed"
     elif not losses or not all(math.isfinite(x) for x in losses):
         status, reason = "failed", f"non-finite or missing loss: {losses}"
+    if status != "ok":
+        extra["failure"] = "layout"
     median = statistics.median(steps) if steps else None
     memory = {k: heaviest["memory"][k] for k in ("weights", "gradients", "optimizer", "activations")}
     peak = heaviest["memory"].get("allocator_peak", heaviest["memory"]["total"])

@@ -17,6 +17,7 @@ give bit-identical losses and equal memory terms, but for MoE activations (docs/
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -28,7 +29,9 @@ from search_spaces.training import Dispatcher
 
 __all__ = ["JobConfig", "Fault", "run_job", "JobRejected"]
 
-Fault = Literal["none", "crash", "hang"]  # injected on rank 0 in the first step (tests of failure handling)
+# injected on rank 0 in the first step (tests of failure handling): an exception, a hang, or the process ending
+# as a SIGKILL or a lost node ends it (no exception, no answer: Ray reports the actor dead)
+Fault = Literal["none", "crash", "hang", "exit"]
 
 SEED = 1234
 
@@ -466,6 +469,8 @@ def _inject_fault(fault: str) -> None:
         return
     if fault == "crash":
         raise RuntimeError("injected crash on rank 0")
+    if fault == "exit":
+        os._exit(1)
     while True:  # "hang": the other ranks block in the next collective
         time.sleep(3600)
 
