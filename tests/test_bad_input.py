@@ -92,6 +92,8 @@ CASES = [
     ("dashboard-port", [*SMALL, "--dashboard", "--dashboard-port", "70000", "--output", "new"], 2),
     ("exhaustive-threshold-negative", [*SMALL, "--exhaustive-threshold", "-1", "--output", "new"], 2),
     ("trials-zero", [*SMALL, "--trials", "0", "--output", "new"], 2),
+    ("seed-negative", [*SMALL, "--seed", "-1", "--output", "new"], 2),
+    ("seed-over-2**32", [*SMALL, "--seed", str(2**32), "--output", "new"], 2),  # numpy's seeds end at 2**32 - 1
     ("headroom-nan", [*SMALL, "--headroom-gib", "nan", "--output", "new"], 2),
     ("headroom-negative", ["estimate", *SMALL, "--layout", "tp=1", "--headroom-gib", "-1"], 2),
     ("unknown-model", ["space", "--model", "no-such-model"], 2),

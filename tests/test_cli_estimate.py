@@ -72,3 +72,23 @@ def test_estimate_and_check_agree_on_what_fits(capsys, layout) -> None:
 def test_headroom_beyond_the_gpu_is_a_usage_error(capsys) -> None:
     code, _, err = _run(capsys, "estimate", "--model", "llama3-8b", "--layout", "tp=1", "--headroom-gib", "90")
     assert code == 2 and "--headroom-gib" in err
+
+
+def test_check_of_a_layout_that_does_not_fit_exits_1_and_names_the_nearest_that_does(capsys) -> None:
+    # mixtral on 4 nodes with no PP and micro-batch 8: valid, but its 8 x 4096-token micro-batch needs ~359 GiB
+    code, out, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", "tp=1,pp=1,ep=8,mbs=8",
+                        "--json")
+    obj = json.loads(out)
+    assert code == 1 and obj["valid"] and obj["fits_in_memory"] is False
+    near = obj["nearest"]
+    assert near["free_gib"] >= 0 and near["changes"]  # a variant of it, a field or two changed, that fits
+    _, est, _ = _run(capsys, "estimate", "--model", "mixtral", "--nodes", "4", "--layout", near["layout"], "--json")
+    assert json.loads(est)["feasible"] is True and json.loads(est)["memory_gib"] == pytest.approx(near["memory_gib"])
+    fits, _, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", near["layout"])
+    assert fits == 0
+
+
+def test_estimate_of_a_layout_that_does_not_fit_suggests_the_nearest_that_does(capsys) -> None:
+    code, out, _ = _run(capsys, "estimate", "--model", "mixtral", "--nodes", "4", "--layout", "tp=1,pp=1,ep=8,mbs=8")
+    text = " ".join(out.split())
+    assert code == 1 and "out of memory" in text and "nearest that fits (" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -23,7 +24,11 @@ def test_partial_and_invalid_layouts_are_reported_and_the_run_goes_on(capsys, tm
     code, out, _ = _run(capsys, tmp_path, "--model", "mixtral", "--nodes", "4",
                         "--layout", "tp=1,pp=4,vpp=8,ep=8,dist_opt=true", "--layout", "tp=3")
     assert code == 0
-    assert "--layout tp=3," in out and "invalid" in out and "world_size_divisible" in out
+    yours = out[out.index("Your layouts"):out.index("Pareto front")]
+    assert "\n  tp=3," in yours and "invalid: world_size_divisible" in yours
+    # the recipe's layout has its verdict: whether it fits, and its rank or the nearest variant that fits
+    verdict = " ".join(yours[yours.index("  tp=1,pp=4,vpp=8"):].split("\n  tp=3,")[0].split())
+    assert "fits" in verdict and ("rank" in verdict or "nearest that fits" in verdict), verdict
     trials = (tmp_path / "run" / "trials.csv").read_text()
     assert "tp=1,pp=4,vpp=8,cp=1,ep=8" in trials and ",user," in trials
 
@@ -36,8 +41,8 @@ def test_best_json_says_how_sure_the_pick_is(capsys, tmp_path) -> None:
     assert d["confidence"] in ("clear", "within the model's uncertainty") and d["reason"]
     assert d["tied"] == len(d["tied_layouts"]) >= 1 and best["layout_text"] in d["tied_layouts"]
     assert "Pick: " + d["confidence"] in out
-    # the ranked table marks the tied rows: '1=' when the pick is tied with others
-    assert ("1=" in out) == (d["tied"] > 1)
+    # the ranked table marks the pick '1*' and the rows tied with it '2=', ...
+    assert re.search(r"^ *1\* ", out, re.M) and bool(re.search(r"^ *2= ", out, re.M)) == (d["tied"] > 1)
 
 
 def test_a_starved_pipeline_is_warned_on_screen_with_a_batch_to_use(capsys, tmp_path) -> None:

@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -65,7 +66,8 @@ def test_dashboard_lists_the_search_while_it_runs(monkeypatch, tmp_path):
         assert dash.url.startswith("http://127.0.0.1:")
         outcome: dict = {}
         search = threading.Thread(target=lambda: outcome.update(
-            result=api.search("mixtral", nodes=4, trials=24, seed=0, dashboard=dash, output_dir=tmp_path / "out")))
+            result=api.search("mixtral", nodes=4, trials=24, seed=0, dashboard=dash, output_dir=tmp_path / "out",
+                              measured_stage=True)))
         search.start()
         seen_while_running: list[dict] = []
         while search.is_alive() and not seen_while_running:
@@ -91,3 +93,16 @@ def test_dashboard_lists_the_search_while_it_runs(monkeypatch, tmp_path):
         import shutil
 
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_the_dashboard_leaves_the_analytic_search_as_it_is(monkeypatch):
+    # with Ray connected (the --dashboard case), the analytic backend is handed back unchanged, so run_search stays
+    # the analytic whole-space answer; only a measured stage (or a cluster) gets a tracked backend
+    import types
+
+    from autotune.ui.api import make_job
+
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    job = make_job("mixtral", nodes=4)
+    assert dashboard.track_search(job, "auto", None, 64) == "auto"
+    assert dashboard.track_search(job, "analytic", None, 64) == "analytic"

@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from autotune.cost.layout_table import LayoutTable
-from autotune.tuning.ranking import canonical, complexity, decide, equivalent_to_simpler
+from autotune.tuning.ranking import (
+    MEMORY_RESOLUTION,
+    canonical,
+    complexity,
+    decide,
+    dominated,
+    equivalent_to_simpler,
+    memory_margin,
+)
 from search_spaces.layout import Layout
 
 GIB = 1024**3
@@ -21,23 +29,78 @@ def _decide(tokens, free_gib, simple=None, **kw):
                   np.array(simple if simple is not None else [0] * n), **kw)
 
 
-@pytest.mark.parametrize("tokens, free, simple, pick, tied", [
+CAPACITY_GIB = 80.0
+
+
+def _pick(tokens, memory_gib, simple=None, **kw):
+    """`decide` with each row's peak (GiB) on an 80 GiB GPU."""
+    memory = np.array(memory_gib, float) * GIB
+    return decide(np.array(tokens, float), CAPACITY_GIB * GIB - memory,
+                  np.array(simple if simple is not None else [0] * len(tokens)), memory_bytes=memory, **kw)
+
+
+@pytest.mark.parametrize("tokens, memory, simple, pick, tied", [
     # alone at the top (next is 5% slower): the fastest
-    ([100, 95, 90], [1, 30, 30], None, 0, 1),
-    # 1.5% apart: tied; the one with more free memory wins
-    ([100, 98.5, 90], [1, 30, 30], None, 1, 2),
-    # tied with equal free memory: the simpler (lower complexity) wins
-    ([100, 99, 90], [10, 10, 30], [5, 3, 1], 1, 2),
-    # tied, equal memory and simplicity: the faster
-    ([100, 99, 90], [10, 10, 30], [3, 3, 1], 0, 2),
+    ([100, 95, 90], [79, 50, 50], None, 0, 1),
+    # the README case: recompute saves 0.008 GiB at -1.4% tokens/s; the faster one at equal memory wins
+    ([98.6, 100, 90], [77.131, 77.139, 50], [4, 1, 0], 1, 2),
+    # 78 GiB is within 3.7% of 76 GiB (76 x 1.037 = 78.8): the faster one dominates the leaner one
+    ([100, 99, 90], [78, 76, 50], None, 0, 2),
+    # tied and not dominated (60 x 1.037 = 62.2 < 78): the one whose 20 GiB free is outside the model's error wins
+    # over one with 2 GiB free (the error is 3.7% x 78 = 2.9 GiB), even if the other is simpler
+    ([100, 98.5, 90], [78, 60, 50], [0, 5, 0], 1, 2),
+    # both outside the error: the simpler wins
+    ([100, 99, 90], [60, 40, 30], [5, 3, 1], 1, 2),
+    # both outside the error, equally simple: the faster
+    ([100, 99, 90], [60, 40, 30], [3, 3, 1], 0, 2),
     # exactly 2% below is still tied (>= best * 0.98)
-    ([100, 98, 50], [1, 2, 3], None, 1, 2),
+    ([100, 98, 50], [60, 40, 30], [3, 1, 0], 1, 2),
 ])
-def test_the_pick(tokens, free, simple, pick, tied) -> None:
-    d = _decide(tokens, free, simple)
+def test_the_pick(tokens, memory, simple, pick, tied) -> None:
+    d = _pick(tokens, memory, simple)
     assert d.pick == pick and len(d.tied) == tied
     assert d.order[0] == pick and sorted(d.order) == [0, 1, 2]
-    assert d.fastest == 0
+    assert d.fastest == 0 if tokens[0] >= max(tokens) else d.fastest == int(np.argmax(tokens))
+
+
+def test_the_pick_is_never_dominated() -> None:
+    # random spaces: no layout that fits is faster than the pick at a peak within the resolution of the pick's
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n = int(rng.integers(2, 40))
+        tokens = rng.uniform(95, 100, n)
+        memory = rng.uniform(40, 80, n)
+        d = _pick(tokens, memory, rng.integers(0, 4, n))
+        beats = (tokens > tokens[d.pick]) & (memory <= memory[d.pick] * (1 + MEMORY_RESOLUTION))
+        assert not beats.any()
+
+
+def test_dominated_rows() -> None:
+    tokens, memory = np.array([100.0, 99.0, 99.0, 98.0]), np.array([50.0, 51.0, 40.0, 40.0])
+    # row 1: row 0 is faster at less memory; row 2: nothing faster within 40 x 1.0 (exact); row 3: row 2 is
+    assert dominated(tokens, memory, np.arange(4), 0.0).tolist() == [False, True, False, True]
+    # at 30% resolution row 2 (40 GiB) is beaten by row 0 (50 <= 40 x 1.3)
+    assert dominated(tokens, memory, np.arange(4), 0.3).tolist() == [False, True, True, True]
+
+
+def test_memory_margin_names_the_headroom_and_the_pick_it_gives() -> None:
+    tokens, memory = np.array([100.0, 97.0, 90.0]), np.array([78.0, 70.0, 50.0]) * GIB
+    simple, eligible = np.zeros(3, dtype=np.int64), np.ones(3, dtype=bool)
+    d = decide(tokens, 80 * GIB - memory, simple, memory_bytes=memory)
+    assert d.pick == 0  # alone at the top: 97 is 3% slower
+    w = memory_margin(tokens, memory, 80 * GIB, simple, eligible=eligible, pick=d.pick, labels=["a", "b", "c"])
+    assert w is not None
+    # 2 GiB free < 3.7% x 78 = 2.886 GiB: keep 2.9 GiB free; then row 1 (10 GiB free) is the pick, 3% slower
+    assert w["headroom_gib"] == pytest.approx(2.9) and w["layout"] == "b" and w["change"] == pytest.approx(-0.03)
+    assert "--headroom-gib 2.9" in str(w["text"])
+    safe = memory_margin(tokens, memory, 90 * GIB, simple, eligible=eligible, pick=0)
+    assert safe is None  # 12 GiB free: outside the error
+    # the headroom a search already keeps counts: 2 GiB free + 1 GiB kept is outside the 2.886 GiB error
+    assert memory_margin(tokens, memory, 80 * GIB, simple, eligible=eligible, pick=0, kept_bytes=1 * GIB) is None
+    kept = memory_margin(tokens, memory, 80 * GIB, simple, eligible=eligible, pick=0, kept_bytes=0.5 * GIB,
+                         labels=["a", "b", "c"])
+    assert kept is not None and kept["headroom_gib"] == pytest.approx(2.9) and kept["layout"] == "b"
+    assert "beyond the 0.5 GiB headroom kept" in str(kept["text"])
 
 
 def test_ineligible_rows_are_not_ranked() -> None:
@@ -58,7 +121,7 @@ def test_confidence_counts_the_band() -> None:
 
 
 def test_measured_decisions_say_so() -> None:
-    d = _decide([100, 99.5], [5, 6], measured=True, tolerance=0.01)
+    d = _pick([100, 99.5], [60, 50], [1, 0], measured=True, tolerance=0.01)  # tied: the simpler
     assert d.pick == 1 and d.confidence == "measured, tied" and "measured" in d.reason
     assert _decide([100, 90], [5, 6], measured=True).confidence == "measured"
 
@@ -75,8 +138,10 @@ def test_equivalent_layouts() -> None:
 
 
 def test_complexity_orders_simpler_first() -> None:
+    # sizes first among layouts without switches; any switch (recompute, graphs, the a2a overlap) after them
     layouts = [Layout(dp=8), Layout(tp=2, dp=4), Layout(tp=2, pp=2, dp=2), Layout(tp=2, pp=2, vpp=2, dp=2),
-               Layout(tp=2, pp=2, vpp=2, dp=2, recompute="full")]
+               Layout(dp=8, recompute="selective"), Layout(dp=8, recompute="full"),
+               Layout(dp=8, recompute="selective", cuda_graphs="transformer_engine")]
     c = complexity(LayoutTable.from_layouts(layouts))
-    assert list(np.argsort(c)) == [0, 1, 2, 3, 4]
+    assert list(np.argsort(c, kind="stable")) == [0, 1, 2, 3, 4, 5, 6]
     assert math.isfinite(float(c.max()))

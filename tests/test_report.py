@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_answer import readme_search
 
 from autotune.outputs import plots
 from autotune.outputs.report import REPORT_FILE, ReportInput, rejection_groups, render_report, wrap_shell, write_report
@@ -231,3 +232,48 @@ def test_the_overflow_probe_sees_a_wide_element(trials, tmp_path):
                                                              "x</td></tr></table><h1>", 1)
     result = _measure_in_chromium(tmp_path, page)
     assert result["page"] > 1280 and "TD#w" in result["wide"]
+
+
+@pytest.fixture
+def analytic_report(tmp_path_factory):
+    """The report of a real analytic search (the whole space scored), with one user layout that fits and one that
+    does not: test_answer's README search, run once per session."""
+    result = readme_search(tmp_path_factory)
+    return result, Path(str(result.output_dir)) / REPORT_FILE
+
+
+def _first_body_row(html: str, table_id: str) -> str:
+    body = html[html.index(f'id="{table_id}"'):]
+    body = body[body.index("<tbody>"):]
+    return body[:body.index("</tr>")]
+
+
+def test_the_report_reads_the_answer(analytic_report):
+    result, path = analytic_report
+    html = path.read_text()
+    pick = result.answer.decision.pick
+    assert pick in _first_body_row(html, "top") and 'class="pick"' in _first_body_row(html, "top")
+    assert 'class="pick"' in _first_body_row(html, "pareto")  # the pick first on the front too
+    winner = html[html.index('id="winner"'):html.index("<h2>Plots</h2>")]
+    assert pick in winner and result.answer.decision.sentence.split(":")[0] in winner  # the confidence sentence
+    assert html.count('src="data:image/png;base64,') == 3  # no progress plot for an analytic run
+    assert not (path.parent / plots.PLOT_FILES["progress"]).exists()
+    assert 'id="yours"' in html and "does not fit" in html and "nearest that fits" in html
+    space = html[html.index('id="space"'):]
+    assert f"{result.space_size:,}" in space[:space.index("</table>")]
+    for stat in ("step_median", "step_stdev"):
+        assert stat not in html
+
+
+@pytest.mark.slow
+def test_headless_chromium_shows_the_pick_marked_and_the_confidence(analytic_report, tmp_path):
+    result, path = analytic_report
+    dom = _run_chromium(tmp_path, "--dump-dom", path.as_uri()).stdout
+    pick = result.answer.decision.pick
+    assert pick in _first_body_row(dom, "top") and 'class="pick"' in _first_body_row(dom, "top")
+    winner = dom[dom.index('id="winner"'):]
+    winner = winner[:winner.index('id="launch-0"')]
+    assert 'id="confidence"' in winner and "Pick: " in winner
+    assert dom.count("<img") == 3 and 'id="yours"' in dom and 'id="space"' in dom
+    measured = _measure_in_chromium(tmp_path, path.read_text())
+    assert measured["page"] <= measured["window"] and measured["wide"] == [], measured

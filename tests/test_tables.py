@@ -78,17 +78,18 @@ def test_rows_at_80_columns_tell_layouts_apart(name, request):
 
 
 def test_120_columns_add_what_bounds_the_step(mixtral):
-    # 80 columns keep the layout, tokens/s, MFU and memory and drop "from" (and "bound by" when its texts are
+    # 80 columns keep the layout, tokens/s, MFU and memory and drop "from" (and "largest non-compute" when its texts are
     # long); 120 columns show both
     narrow, wide = _render(mixtral, 80), _render(mixtral, 120)
     assert "from" not in _table_lines(narrow, "Best layouts")[0]
-    assert "bound by" in _table_lines(wide, "Best layouts")[0] and "from" in _table_lines(wide, "Best layouts")[0]
+    header = _table_lines(wide, "Best layouts")[0]
+    assert "largest non-compute" in header and "from" in header
 
 
 def test_wide_shows_every_column_and_the_layout_text(mixtral):
     text = _render(mixtral, 80, wide=True)
     header = _table_lines(text, "Best layouts")[0]
-    for column in ("MFU", "GiB", "free", "bound by", "from", "step s", "TFLOP/s", "layout"):
+    for column in ("MFU", "GiB", "free", "largest non-compute", "from", "step s", "TFLOP/s", "layout"):
         assert column in header
     assert str(mixtral.ranked[0].layout) in text
 

@@ -38,25 +38,27 @@ def launch_of(result: SearchResult) -> dict[str, str]:
 
 
 def result_json(result: SearchResult, *, top: int = 10) -> dict[str, Any]:
-    """The whole search as one JSON-ready object: job, settings, the winner with its launch forms, ranking, trials."""
-    best = result.best_record
+    """The whole search as one JSON-ready object: job, settings, the winner with its launch forms, ranking, trials
+    (all from `result.answer`: `ranked[0]` is the pick)."""
+    answer = result.answer
+    best = answer.pick
     return {
         "job": job_summary(result.job),
         "capacity_gib": result.capacity_bytes / GIB, "headroom_gib": result.headroom_bytes / GIB,
         "mode": result.mode, "backend": result.backend, "seed": result.seed, "space_size": result.space_size,
         "interrupted": result.interrupted, "output_dir": result.output_dir, "stats": result.stats,
         "best": None if best is None else {**best.summary(), "launch": launch_of(result)},
-        "decision": _decision(result),
-        "ranked": [{**r.summary(), "tied": str(r.layout) in result.tied} for r in result.ranked[:top]],
-        "pareto": [r.summary() for r in result.pareto],
+        "decision": answer.as_dict(),
+        "ranked": [_ranked(answer, r) for r in answer.ranked[:top]],
+        "pareto": [_ranked(answer, r) for r in answer.pareto],
+        "yours": answer.as_dict().get("yours", []),
         "trials": [r.summary() for r in result.records],
     }
 
 
-def _decision(result: SearchResult) -> dict[str, Any]:
-    """How sure the pick is and why (`SearchResult.decision`): confidence, reason, the tied layouts, the stage
-    (analytic or measured) and, when the global batch starves the pipeline, the warning with a suggested batch."""
-    return {k: v for k, v in result.decision.items() if k != "seconds"}
+def _ranked(answer: Any, r: Any) -> dict[str, Any]:
+    return {**r.summary(), "pick": answer.is_pick(r.layout), "tied": answer.is_tied(r.layout),
+            **({"proxy": r.measurement.extra["proxy"]} if "proxy" in r.measurement.extra else {})}
 
 
 def write_outputs(result: SearchResult, folder: str | Path) -> None:
@@ -68,7 +70,7 @@ def write_outputs(result: SearchResult, folder: str | Path) -> None:
     best = result.best_record
     launch = launch_of(result)
     payload = None if best is None else {**best.summary(), "launch": launch, "job": job_summary(result.job),
-                                         "decision": _decision(result)}
+                                         "decision": result.answer.as_dict()}
     atomic_write(folder / BEST_JSON, json.dumps(payload, indent=2, default=str) + "\n")
     for key, name in LAUNCH_FILES.items():
         atomic_write(folder / name, (launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")

@@ -16,8 +16,10 @@ Columns the plots read (missing ones are tolerated where they can be):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, cast
+
+from autotune.outputs import terms as _TERMS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,20 +44,9 @@ __all__ = [
 
 GIB = 1024**3
 
-# Display order and labels of the time terms; terms a backend adds beyond these are stacked after them.
-TIME_TERMS: dict[str, str] = {  # keys of the analytic backend's breakdown (autotune/cost/throughput.py TIME_KEYS)
-    "compute": "compute",
-    "recompute": "recompute",
-    "tp_comm": "TP comm",
-    "pp_bubble": "PP bubble",
-    "pp_p2p": "PP p2p",
-    "dp_comm": "DP comm",
-    "ep_comm": "EP all-to-all",
-    "cp_comm": "CP ring",
-    "optimizer": "optimizer",
-    "moe_routing": "MoE routing",
-    "overhead": "overhead",
-}
+# The cost model's time terms, labelled, in its order (autotune/outputs/terms.py); a backend's other timings (a
+# measurement's step statistics) are never stacked as terms.
+TIME_TERMS = _TERMS.TIME_TERMS
 PLOT_FILES: dict[str, str] = {
     "pareto": "pareto.png",
     "time_breakdown": "time_breakdown.png",
@@ -92,11 +83,20 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
             dominant_time=m.extra.get("dominant_time"),
             dominant_memory=m.extra.get("dominant_memory"),
             source=m.source,
+            proxy=_proxy_text(m.extra.get("proxy")),
         )
         row.update({f"time.{k}": v for k, v in m.time.items()})
         row.update({f"memory.{k}": v for k, v in m.memory.items()})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _proxy_text(proxy: object) -> str | None:
+    """What the CPU proxy found for a layout the model ranks (`ok, 1,430 tok/s`), None when it did not run it."""
+    if not isinstance(proxy, dict):
+        return None
+    tps = proxy.get("tokens_per_s_per_gpu")
+    return f"{proxy.get('status')}, {tps:,.0f} tok/s" if proxy.get("status") == "ok" and tps else str(proxy["status"])
 
 
 def feasible_mask(df: pd.DataFrame) -> pd.Series:
@@ -137,9 +137,14 @@ class _FrontRow:
         self.tokens_per_s_per_gpu, self.memory_bytes = float(tokens_per_s_per_gpu), float(memory_bytes)
 
 
-def top_feasible(df: pd.DataFrame, k: int = 5) -> pd.DataFrame:
-    """The k feasible trials with the highest tokens/s per GPU, one row per distinct layout."""
+def top_feasible(df: pd.DataFrame, k: int = 5, order: Sequence[str] | None = None) -> pd.DataFrame:
+    """The first k feasible trials, one row per distinct layout: in `order` (layout texts, the answer's ranking)
+    when given, else by tokens/s per GPU (a plain table of trials)."""
     feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu"])
+    if order is not None:
+        first = feasible.drop_duplicates(subset="layout").set_index("layout", drop=False)
+        wanted = [lay for lay in order if lay in first.index][:k]
+        return first.loc[wanted].reset_index(drop=True)
     # The search's ranking (autotune/tuning/results.py distinct_feasible): fastest, then least memory, then by name.
     feasible = feasible.sort_values(["tokens_per_s_per_gpu", "memory_gib", "layout"], ascending=[False, True, True],
                                     kind="stable")
@@ -153,9 +158,11 @@ def _figure(width_in: float = 7.0, height_in: float = 4.2) -> Figure:
 
 
 def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, usable_gib: float | None = None,
-           title: str = "") -> Figure:
-    """Tokens/s per GPU against memory per GPU: feasible dots, infeasible crosses, the front, and two lines: the
-    usable memory (capacity minus the search's headroom: what "feasible" means) and the GPU's capacity."""
+           title: str = "", pick: str | None = None, front: Sequence[str] | None = None) -> Figure:
+    """Tokens/s per GPU against memory per GPU: feasible dots, infeasible crosses, the front, the pick (a star), and
+    two lines: the usable memory (capacity minus the search's headroom: what "feasible" means) and the GPU's
+    capacity. `pick` and `front` (layout texts) are the answer's; without them the front is computed here and the
+    star marks the fastest of it."""
     fig = _figure()
     ax = fig.add_subplot()
     measured = df.dropna(subset=["memory_gib"]) if "memory_gib" in df else df.iloc[0:0]
@@ -169,13 +176,16 @@ def pareto(df: pd.DataFrame, *, capacity_gib: float | None = None, usable_gib: f
         y = infeasible[y_col].fillna(0.0) if y_col in infeasible else [0.0] * len(infeasible)
         ax.scatter(infeasible["memory_gib"], y, s=22, marker="x", color="tab:red", alpha=0.7,
                    label=f"infeasible ({len(infeasible)})")
-    front = measured[pareto_mask(measured)].sort_values("memory_gib")
-    if len(front):
-        ax.step(front["memory_gib"], front[y_col], where="post", color="tab:green", linewidth=1.5,
-                label=f"Pareto front ({len(front)})")
-        best = front.loc[front[y_col].idxmax()]
-        ax.scatter([best["memory_gib"]], [best[y_col]], s=120, marker="*", color="gold",
-                   edgecolor="black", zorder=5, label="best")
+    on_front = (measured["layout"].isin(list(front)) & ok) if front is not None else pareto_mask(measured)
+    line = measured[on_front].drop_duplicates(subset="layout").sort_values("memory_gib")
+    if len(line):
+        ax.step(line["memory_gib"], line[y_col], where="post", color="tab:green", linewidth=1.5,
+                label=f"Pareto front ({len(line)})")
+    chosen = feasible[feasible["layout"] == pick].head(1) if pick is not None else \
+        line.loc[[line[y_col].idxmax()]] if len(line) else line
+    if len(chosen):
+        ax.scatter(chosen["memory_gib"], chosen[y_col], s=160, marker="*", color="gold", edgecolor="black",
+                   zorder=5, label="the pick")
     if usable_gib is not None and usable_gib != capacity_gib:
         ax.axvline(usable_gib, color="tab:orange", linestyle="-", linewidth=1.5,
                    label=f"usable ({usable_gib:.1f} GiB: GPU minus headroom)")
@@ -206,15 +216,15 @@ def _clip_memory_axis(ax, measured: pd.DataFrame, feasible: pd.DataFrame, capaci
                     color="tab:red")
 
 
-def _ordered_terms(columns: Iterable[str], prefix: str, known: Mapping[str, str] | None = None) -> list[str]:
-    terms = [c[len(prefix):] for c in columns if c.startswith(prefix)]
-    known = known or {}
-    head = [t for t in known if t in terms]
-    return head + [t for t in terms if t not in known]
+def _ordered_terms(columns: Iterable[str], prefix: str, known: Mapping[str, str]) -> list[str]:
+    """The cost model's terms present among the columns, in its order; anything else (a measurement's step
+    statistics) is not a term and is left out."""
+    terms = {c[len(prefix):] for c in columns if c.startswith(prefix)}
+    return [t for t in known if t in terms]
 
 
-def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float,
-                  labels: Mapping[str, str] | None = None) -> None:
+def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float, labels: Mapping[str, str],
+                  pick: str | None = None) -> None:
     import numpy as np
 
     terms = _ordered_terms(rows.columns, prefix, labels)
@@ -225,9 +235,11 @@ def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float,
         values = rows[prefix + term].fillna(0.0).to_numpy(dtype=float) * scale
         if not values.any():
             continue
-        ax.barh(y, values, left=left, color=color, label=(labels or {}).get(term, term))
+        ax.barh(y, values, left=left, color=color, label=labels.get(term, term))
         left += values
-    ax.set_yticks(y, [f"#{i}  {_short(s)}" for i, s in enumerate(rows["layout"], 1)], fontsize="small")
+    marks = ["* " if s == pick else "" for s in rows["layout"]]
+    ax.set_yticks(y, [f"{m}#{i}  {_short(s)}" for i, (m, s) in enumerate(zip(marks, rows["layout"], strict=True), 1)],
+                  fontsize="small")
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
 
@@ -259,32 +271,36 @@ def _short(layout: str) -> str:
     return " ".join(sizes) + ("" if flags == "-" else "\n" + flags)
 
 
-def time_breakdown(df: pd.DataFrame, *, k: int = 5) -> Figure:
-    """Stacked step time of the top-k feasible layouts: compute, TP, PP bubble, DP, EP, CP, optimizer."""
-    rows = top_feasible(df, k)
+def time_breakdown(df: pd.DataFrame, *, k: int = 5, order: Sequence[str] | None = None, pick: str | None = None,
+                   title: str = "") -> Figure:
+    """Stacked step time of the first k feasible layouts (in `order`, the answer's ranking: the pick first, marked
+    '*'), by the cost model's terms: compute, recompute, TP, CP, EP, host, PP, DP, optimizer, overhead."""
+    rows = top_feasible(df, k, order)
     fig = _figure(9.0, 1.8 + 0.65 * max(len(rows), 1))
     ax = fig.add_subplot()
-    _stacked_bars(ax, rows, "time.", 1.0, TIME_TERMS)
+    _stacked_bars(ax, rows, "time.", 1.0, TIME_TERMS, pick)
     _legend_below(ax)
     ax.set_xlabel("time per step (s)")
-    ax.set_title(f"Where the step time goes (top {len(rows)} layouts)")
+    ax.set_title(title or f"Where the step time goes (top {len(rows)} layouts)")
     return fig
 
 
 def memory_breakdown(df: pd.DataFrame, *, k: int = 5, capacity_gib: float | None = None,
-                     usable_gib: float | None = None) -> Figure:
-    """Stacked memory per GPU of the top-k feasible layouts, with the usable memory and the capacity as lines."""
-    rows = top_feasible(df, k)
+                     usable_gib: float | None = None, order: Sequence[str] | None = None, pick: str | None = None,
+                     title: str = "") -> Figure:
+    """Stacked memory per GPU of the first k feasible layouts (in `order`, the pick first, marked '*'), by the
+    memory model's terms, with the usable memory and the capacity as lines."""
+    rows = top_feasible(df, k, order)
     fig = _figure(9.0, 1.8 + 0.65 * max(len(rows), 1))
     ax = fig.add_subplot()
-    _stacked_bars(ax, rows, "memory.", 1.0 / GIB)
+    _stacked_bars(ax, rows, "memory.", 1.0 / GIB, _TERMS.MEMORY_TERMS, pick)
     if usable_gib is not None and usable_gib != capacity_gib:
         ax.axvline(usable_gib, color="tab:orange", linewidth=1.5, label=f"usable ({usable_gib:.1f} GiB)")
     if capacity_gib is not None:
         ax.axvline(capacity_gib, color="black", linestyle="--", linewidth=1, label=f"GPU ({capacity_gib:.0f} GiB)")
     _legend_below(ax)
     ax.set_xlabel("memory per GPU (GiB)")
-    ax.set_title(f"Memory per GPU (top {len(rows)} layouts)")
+    ax.set_title(title or f"Memory per GPU (top {len(rows)} layouts)")
     return fig
 
 
@@ -305,25 +321,35 @@ def progress(df: pd.DataFrame) -> Figure:
 
 
 def figures(df: pd.DataFrame, *, capacity_gib: float | None = None, usable_gib: float | None = None,
-            k: int = 5) -> dict[str, Figure]:
-    """The four plots, by name (the keys of PLOT_FILES)."""
-    return {
-        "pareto": pareto(df, capacity_gib=capacity_gib, usable_gib=usable_gib),
-        "time_breakdown": time_breakdown(df, k=k),
-        "memory_breakdown": memory_breakdown(df, k=k, capacity_gib=capacity_gib, usable_gib=usable_gib),
-        "progress": progress(df),
+            k: int = 5, pick: str | None = None, order: Sequence[str] | None = None, front: Sequence[str] | None = None,
+            breakdowns: pd.DataFrame | None = None, progress_plot: bool = True,
+            breakdown_title: str = "") -> dict[str, Figure]:
+    """The plots, by name (the keys of PLOT_FILES): `pick`, `order` and `front` are the answer's (layout texts);
+    `breakdowns` the trials table the breakdown plots stack (default `df`); no progress plot without
+    `progress_plot` (an analytic run has no trial order)."""
+    stacked = df if breakdowns is None else breakdowns
+    out = {
+        "pareto": pareto(df, capacity_gib=capacity_gib, usable_gib=usable_gib, pick=pick, front=front),
+        "time_breakdown": time_breakdown(stacked, k=k, order=order, pick=pick,
+                                         title=breakdown_title and f"Where the step time goes ({breakdown_title})"),
+        "memory_breakdown": memory_breakdown(stacked, k=k, capacity_gib=capacity_gib, usable_gib=usable_gib,
+                                             order=order, pick=pick,
+                                             title=breakdown_title and f"Memory per GPU ({breakdown_title})"),
     }
+    if progress_plot:
+        out["progress"] = progress(df)
+    return out
 
 
 def save_all(df: pd.DataFrame, folder, *, capacity_gib: float | None = None, usable_gib: float | None = None,
-             k: int = 5) -> dict[str, str]:
-    """Write the four plots as PNG files into `folder`; returns plot name -> file path."""
+             k: int = 5, **answer: object) -> dict[str, str]:
+    """Write the plots as PNG files into `folder`; returns plot name -> file path (`answer`: `figures`' keywords)."""
     from pathlib import Path
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for name, fig in figures(df, capacity_gib=capacity_gib, usable_gib=usable_gib, k=k).items():
+    for name, fig in figures(df, capacity_gib=capacity_gib, usable_gib=usable_gib, k=k, **answer).items():  # type: ignore[arg-type]
         path = folder / PLOT_FILES[name]
         fig.savefig(path)
         paths[name] = str(path)

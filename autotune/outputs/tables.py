@@ -20,7 +20,7 @@ from typing import Any
 from search_spaces.layout import Layout
 
 __all__ = ["terminal_width", "make_console", "layout_cells", "layout_flags", "ranked_table", "pareto_table",
-           "breakdown_table", "FLAGS_LEGEND", "PIPED_WIDTH", "WIDE_WIDTH"]
+           "breakdown_table", "verdict_text", "FLAGS_LEGEND", "MARKS_LEGEND", "PIPED_WIDTH", "WIDE_WIDTH"]
 
 GIB = 1024**3
 PIPED_WIDTH = 120  # piped without COLUMNS: complete rows
@@ -30,6 +30,7 @@ FLAGS_TEXT = ("sp sequence parallel, dopt distributed optimizer, rc recompute (s
               "all-to-all overlap, split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss "
               "count as layers)")
 FLAGS_LEGEND = "flags: " + FLAGS_TEXT
+MARKS_LEGEND = "* the pick, = tied with the pick (the model cannot tell them apart)"
 _GRAPH_FLAGS = {"transformer_engine": "te", "full_iteration": "full", "local": "local"}
 _GAP = 1  # columns are separated by one space (box.SIMPLE_HEAD without padding)
 _FLAGS_NARROW = 16  # the flags column wraps onto a second line beyond this, unless wide ("sp dopt rc=full" is 15)
@@ -94,10 +95,19 @@ def _bytes(value: float | None) -> str:
     return f"{value / 1024:.1f} KiB"
 
 
-def _time_term(name: object) -> str:
-    from autotune.outputs.plots import TIME_TERMS
+def _bound(r: Any) -> str:
+    from autotune.outputs.terms import bound_cell
 
-    return "-" if not name else TIME_TERMS.get(str(name), str(name))
+    return bound_cell(r.measurement)
+
+
+def _proxy_cell(r: Any) -> str:
+    """What the CPU proxy found for a layout (`ok 1,430 tok/s`, `failed`), '-' when it did not run it."""
+    proxy = r.measurement.extra.get("proxy")
+    if not isinstance(proxy, dict):
+        return "-"
+    tps = proxy.get("tokens_per_s_per_gpu")
+    return f"{proxy.get('status')} {tps:,.0f} tok/s" if proxy.get("status") == "ok" and tps else str(proxy["status"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +120,17 @@ class _Column:
 
 
 def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]:
+    from autotune.outputs.terms import BOUND_HEADER
+
     def m(r: Any) -> Any:
         return r.measurement
 
     predicted = any("analytic_prediction" in r.measurement.extra for r in records)
-    cols = [_Column("#", lambda r: f"{r._rank}{'=' if r._tied else ''}", 0)] if ranks else []
+    proxy = any("proxy" in r.measurement.extra for r in records)
+    if ranks:
+        cols = [_Column("#", lambda r: f"{r._rank}{'*' if r._pick else '=' if r._tied else ''}", 0)]
+    else:
+        cols = [_Column("", lambda r: "*" if r._pick else "", 0)]
     for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
         if key in ("ep", "etp") and not moe:
             continue
@@ -132,8 +148,10 @@ def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]
 
         cols += [_Column("pred. tok/s", lambda r: _fmt(pred(r).get("tokens_per_s_per_gpu"), ",.0f"), 3),
                  _Column("pred. GiB", lambda r: _bytes(pred(r).get("memory_bytes")), 3)]
+    if proxy:
+        cols.append(_Column("CPU proxy", _proxy_cell, 1))
     cols += [
-        _Column("bound by", lambda r: _time_term(m(r).extra.get("dominant_time")), 4, "left"),
+        _Column(BOUND_HEADER, _bound, 4, "left"),
         _Column("from", lambda r: str(r.origin), 5, "left"),
         _Column("step s", lambda r: _fmt(m(r).step_time_s, ".3f"), 6, wide_only=True),
         _Column("TFLOP/s", lambda r: _fmt(m(r).tflops_per_gpu, ".0f"), 6, wide_only=True),
@@ -147,10 +165,10 @@ def _layout_cell(key: str) -> Callable[[Any], str]:
 
 
 class _Ranked:
-    """A record with its rank, for the '#' column."""
+    """A record with its rank and marks, for the '#' column."""
 
-    def __init__(self, record: Any, rank: int, tied: bool = False) -> None:
-        self._record, self._rank, self._tied = record, rank, tied
+    def __init__(self, record: Any, rank: int, tied: bool = False, pick: bool = False) -> None:
+        self._record, self._rank, self._tied, self._pick = record, rank, tied, pick
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._record, name)
@@ -178,11 +196,11 @@ def _flags(columns: list[_Column]) -> _Column | None:
 
 
 def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width: int, wide: bool,
-           tied: Collection[str] = ()) -> Any:
+           tied: Collection[str] = (), pick: str | None = None) -> Any:
     from rich import box
     from rich.table import Table
 
-    rows = [_Ranked(r, i, str(r.layout) in tied) for i, r in enumerate(records, 1)]
+    rows = [_Ranked(r, i, str(r.layout) in tied, str(r.layout) == pick) for i, r in enumerate(records, 1)]
     shown = _fit(_columns(records, moe=moe, ranks=ranks), rows, width, wide)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
                   show_edge=False)
@@ -195,16 +213,57 @@ def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width:
 
 
 def ranked_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, title: str = "",
-                 tied: Collection[str] = ()) -> Any:
-    """The ranked layouts (TrialRecords, best first) as a rich Table that fits `width`; the ranks of the layouts
-    in `tied` (layout texts: tied with the pick) carry an '='."""
-    return _table(title or "Best layouts", records, moe=moe, ranks=True, width=width, wide=wide, tied=tied)
+                 tied: Collection[str] = (), pick: str | None = None) -> Any:
+    """The ranked layouts (TrialRecords, in the answer's order: the pick first) as a rich Table that fits `width`;
+    the pick's rank carries a '*', those of the layouts in `tied` (layout texts: tied with the pick) an '='."""
+    return _table(title or "Best layouts", records, moe=moe, ranks=True, width=width, wide=wide, tied=tied,
+                  pick=pick)
 
 
-def pareto_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False) -> Any:
-    """The Pareto front (least memory first) as a rich Table that fits `width`."""
+def pareto_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, pick: str | None = None) -> Any:
+    """The Pareto front (in the answer's order: the pick first, marked '*', then fastest first) as a rich Table
+    that fits `width`."""
     return _table("Pareto front (tokens/s per GPU vs memory per GPU)", records, moe=moe, ranks=False, width=width,
-                  wide=wide)
+                  wide=wide, pick=pick)
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def verdict_text(v: Any) -> str:
+    """One of the user's layouts (an `autotune.tuning.answer.Verdict`) in one or two sentences."""
+    from autotune.outputs.terms import share, time_label
+
+    if v.status == "invalid":
+        text = "invalid: " + "; ".join(v.violations or ("breaks a validity rule",))
+    elif not v.fits:
+        over = f", {v.over_gib:.1f} GiB over" if v.over_gib is not None else ""
+        memory = f"{v.memory_gib:.1f} GiB{over}" if v.memory_gib is not None else v.status
+        term = f" (largest term: {v.largest_memory_term})" if v.largest_memory_term else ""
+        text = f"does not fit: {memory}{term}"
+    else:
+        where = "the pick" if v.is_pick else f"rank {v.rank:,} of {v.of:,} that fit" if v.rank else "fits"
+        change = "" if v.is_pick or v.change_vs_pick is None else f" ({_pct(v.change_vs_pick)} vs the pick)"
+        tied = ", tied with the pick" if v.tied and not v.is_pick else ""
+        text = (f"fits, {v.free_gib:.1f} GiB free; {v.tokens_per_s_per_gpu:,.0f} tokens/s/GPU{change}, {where}{tied}")
+        if v.largest_time_term:
+            text += (f"; largest non-compute term {time_label(v.largest_time_term)} "
+                     f"{share(v.largest_time_share)} of the step, largest memory term {v.largest_memory_term}")
+        if v.better:
+            text += f"; in no more memory {v.better} is {_pct(v.better_change)} faster"
+    if v.nearest:
+        changes = ", ".join(v.nearest_changes) or "no change"
+        text += (f"; nearest that fits ({changes}): {v.nearest}, {v.nearest_tokens_per_s_per_gpu:,.0f} "
+                 f"tokens/s/GPU, {v.nearest_free_gib:.1f} GiB free")
+    elif not v.fits:
+        text += "; no layout of the space fits"
+    if v.measured:
+        got = v.measured
+        figure = f" {got['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU" if got.get("tokens_per_s_per_gpu") else ""
+        source = "CPU proxy" if got.get("source") == "megatron-cpu-proxy" else "measured"
+        text += f"; {source}: {got.get('status')}{figure}"
+    return text
 
 
 def breakdown_table(unit: str, terms: dict[str, float], total: float, value_spec: str, share_spec: str) -> Any:

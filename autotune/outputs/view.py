@@ -1,7 +1,8 @@
 """`Result`: a search's outcome for people (tables, launch forms, plots, the report), over `SearchResult`.
 
-The notebook and API face of a search (`autotune.search(...)` returns one); everything is derived from the
-search driver's `SearchResult` (`raw`), so the CLI, the report and a notebook show the same ranking.
+The notebook and API face of a search (`autotune.search(...)` returns one); everything is read from the search's
+one answer (`raw.answer`, `autotune.tuning.answer.Answer`), so the CLI, the report and a notebook show the same
+pick, ranking, Pareto front and verdicts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from autotune.tuning.answer import Answer, Verdict
     from search_spaces.measurement import Measurement
 
 __all__ = ["Result"]
@@ -45,15 +47,31 @@ class Result:
         return list(self.raw.measurements)
 
     @property
+    def answer(self) -> Answer:
+        """The search's one answer: pick, ranking, Pareto front, typed decision, verdicts on your layouts."""
+        return self.raw.answer
+
+    @property
     def best_measurement(self) -> Measurement | None:
-        """The pick's figures: the fastest feasible layout up to ties (within the model's 2%, or the measurements'
-        spread: the most free memory, then the simplest), or None when nothing fits."""
+        """The pick's figures: the fastest layout that fits up to ties, never one another beats on speed at no more
+        memory (docs/search.md), or None when nothing fits."""
         return self.raw.best
 
     @property
     def decision(self) -> dict[str, Any]:
-        """How sure the pick is and why: `confidence`, `reason`, `tied_layouts`, `stage`, `pipeline_warning`."""
-        return dict(self.raw.decision)
+        """How sure the pick is and why: `confidence`, `reason`, `tied_layouts`, `stage`, `basis`,
+        `memory_warning`, `pipeline_warning`, `yours` (best.json's `decision`)."""
+        return self.answer.as_dict()
+
+    @property
+    def confidence(self) -> str:
+        """The confidence sentence the terminal and the report's Winner box show."""
+        return self.answer.decision.sentence
+
+    @property
+    def yours(self) -> list[Verdict]:
+        """The verdict on each `compare=` layout: fits or not (and by what), tokens/s, change vs the pick, rank."""
+        return list(self.answer.yours)
 
     @property
     def best(self) -> Layout | None:
@@ -97,13 +115,14 @@ class Result:
 
     @property
     def pareto(self) -> pd.DataFrame:
-        """Feasible layouts no other beats on both tokens/s per GPU (higher) and memory per GPU (lower), by memory."""
+        """Feasible layouts no other beats on both tokens/s per GPU (higher) and memory per GPU (lower): the pick
+        first, then fastest first (the CLI's and the report's order)."""
         from autotune.outputs.plots import trials_frame
 
         return trials_frame(self.raw.pareto)
 
     def top(self, k: int = 10) -> pd.DataFrame:
-        """The k fastest distinct feasible layouts, in the search's (and the CLI's) ranking order."""
+        """The first k distinct feasible layouts in the search's (and the CLI's) ranking order: the pick first."""
         from autotune.outputs.plots import trials_frame
 
         return trials_frame(self.raw.ranked[:k])
@@ -131,31 +150,42 @@ class Result:
         precision = t.precision if j.fp8_recipe is None else f"{t.precision} ({j.fp8_recipe} scaling)"
         return {
             "model": j.model.name,
-            "parameters": f"{j.model.total_params / 1e9:,.1f} B",
+            "parameters": _count(j.model.total_params),
             "cluster": f"{c.nodes} nodes x {c.gpus_per_node} {c.gpu.name} ({c.gpu.memory_gib:.0f} GiB)",
             "usable memory per GPU": f"{self.usable_gib:.1f} GiB ({self.headroom_gib:.1f} GiB kept free)",
             "links": f"{c.intra_node.name} inside a node, {c.inter_node.name} between nodes",
             "sequence length": f"{t.seq_length:,}",
             "global batch size": f"{t.global_batch_size:,}",
             "precision": precision,
-            "backend": getattr(self.raw, "backend", "-"),
+            "backend": _backend_text(self.raw),
         }
 
     # --- plots and report ------------------------------------------------------------------
     def plot_pareto(self) -> Figure:
         from autotune.outputs import plots
 
-        return plots.pareto(self.trials, capacity_gib=self.capacity_gib, usable_gib=self.usable_gib)
+        a = self.answer
+        return plots.pareto(self.trials, capacity_gib=self.capacity_gib, usable_gib=self.usable_gib,
+                            pick=a.decision.pick, front=[str(r.layout) for r in a.pareto])
+
+    def _model_frame(self, k: int) -> tuple[pd.DataFrame, list[str]]:
+        from autotune.outputs.plots import trials_frame
+
+        records = self.answer.model_records(k)
+        return trials_frame(records), [str(r.layout) for r in records]
 
     def plot_time_breakdown(self, k: int = 5) -> Figure:
         from autotune.outputs import plots
 
-        return plots.time_breakdown(self.trials, k=k)
+        df, order = self._model_frame(k)
+        return plots.time_breakdown(df, k=k, order=order, pick=self.answer.decision.pick)
 
     def plot_memory_breakdown(self, k: int = 5) -> Figure:
         from autotune.outputs import plots
 
-        return plots.memory_breakdown(self.trials, k=k, capacity_gib=self.capacity_gib, usable_gib=self.usable_gib)
+        df, order = self._model_frame(k)
+        return plots.memory_breakdown(df, k=k, capacity_gib=self.capacity_gib, usable_gib=self.usable_gib,
+                                      order=order, pick=self.answer.decision.pick)
 
     def plot_progress(self) -> Figure:
         from autotune.outputs import plots
@@ -178,3 +208,22 @@ class Result:
         feasible = int(self.trials["feasible"].sum()) if len(self.trials) else 0
         return (f"<autotune.Result {self.job.model.name}: {len(self.trials)} trials, {feasible} feasible, "
                 f"best {self.best}>")
+
+
+def _count(n: float) -> str:
+    """A parameter count people read: `46.7 B`, `6.1 M`, `12 K` (a tiny test model is not `0.0 B`)."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f}"
+
+
+def _backend_text(raw: Any) -> str:
+    """The backend, and for the megatron backend whether its figures came from GPUs or the CPU proxy."""
+    name = getattr(raw, "backend", "-")
+    sources = {r.measurement.source for r in getattr(raw, "records", ())}
+    if "megatron-cpu-proxy" in sources:
+        return f"{name} (CPU proxy: checks that layouts build and train; its times are not GPU times)"
+    if "megatron-gpu" in sources:
+        return f"{name} (measured on GPUs)"
+    return str(name)

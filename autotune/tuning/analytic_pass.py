@@ -7,7 +7,8 @@
 Every layout of `space` is scored by `autotune.cost.score.score_layouts` (the memory and throughput models, vectorised;
 figures equal to `AnalyticBackend.evaluate` per layout; the step time only where the layout fits), then
 `autotune.tuning.ranking.decide` picks among the
-layouts that fit: the fastest, up to ties (most free memory, then the simplest), equivalent layouts merged. No Ray,
+layouts that fit: the fastest, up to ties (never one another beats on speed at no more memory; then free memory
+outside the memory model's error, then the simplest), equivalent layouts merged. No Ray,
 no Optuna, no Layout object per row.
 """
 
@@ -134,7 +135,8 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
     eligible = scores.fits & ~equivalent_to_simpler(table, space.options.dist_opt)
     decision = decide(scores.tokens_per_s_per_gpu, scores.capacity_bytes - scores.total_bytes, complexity(table),
                       eligible=eligible, tolerance=tolerance, band=cal.band(job.model.is_moe),
-                      labels=_Labels(table))
+                      labels=_Labels(table), memory_bytes=scores.total_bytes,
+                      kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes))
     t3 = time.perf_counter()
     return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, decision=decision,
                           seconds={"table_s": t1 - t0, "score_s": t2 - t1, "rank_s": t3 - t2})

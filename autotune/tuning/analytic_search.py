@@ -6,19 +6,25 @@
 - `analytic_measurements(answer, ...)`: what an analytic search records in trials.csv: the ranked top, the Pareto
   front, the closest misses when nothing fits, and the user's `--layout`s (each checked against the rules: an
   invalid one is recorded with its violations, the search goes on).
-- `measured_decision(records, answer)`: with measurements, the pick by measurement (the same tie rules, the
-  measurements' own spread as the tolerance), the analytic pick beside it.
+- `measured_decision(records, answer)`: with GPU measurements, the pick by measurement (the same tie rules, the
+  measurements' own spread as the tolerance), the analytic pick beside it. CPU-proxy measurements (a scaled-down
+  model on gloo) only check that a layout builds and trains: the pick stays the model's (the first layout of the
+  model's ranking the proxy did not see fail), and so do the launch lines.
+Each decision also carries the memory-margin warning (`ranking.memory_margin`), the whole space's counts (valid, fit,
+out of memory by largest term) and the verdict on each of the user's layouts (`autotune.tuning.verdicts`).
 No Ray, no Optuna.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from autotune.tuning.analytic_pass import AnalyticAnswer
+from autotune.tuning.answer import GPU, MODEL, PROXY
 from autotune.tuning.batch_advice import pipeline_warning
-from autotune.tuning.ranking import decide_layouts, measured_tolerance
+from autotune.tuning.ranking import complexity, decide_layouts, measured_tolerance, memory_margin
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 
@@ -27,18 +33,55 @@ __all__ = ["analytic_decision", "analytic_measurements", "measured_decision", "M
 MAX_TIED_LISTED = 50  # tied layouts named in the decision (the count is always given)
 
 
-def analytic_decision(answer: AnalyticAnswer) -> dict[str, Any]:
+def analytic_decision(answer: AnalyticAnswer, user: Sequence[Layout] = ()) -> dict[str, Any]:
+    """The model's decision over the whole space, with the verdicts on the `user` layouts."""
+    from autotune.tuning.verdicts import verdict
+
     d = answer.decision
-    out: dict[str, Any] = {"stage": "analytic", "space_size": answer.size, **d.as_dict(),
+    out: dict[str, Any] = {"stage": "analytic", "basis": MODEL, "space_size": answer.size, **d.as_dict(),
                            "pick": None if d.pick is None else str(answer.layout(d.pick)),
                            "tied_layouts": [str(answer.layout(int(i))) for i in d.tied[:MAX_TIED_LISTED]],
-                           "seconds": dict(answer.seconds)}
+                           "seconds": dict(answer.seconds), "space": space_counts(answer)}
     if d.fastest is not None:
         out["fastest"] = str(answer.layout(d.fastest))
     warning = pipeline_warning(answer)
     if warning is not None:
         out["pipeline_warning"] = warning
+    s = answer.scores
+    margin = memory_margin(s.tokens_per_s_per_gpu, s.total_bytes, float(s.capacity_bytes), complexity(answer.table),
+                           eligible=answer.eligible, pick=d.pick, tolerance=d.tolerance, resolution=d.resolution,
+                           labels=_Labels(answer), kept_bytes=answer.job.cluster.gpu.memory_bytes - s.capacity_bytes)
+    if margin is not None:
+        out["memory_warning"] = margin
+    if user:
+        out["yours"] = [verdict(answer, layout) for layout in dict.fromkeys(user)]
     return out
+
+
+class _Labels:
+    """Layout texts of an answer's rows, made when asked."""
+
+    def __init__(self, answer: AnalyticAnswer) -> None:
+        self.answer = answer
+
+    def __getitem__(self, i: int) -> str:
+        return str(self.answer.layout(int(i)))
+
+
+def space_counts(answer: AnalyticAnswer) -> dict[str, Any]:
+    """The whole space's outcome: valid layouts, how many fit, and the others by their largest memory term."""
+    import numpy as np
+
+    from autotune.cost.memory import TERMS
+
+    s = answer.scores
+    fits = s.fits
+    out_of_memory = ~fits & np.isfinite(s.total_bytes)
+    terms = np.bincount(s.dominant_memory_index[out_of_memory].astype(np.int64), minlength=len(TERMS))
+    return {"valid": answer.size, "fit": int(fits.sum()), "out_of_memory": int(out_of_memory.sum()),
+            "out_of_memory_by_term": {TERMS[i]: int(n) for i, n in enumerate(terms) if n},
+            "equivalent_merged": int((fits & ~answer.eligible).sum()),
+            "options": {f.name: getattr(answer.space.options, f.name) for f in fields(answer.space.options)}}
 
 
 def analytic_measurements(answer: AnalyticAnswer, *, top: int, user: Sequence[Layout],
@@ -53,27 +96,93 @@ def analytic_measurements(answer: AnalyticAnswer, *, top: int, user: Sequence[La
 
 
 def measured_decision(measurements: Sequence[Measurement], capacity_bytes: float,
-                      answer: AnalyticAnswer | None = None) -> dict[str, Any]:
-    """The pick among the measured layouts that fit (one figure per layout: the last one, at the most steps)."""
+                      answer: AnalyticAnswer | None = None, user: Sequence[Layout] = ()) -> dict[str, Any]:
+    """The pick among the layouts measured on GPUs that fit (one figure per layout: the last one, at the most
+    steps); with CPU-proxy measurements only, the model's pick, checked by the proxy (module docstring)."""
     last: dict[Layout, Measurement] = {}
     for m in measurements:
         if m.source != "analytic":
             last[m.layout] = m
+    analytic = analytic_decision(answer, user) if answer is not None else {}
+    if last and all(m.source == "megatron-cpu-proxy" for m in last.values()):
+        return proxy_checked(analytic, last, answer)
     fits = [m for m in last.values() if m.ok and (m.tokens_per_s_per_gpu or 0) > 0
             and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes]
-    analytic = analytic_decision(answer) if answer is not None else {}
     if not fits:
         return {**analytic, "stage": "analytic", "measured": 0} if analytic else {}
     tolerance = measured_tolerance([m.step_time_s or 0.0 for m in fits],
                                    [float(m.time.get("step_stdev", 0.0) or 0.0) for m in fits])
-    d = decide_layouts([m.layout for m in fits], [float(m.tokens_per_s_per_gpu or 0.0) for m in fits],
-                       [capacity_bytes - float(m.memory_bytes or 0.0) for m in fits], tolerance=tolerance,
-                       measured=True)
-    out: dict[str, Any] = {"stage": "measured", "measured": len(last), **d.as_dict(),
+    tokens = [float(m.tokens_per_s_per_gpu or 0.0) for m in fits]
+    memory = [float(m.memory_bytes or 0.0) for m in fits]
+    kept = 0.0 if answer is None else answer.job.cluster.gpu.memory_bytes - capacity_bytes  # the headroom
+    d = decide_layouts([m.layout for m in fits], tokens, [capacity_bytes - x for x in memory], tolerance=tolerance,
+                       measured=True, memory_bytes=memory, kept_bytes=kept)
+    out: dict[str, Any] = {"stage": "measured", "basis": GPU, "measured": len(last), **d.as_dict(),
                            "pick": None if d.pick is None else str(fits[d.pick].layout),
                            "tied_layouts": [str(fits[int(i)].layout) for i in d.tied[:MAX_TIED_LISTED]]}
+    if d.fastest is not None:
+        out["fastest"] = str(fits[d.fastest].layout)
+    import numpy as np
+
+    from autotune.cost.layout_table import LayoutTable
+
+    margin = memory_margin(np.asarray(tokens), np.asarray(memory), capacity_bytes,
+                           complexity(LayoutTable.from_layouts([m.layout for m in fits])),
+                           eligible=np.ones(len(fits), dtype=bool), pick=d.pick, tolerance=tolerance,
+                           resolution=d.resolution, labels=[str(m.layout) for m in fits],
+                           kept_bytes=kept)
+    if margin is not None:
+        out["memory_warning"] = margin
     if analytic:
         out["analytic_pick"] = analytic.get("pick")
-        if "pipeline_warning" in analytic:
-            out["pipeline_warning"] = analytic["pipeline_warning"]
+        for key in ("pipeline_warning", "space", "space_size"):
+            if key in analytic:
+                out[key] = analytic[key]
+        if "yours" in analytic:
+            out["yours"] = [_with_measured(v, last) for v in analytic["yours"]]
     return out
+
+
+def _with_measured(v: dict[str, Any], last: dict[Layout, Measurement]) -> dict[str, Any]:
+    """A verdict by the model with the layout's measured figures beside it, when it was measured."""
+    from search_spaces.layout import parse_layout
+
+    m = last.get(parse_layout(v["layout"]))
+    if m is None:
+        return v
+    return {**v, "measured": {"status": m.status, "source": m.source, "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+                              "memory_gib": m.memory_gib, "reason": m.reason[:300]}}
+
+
+def proxy_checked(analytic: dict[str, Any], last: dict[Layout, Measurement],
+                  answer: AnalyticAnswer | None) -> dict[str, Any]:
+    """The model's decision with what the CPU proxy found: which layouts built and trained, which failed. The pick
+    stays the model's unless the proxy saw it fail to build or train (an exception, not a timeout of a loaded
+    machine); then it is the first layout of the model's ranking the proxy did not see fail."""
+    failed = {lay: m for lay, m in last.items() if m.status == "failed"}
+    ran = sum(m.ok for m in last.values())
+    out: dict[str, Any] = {**analytic, "basis": PROXY, "measured": len(last),
+                           "proxy": {"measured": len(last), "ran": ran, "failed": len(failed),
+                                     "timed_out": sum(m.status == "timeout" for m in last.values()),
+                                     "failed_layouts": {str(k): v.reason[:300] for k, v in list(failed.items())[:10]}}}
+    pick = analytic.get("pick")
+    if answer is not None and pick is not None and any(str(lay) == pick for lay in failed):
+        for row in answer.decision.order:
+            layout = answer.layout(int(row))
+            if layout not in failed:
+                out["model_pick"] = pick
+                out["pick"] = str(layout)
+                out["reason"] = (f"the model's pick {pick} failed on the CPU proxy ({failed_reason(failed, pick)}); "
+                                 f"picked the next of the model's ranking the proxy did not see fail")
+                out.pop("memory_warning", None)
+                break
+    if "yours" in out:
+        out["yours"] = [_with_measured(v, last) for v in out["yours"]]
+    return out
+
+
+def failed_reason(failed: dict[Layout, Measurement], layout_text: str) -> str:
+    for lay, m in failed.items():
+        if str(lay) == layout_text:
+            return " ".join(m.reason.split())[:200]
+    return ""

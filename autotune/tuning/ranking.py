@@ -4,15 +4,20 @@
   same space repeats exactly: the distributed optimizer with DP * CP = 1 and expert-DP = 1 shards over a group of
   one (megatron-core `optimizer/__init__.py`: dense state over the DP x CP group, expert state over expert-DP), so
   `dist_opt=true` there is `dist_opt=false`; the simpler form is kept.
+- **Never dominated.** A layout that another beats on tokens/s at no more memory is never picked, memory being
+  compared at the memory model's resolution (`MEMORY_RESOLUTION`, its mean error on measured runs): B is dominated
+  when some A is faster and needs at most B's peak x (1 + resolution).
 - **Tied**: layouts within `tolerance` (default 2%) of the fastest. The model does not resolve such differences (its
   calibration band is 10-40% wide and pairs of published layouts of one job differ from it by 10-20%,
-  docs/throughput-model.md), so among them the pick is the one with the most free memory (the furthest from an OOM
-  the memory model did not foresee), then the simplest (fewest model-parallel dimensions, `complexity`), then the
-  fastest.
+  docs/throughput-model.md). Among the tied layouts that are not dominated the pick is the first by: free memory
+  outside the memory model's error (`free + headroom kept >= resolution x peak`), then the simplest (`complexity`:
+  fewer switches, less recompute, fewer model-parallel dimensions), then the fastest.
 - **Within the band**: layouts whose tokens/s lie inside the pick's uncertainty band (`Calibration.band`: the 10th to
   90th percentile of held-out residuals). The model cannot rule them out; they are counted, and the confidence says
   so: "clear" when no other layout lies in the band, else "within the model's uncertainty" with the count and the
   advice to measure the top ones (`--backend megatron`).
+- **Memory margin**: a pick whose free memory is inside the memory model's error is flagged (`memory_margin`) with
+  the `--headroom-gib` that keeps the error free and what the same rule picks then.
 With measurements, the same rules apply to the measured figures, with the measurement's own spread (the relative
 spread of its timed steps, at least 1%) as the tolerance and no band.
 
@@ -24,27 +29,42 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from autotune.cost.layout_table import LayoutTable
 from search_spaces.layout import Layout
 
-__all__ = ["TIE_TOLERANCE", "Decision", "decide", "complexity", "layout_complexity", "equivalent_to_simpler",
-           "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE"]
+__all__ = ["TIE_TOLERANCE", "MEMORY_RESOLUTION", "Decision", "decide", "complexity", "layout_complexity",
+           "equivalent_to_simpler", "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE",
+           "dominated", "memory_margin", "switch_count"]
 
 TIE_TOLERANCE = 0.02  # relative tokens/s below which the model's ranking is no reason to prefer a layout
+# The memory model's mean |error| of the device peak on 27 public measured runs (docs/memory-model.md section 5,
+# `python bench/bench_memory_measured.py`: mean 3.7%, worst 15.7%): peaks closer than this fraction are not told
+# apart, and free memory below this fraction of the peak is inside the model's error.
+MEMORY_RESOLUTION = 0.037
 GIB = 1024**3
 
 
+def switch_count(table: LayoutTable) -> np.ndarray:
+    """Switches a layout turns on beyond its sizes: recompute, CUDA graphs, the MoE all-to-all overlap, an uneven
+    pipeline split (or layout string). SP and the distributed optimizer are the standard setting, not counted."""
+    split = ((table.first_stage_layers > 0) | (table.last_stage_layers > 0) | table.embedding_loss_split
+             | (table.pipeline_layout > 0))
+    return ((table.recompute > 0).astype(np.int64) + (table.cuda_graphs > 0) + table.ep_overlap + split)
+
+
 def complexity(table: LayoutTable) -> np.ndarray:
-    """A sortable simplicity rank per row (lower is simpler): model-parallel dimensions in use (TP, PP, VPP, CP,
-    EP, expert TP above 1), then the model-parallel size TP * PP * CP * EP * ETP, then the recompute level."""
+    """A sortable simplicity rank per row (lower is simpler): the switches turned on (`switch_count`), then the
+    recompute level (none, selective, full), then the model-parallel dimensions in use (TP, PP, VPP, CP, EP,
+    expert TP above 1), then the model-parallel size TP * PP * CP * EP * ETP."""
     etp = table.expert_tp
     dims = ((table.tp > 1).astype(np.int64) + (table.pp > 1) + (table.vpp_size > 1) + (table.cp > 1)
             + (table.ep > 1) + (etp > 1))
-    size = table.tp * table.pp * table.cp * table.ep * etp
-    return (dims * 10**9 + np.minimum(size, 10**8 - 1) * 10 + table.recompute).astype(np.int64)
+    size = np.minimum(table.tp * table.pp * table.cp * table.ep * etp, 10**9 - 1)
+    return (((switch_count(table) * 3 + table.recompute) * 10 + dims) * 10**9 + size).astype(np.int64)
 
 
 def layout_complexity(layout: Layout) -> int:
@@ -68,13 +88,29 @@ def canonical(layout: Layout) -> Layout:
     return layout
 
 
+def dominated(tokens: np.ndarray, memory: np.ndarray, rows: np.ndarray, resolution: float) -> np.ndarray:
+    """For each of `rows`: is some other of `rows` faster (strictly) with a peak at most this row's x
+    (1 + resolution)? One sort, fastest first: the least memory among the strictly faster rows, against this one."""
+    if len(rows) == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(-tokens[rows], kind="stable")
+    neg = -tokens[rows][order]
+    mem = memory[rows][order]
+    before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))  # least memory of the rows before
+    first = np.searchsorted(neg, neg, side="left")  # the first row of each run of equal tokens/s
+    out = np.empty(len(rows), dtype=bool)
+    out[order] = before[first] <= mem * (1.0 + resolution)
+    return out
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Decision:
     """Which row wins and why. Indices are into the arrays given to `decide`.
 
     `order`: the pick first, then the rest by tokens/s (fastest first). `tied`: the rows within `tolerance` of
-    the fastest (the pick among them). `in_band`: rows (besides the pick) whose tokens/s lie inside the pick's
-    band. `fastest`: the row with the highest tokens/s."""
+    the fastest (the pick among them). `candidates`: the tied rows no other row dominates. `in_band`: rows
+    (besides the pick) whose tokens/s lie inside the pick's band. `fastest`: the row with the highest tokens/s.
+    `resolution`: the relative memory difference below which two peaks count as equal."""
 
     pick: int | None
     fastest: int | None
@@ -85,32 +121,50 @@ class Decision:
     band: tuple[float, float] | None
     reason: str
     confidence: str  # "clear", "within the model's uncertainty", "measured", "measured, tied", "none"
+    candidates: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    resolution: float = MEMORY_RESOLUTION
     details: dict[str, object] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
         return {"confidence": self.confidence, "reason": self.reason, "tied": int(len(self.tied)),
                 "tolerance": self.tolerance, "within_band": self.in_band,
-                "band": None if self.band is None else list(self.band), **self.details}
+                "band": None if self.band is None else list(self.band), "memory_resolution": self.resolution,
+                **self.details}
 
 
 def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *, eligible: np.ndarray | None = None,
            tolerance: float = TIE_TOLERANCE, band: tuple[float, float] | None = None, measured: bool = False,
-           labels: Sequence[str] | None = None) -> Decision:
+           labels: Sequence[str] | None = None, memory_bytes: np.ndarray | None = None,
+           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0) -> Decision:
     """Rank the eligible rows (fitting, not an equivalent of a simpler one) and pick one (module docstring).
 
-    `band` is the (low, high) log-ratio band of a prediction (None for measurements); `labels` name rows in the
-    reason (layout texts), by index."""
+    `memory_bytes`: each row's peak (for the resolution and the error margin; without it memory is compared exactly,
+    by free memory). `kept_bytes`: the headroom the search keeps beyond `free_bytes`, which counts toward the margin
+    against the memory model's error (a row is inside the error when free + kept < resolution x peak). `band` is
+    the (low, high) log-ratio band of a prediction (None for measurements); `labels` name rows in the reason
+    (layout texts), by index."""
     tokens = np.asarray(tokens, dtype=np.float64)
+    free_bytes = np.asarray(free_bytes, dtype=np.float64)
+    simplicity = np.asarray(simplicity)
     ok = np.isfinite(tokens) if eligible is None else (np.asarray(eligible, dtype=bool) & np.isfinite(tokens))
     rows = np.flatnonzero(ok)
     if len(rows) == 0:
         return Decision(pick=None, fastest=None, order=rows, tied=rows, in_band=0, tolerance=tolerance, band=band,
-                        reason="no layout fits", confidence="none")
+                        reason="no layout fits", confidence="none", resolution=resolution)
+    if memory_bytes is None:  # compare by free memory, exactly; no error margin
+        memory, res = -free_bytes, 0.0
+        unsafe = np.zeros(len(tokens), dtype=bool)
+    else:
+        memory, res = np.asarray(memory_bytes, dtype=np.float64), resolution
+        unsafe = free_bytes + kept_bytes < resolution * memory
     by_speed = rows[np.lexsort((simplicity[rows], -tokens[rows]))]  # fastest first, ties: simpler
     fastest = int(by_speed[0])
     best = tokens[fastest]
     tied = by_speed[tokens[by_speed] >= best * (1.0 - tolerance)]
-    pick = int(tied[np.lexsort((-tokens[tied], simplicity[tied], -free_bytes[tied]))[0]])
+    beaten = dominated(tokens, memory, tied, res) if len(tied) > 1 else np.zeros(1, dtype=bool)
+    # every row faster than a tied row is tied too, so dominance among the tied rows is dominance in the whole space
+    candidates = tied[~beaten]
+    pick = int(candidates[np.lexsort((-tokens[candidates], simplicity[candidates], unsafe[candidates]))[0]])
     order = np.concatenate(([pick], by_speed[by_speed != pick]))
     in_band = 0
     if band is not None:
@@ -119,22 +173,15 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
     name = (lambda i: labels[i]) if labels is not None else (lambda i: f"row {i}")
     details: dict[str, object] = {"fastest_tokens_per_s_per_gpu": float(best),
                                   "pick_tokens_per_s_per_gpu": float(tokens[pick]),
-                                  "pick_free_gib": float(free_bytes[pick] / GIB)}
+                                  "pick_free_gib": float(free_bytes[pick] / GIB),
+                                  "dominated_ties": int(len(tied) - len(candidates))}
     if len(by_speed) > 1:
         runner = int(order[1])
         details["runner_up_margin"] = float(1.0 - tokens[runner] / tokens[pick])
     what = "measured" if measured else "predicted"
-    if len(tied) > 1:
-        reason = (f"{len(tied):,} layouts are within {tolerance:.0%} of the fastest {what} one; picked the one "
-                  f"with the "
-                  f"most free memory ({free_bytes[pick] / GIB:.1f} GiB")
-        reason += f", vs {free_bytes[fastest] / GIB:.1f} GiB for {name(fastest)})" if pick != fastest else ")"
-        if pick != fastest:
-            reason += f" at {tokens[pick] / best - 1:+.1%} tokens/s"
-    else:
-        reason = f"the fastest {what} layout"
-        if len(by_speed) > 1:
-            reason += f", {details['runner_up_margin']:.1%} ahead of the next"
+    reason = _reason(tokens, free_bytes, simplicity, unsafe, fastest=fastest, pick=pick, tied=tied,
+                     candidates=candidates, by_speed=by_speed, what=what, tolerance=tolerance, resolution=res,
+                     name=name, details=details)
     if measured:
         confidence = "measured, tied" if len(tied) > 1 else "measured"
     elif in_band > 0:
@@ -147,7 +194,80 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         confidence = "clear"
         reason += "; no other layout lies within the model's band"
     return Decision(pick=pick, fastest=fastest, order=order, tied=tied, in_band=in_band, tolerance=tolerance,
-                    band=band, reason=reason, confidence=confidence, details=details)
+                    band=band, reason=reason, confidence=confidence, candidates=candidates, resolution=resolution,
+                    details=details)
+
+
+def _reason(tokens: np.ndarray, free: np.ndarray, simplicity: np.ndarray, unsafe: np.ndarray, *, fastest: int,
+            pick: int, tied: np.ndarray, candidates: np.ndarray, by_speed: np.ndarray, what: str, tolerance: float,
+            resolution: float, name, details: dict[str, object]) -> str:
+    """Why the pick: alone at the top, or which rule chose it among the tied layouts."""
+    if len(tied) == 1:
+        reason = f"the fastest {what} layout"
+        if len(by_speed) > 1:
+            reason += f", {details['runner_up_margin']:.1%} ahead of the next"
+        return reason
+    reason = f"{len(tied):,} layouts are within {tolerance:.0%} of the fastest {what} one"
+    beaten = len(tied) - len(candidates)
+    if beaten:
+        at = f" (memory compared at the memory model's {resolution:.1%} resolution)" if resolution else ""
+        reason += f"; {beaten:,} of them another beats on speed at no more memory{at}"
+    if len(candidates) == 1:
+        return reason + "; the fastest is the only one left"
+    reason += f"; of the {len(candidates):,} left, picked "
+    if pick == fastest:
+        return reason + "the fastest (no other is simpler or leaves memory beyond the model's error)"
+    if unsafe[fastest] and not unsafe[pick]:
+        why = (f"one whose free memory ({free[pick] / GIB:.1f} GiB) is outside the memory model's error, "
+               f"vs {free[fastest] / GIB:.1f} GiB for {name(fastest)}")
+    elif simplicity[pick] < simplicity[fastest]:
+        why = f"the simplest (fewer switches and model-parallel dimensions than {name(fastest)})"
+    else:
+        why = f"the fastest of those outside the memory model's error, ahead of {name(fastest)}"
+    return reason + why + f", at {tokens[pick] / tokens[fastest] - 1:+.1%} tokens/s"
+
+
+def memory_margin(tokens: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: float, simplicity: np.ndarray, *,
+                  eligible: np.ndarray, pick: int | None, tolerance: float = TIE_TOLERANCE,
+                  resolution: float = MEMORY_RESOLUTION, labels: Any = None,
+                  kept_bytes: float = 0.0) -> dict[str, object] | None:
+    """None when the pick's free memory is outside the memory model's error; else the warning: its free memory, the
+    error (resolution x its peak), the `--headroom-gib` that keeps that much free, and what the same rule picks
+    with that headroom (the layout, its tokens/s and the change). `capacity_bytes` is what the search let a layout
+    use: the GPU's memory minus the `kept_bytes` of headroom it already keeps, which counts toward the margin (free
+    + kept against the error). With the headroom named, every layout that fits leaves the error free (a layout with
+    a larger peak than the pick's no longer fits), so a search with that `--headroom-gib` gives the pick named and
+    no warning."""
+    if pick is None:
+        return None
+    memory = np.asarray(memory_bytes, dtype=np.float64)
+    free = capacity_bytes - memory
+    error = resolution * memory[pick]
+    if free[pick] + kept_bytes >= error:
+        return None
+    # the error, rounded up to the tenth of a GiB --headroom-gib is given in (above what is kept, as free + kept < it)
+    headroom_gib = math.ceil(round(error / GIB * 10, 6)) / 10
+    headroom = headroom_gib * GIB - kept_bytes  # beyond what the search already keeps
+    safe = np.asarray(eligible, dtype=bool) & (free >= headroom)
+    out: dict[str, object] = {"free_gib": float(free[pick] / GIB), "error_gib": float(error / GIB),
+                              "memory_resolution": resolution, "headroom_gib": headroom_gib}
+    then = decide(tokens, free - headroom, simplicity, eligible=safe, tolerance=tolerance, memory_bytes=memory,
+                  resolution=resolution, kept_bytes=headroom_gib * GIB)
+    if then.pick is not None:
+        out.update(layout=labels[then.pick] if labels is not None else then.pick,
+                   tokens_per_s_per_gpu=float(tokens[then.pick]),
+                   change=float(tokens[then.pick] / tokens[pick] - 1.0), free_then_gib=float(free[then.pick] / GIB))
+    beyond = f" beyond the {kept_bytes / GIB:.1f} GiB headroom kept" if kept_bytes > 0 else ""
+    text = (f"the pick leaves {free[pick] / GIB:.1f} GiB free{beyond}, inside the memory model's error "
+            f"({resolution:.1%} of its {memory[pick] / GIB:.1f} GiB peak = {error / GIB:.1f} GiB); to keep that "
+            f"margin, search with --headroom-gib {headroom_gib:.1f}")
+    if then.pick is not None:
+        text += (f": it picks {out['layout']} ({tokens[then.pick]:,.0f} tokens/s/GPU, {out['change']:+.1%}, "
+                 f"{free[then.pick] / GIB:.1f} GiB free)")
+    else:
+        text += ": then no layout fits"
+    out["text"] = text
+    return out
 
 
 MEASURED_TOLERANCE = 0.01  # the least spread a measured tokens/s is taken to have
@@ -160,10 +280,13 @@ def measured_tolerance(step_times: Sequence[float], stdevs: Sequence[float]) -> 
 
 
 def decide_layouts(layouts: Sequence[Layout], tokens: Sequence[float], free_bytes: Sequence[float], *,
-                   tolerance: float, measured: bool) -> Decision:
+                   tolerance: float, measured: bool, memory_bytes: Sequence[float] | None = None,
+                   kept_bytes: float = 0.0) -> Decision:
     """`decide` over a list of layouts (one entry per distinct layout), e.g. the measured ones."""
     table = LayoutTable.from_layouts(layouts)
     dist_opt = sorted({lay.dist_opt for lay in layouts})
     eligible = ~equivalent_to_simpler(table, dist_opt) if len(dist_opt) > 1 else np.ones(len(layouts), dtype=bool)
     return decide(np.asarray(tokens, dtype=np.float64), np.asarray(free_bytes, dtype=np.float64), complexity(table),
-                  eligible=eligible, tolerance=tolerance, measured=measured, labels=[str(lay) for lay in layouts])
+                  eligible=eligible, tolerance=tolerance, measured=measured, labels=[str(lay) for lay in layouts],
+                  memory_bytes=None if memory_bytes is None else np.asarray(memory_bytes, dtype=np.float64),
+                  kept_bytes=kept_bytes)

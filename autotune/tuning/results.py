@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -26,12 +27,15 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.tuning.run_folder import OutputError, atomic_write
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Measurement
+
+if TYPE_CHECKING:
+    from autotune.tuning.answer import Answer
 
 __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CSV_COLUMNS"]
@@ -346,16 +350,16 @@ def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
-    """What a search found. `best` is the pick (None when nothing fits): `decision["pick"]` when the search
-    decided one (`autotune.tuning.ranking`: the fastest up to ties, broken by free memory then simplicity; by
-    measurement when there are measurements), else the fastest feasible record. `decision` also says how sure
-    the pick is (`confidence`, `reason`) and which layouts are tied with it (`tied_layouts`)."""
+    """What a search found. `decision` is the search's decision as plain data (best.json's `decision`:
+    `autotune.tuning.analytic_search`); `answer` is the one typed answer every output reads (`Answer`: the pick,
+    the ranking, the Pareto front, the verdicts on the user's layouts), computed once from the records and the
+    decision. `best` is the pick (None when nothing fits)."""
 
     job: Job
     records: tuple[TrialRecord, ...]
     capacity_bytes: float
     headroom_bytes: float
-    mode: str  # "search" or "exhaustive"
+    mode: str  # "analytic", "search" or "exhaustive"
     backend: str
     seed: int
     space_size: int
@@ -364,29 +368,30 @@ class SearchResult:
     output_dir: str | None = None
     decision: dict[str, Any] = field(default_factory=dict)
 
+    @functools.cached_property
+    def answer(self) -> Answer:
+        """The typed answer (`autotune.tuning.answer`), built on first use and kept."""
+        from autotune.tuning.answer import answer_of
+
+        return answer_of(self)
+
     @property
     def measurements(self) -> list[Measurement]:
         return [r.measurement for r in self.records]
 
     @property
     def ranked(self) -> list[TrialRecord]:
-        """Distinct feasible records, the pick first, then fastest first."""
-        ranked = distinct_feasible(self.records)
-        pick = self.decision.get("pick")
-        for i, r in enumerate(ranked):
-            if pick is not None and str(r.layout) == pick:
-                return [r, *ranked[:i], *ranked[i + 1:]]
-        return ranked
+        """Distinct feasible records, the pick first, then fastest first (`answer.ranked`)."""
+        return list(self.answer.ranked)
 
     @property
     def tied(self) -> set[str]:
         """Layout texts tied with the pick (the pick included), as the decision says."""
-        return set(self.decision.get("tied_layouts") or ())
+        return set(self.answer.decision.tied)
 
     @property
     def best_record(self) -> TrialRecord | None:
-        ranked = self.ranked
-        return ranked[0] if ranked else None
+        return self.answer.pick
 
     @property
     def best(self) -> Measurement | None:
@@ -395,7 +400,8 @@ class SearchResult:
 
     @property
     def pareto(self) -> list[TrialRecord]:
-        return pareto_front(self.records)
+        """The Pareto front (`answer.pareto`): the pick first, then fastest first."""
+        return list(self.answer.pareto)
 
     def closest_misses(self, k: int = 5) -> list[TrialRecord]:
         """Infeasible trials with a memory figure, least memory first: what came nearest to fitting."""

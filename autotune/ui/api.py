@@ -116,7 +116,9 @@ def search(
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.ui.dashboard`);
-    the URL is in `result.dashboard_url`. A `Dashboard` from `autotune.ui.dashboard.start_local` is reused.
+    the URL is in `result.dashboard_url`. It changes where the progress shows, not the search: the analytic search
+    stays the whole-space answer (its records are shown in the dashboard after); `measured_stage=True` runs trials
+    on Ray Tune. A `Dashboard` from `autotune.ui.dashboard.start_local` is reused.
 
         >>> r = search("mixtral", nodes=4, trials=32, seed=1)     # doctest: +SKIP
         >>> r.best, r.best_measurement.tokens_per_s_per_gpu        # doctest: +SKIP
@@ -131,7 +133,8 @@ def search(
     from autotune.ui.dashboard import track_search
 
     # Named trials in the dashboard when Ray is connected (or `address=` names a cluster to connect to).
-    backend_used = track_search(job, backend, headroom_bytes, trials, address=options.get("address"))
+    backend_used = track_search(job, backend, headroom_bytes, trials, address=options.get("address"),
+                                measured_stage=bool(options.get("measured_stage")))
     from autotune.outputs.files import write_outputs
     from autotune.outputs.progress import progress_factory
 
@@ -145,6 +148,9 @@ def search(
     options.setdefault("finish", lambda r: write_outputs(r, r.output_dir))
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
                             output_dir=output_dir, **options)
+    from autotune.ui.dashboard import report_result
+
+    report_result(raw)  # an analytic search with the dashboard: its records shown there too
     return Result(raw, dashboard_url=None if dash is None else dash.url)
 
 

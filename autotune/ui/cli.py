@@ -49,6 +49,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _node_counts(text: str) -> int | tuple[int, ...]:
+    """`4`, or `4,8,16` (a what-if over cluster sizes: the search verb only) (argparse type)."""
+    if "," not in text:
+        return _positive_int(text)
+    counts = tuple(_positive_int(part) for part in text.split(","))
+    return tuple(dict.fromkeys(counts))
+
+
 def _ascii_int(text: str) -> int:
     body = text.strip()
     digits = body[1:] if body[:1] in "+-" else body
@@ -62,9 +70,12 @@ def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True)
     g.add_argument("--model", required=model_required,
                    help="catalog name (e.g. mixtral, llama3-70b; see `space --list-models`) or a path to a "
                         "Hugging Face config.json")
-    g.add_argument("--nodes", type=_positive_int, default=None, help="number of nodes (default 1)")
+    g.add_argument("--nodes", type=_node_counts, default=None,
+                   help="number of nodes (default 1); the search verb also takes a list, 4,8,16, for a what-if table")
     g.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
-    g.add_argument("--gpu", default=None, help="GPU type: h100, h200, a100-80gb, a100-40gb, b200, gb200 (default h100)")
+    g.add_argument("--gpu", default=None,
+                   help="GPU type: h100, h200, a100-80gb, a100-40gb, b200, gb200 (default h100); the search verb also "
+                        "takes a list, h100,h200, for a what-if table")
     g.add_argument("--intra-node", default=None, help="link inside a node (default: the GPU's NVLink generation)")
     g.add_argument("--inter-node", default=None,
                    help="network between nodes: ib-ndr, ib-hdr, roce-400g, ethernet-100g (default ib-ndr)")

@@ -46,6 +46,7 @@ __all__ = [
     "ReportingBackend",
     "track",
     "track_search",
+    "report_result",
     "add_arguments",
     "session",
 ]
@@ -258,16 +259,24 @@ def track(backend: Backend, search_name: str, total_trials: int | None = None) -
 
 
 def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float | None, trials: int, *,
-                 address: str | None = None):
+                 address: str | None = None, measured_stage: bool = False):
     """The backend `run_search` would build for these arguments, tracked (see `track`) when Ray is connected.
 
     With `address` (an existing cluster, `"auto"` or `ray://...`) this process connects to it first, so
     the search is visible in that cluster's dashboard (`run_search` then uses the connection as is).
-    Returns `backend` unchanged when no Ray runs (then `run_search` resolves it itself, as usual):
+    Returns `backend` unchanged when no Ray runs (then `run_search` resolves it itself, as usual), and when the
+    search is the analytic one (the analytic backend, no `address`, no `measured_stage`): `--dashboard` changes
+    where the progress shows, never what the search does (its records go to the dashboard after, `report_result`):
 
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address)
     """
     import sys
+
+    if not address and not measured_stage and isinstance(backend, str | None):
+        from autotune.tuning.backends import resolve_backend_name
+
+        if resolve_backend_name(backend) == "analytic":
+            return backend
 
     if address:
         import ray as ray_module
@@ -286,6 +295,25 @@ def track_search(job: Job, backend: str | Backend | None, headroom_bytes: float 
     inner, _ = driver._resolve_backend(backend, headroom)
     c = job.cluster
     return track(inner, f"{job.model.name} on {c.nodes}x{c.gpus_per_node} {c.gpu.name}", trials)
+
+
+def report_result(result: Any) -> None:
+    """An analytic search's kept records, told to a progress actor when Ray is connected (`--dashboard`): the
+    dashboard shows the same search as the terminal, though no trial ran on Ray."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or getattr(result, "mode", "") != "analytic":
+        return
+    import uuid
+
+    c = result.job.cluster
+    name = f"{result.job.model.name} on {c.nodes}x{c.gpus_per_node} {c.gpu.name} (analytic)"
+    progress = open_progress(f"{name}-{uuid.uuid4().hex[:6]}", len(result.records), display_name=name)
+    for r in result.answer.ranked[:1] + tuple(result.records):
+        m = r.measurement
+        progress.record.options(name=f"trial {r.layout} [{m.status}]").remote(str(r.layout), m.status,
+                                                                             m.tokens_per_s_per_gpu)
 
 
 # --- CLI hook -----------------------------------------------------------------------------------

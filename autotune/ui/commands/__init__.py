@@ -38,6 +38,9 @@ def job_from_args(args: argparse.Namespace) -> Job:
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
 
+    if isinstance(args.nodes, tuple) or (isinstance(args.gpu, str) and "," in args.gpu):
+        raise ValueError(f"a list of --nodes ({_text(args.nodes)}) or --gpu ({args.gpu}) is the search verb's "
+                         f"what-if table; give one value for this command.")
     try:
         model = get_model(args.model)
     except (TypeError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
@@ -61,6 +64,10 @@ def job_from_args(args: argparse.Namespace) -> Job:
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return Job(model=model, cluster=cluster, training=training)
+
+
+def _text(value: object) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def layout_from_args(args: argparse.Namespace, job: Job):

@@ -5,10 +5,13 @@ violation with megatron-core's message and exits with code 1; a deliberate refus
 accept the layout) is marked so. Both name the megatron-core release the verdict is for (`--megatron-core`,
 default the installed one; `search_spaces.megatron_version`). A valid layout's peak memory is said beside it, against
 the GPU's memory
-minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown); the exit code is the rules'
-alone. With --json one object: valid, layout (megatron-core names plus dp and expert_dp, and
-`pipeline_model_parallel_layout`), stage_layers, violations [{rule, fields, message, stricter}], notes,
-megatron_core {megatron_core_installed, megatron_core_rules, note}, memory_gib, usable_gib, fits_in_memory.
+minus the search's headroom (0 unless --headroom-gib; `estimate` has the breakdown). Exit code 0 when the layout is
+valid and fits, 1 when it breaks a rule or does not fit in memory; then the nearest layout of the search space that
+fits is suggested (`autotune.tuning.verdicts.nearest_variant`: the fewest fields changed). With --json one object:
+valid, layout (megatron-core names plus dp and expert_dp, and `pipeline_model_parallel_layout`), stage_layers,
+violations [{rule, fields, message, stricter}], notes, megatron_core {megatron_core_installed, megatron_core_rules,
+note}, memory_gib, usable_gib, fits_in_memory, nearest (layout, changes, tokens_per_s_per_gpu, memory_gib, free_gib;
+null when the layout fits or nothing does).
 """
 
 from __future__ import annotations
@@ -92,11 +95,33 @@ def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args, job)
     violations = check(job, layout)
     memory = None if violations else memory_fit(job, layout, headroom)
+    good = not violations and bool(memory and memory["fits_in_memory"])
+    nearest = None
+    if not good:
+        from autotune.tuning.verdicts import nearest_variant
+
+        nearest = nearest_variant(job, layout, headroom)
     if args.json:
-        print(json.dumps(check_object(job, layout, violations, memory), default=str))
-        return 1 if violations else 0
+        print(json.dumps({**check_object(job, layout, violations, memory), "nearest": nearest}, default=str))
+        return 0 if good else 1
     _print_rich(job, layout, violations, memory)
-    return 1 if violations else 0
+    print_nearest(nearest)
+    return 0 if good else 1
+
+
+def print_nearest(nearest: dict[str, object] | None) -> None:
+    """The nearest variant that fits, for a layout that breaks a rule or does not fit (check, estimate)."""
+    from autotune.outputs.tables import make_console
+
+    console = make_console()
+    if nearest is None:
+        console.print("nearest that fits: none; no layout of the search space fits this job (see `python -m "
+                      "autotune` for the closest misses and what to try)", markup=False, highlight=False)
+        return
+    changes = ", ".join(nearest["changes"]) or "none"  # type: ignore[arg-type]
+    console.print(f"nearest that fits ({changes}): {nearest['layout']}: {nearest['tokens_per_s_per_gpu']:,.0f} "
+                  f"tokens/s per GPU, {nearest['memory_gib']:.1f} GiB, {nearest['free_gib']:.1f} GiB free",
+                  markup=False, highlight=False)
 
 
 def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> None:

@@ -5,8 +5,9 @@ Prints the validity verdict, the memory breakdown and the throughput breakdown (
 peak of the most loaded GPU: what must fit, as in `check` and the search), allocated_memory_gib (its part in
 PyTorch's allocator, `torch.cuda.max_memory_allocated`), usable_gib, headroom_gib, memory (GiB per term),
 step_time_s, tokens_per_s_per_gpu with its band (tokens_per_s_per_gpu_low / _high), tflops_per_gpu, mfu, time
-(seconds per term), dominant_time. Exit code 0 when the layout is feasible, 1 when it breaks a rule or runs out of
-memory. Out of memory means the device peak above the GPU's memory minus the headroom, the search's default (0: the
+(seconds per term), dominant_time, nearest (for a layout that breaks a rule or does not fit: the nearest layout of
+the search space that fits, `check`'s). Exit code 0 when the layout is feasible, 1 when it breaks a rule or runs out
+of memory. Out of memory means the device peak above the GPU's memory minus the headroom, the search's default (0: the
 memory model counts the CUDA context, NCCL buffers and the allocator's reserve itself) unless --headroom-gib says
 otherwise, so estimate, check and the search agree on what fits.
 """
@@ -103,7 +104,9 @@ def _print_rich(job, m, headroom: float) -> None:
         console.print(f"[bold]step time[/bold] {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f}{band} tokens/s "
                       f"per GPU, {m.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {m.mfu:.1%}")
         console.print(breakdown_table("seconds", m.time, m.step_time_s, ".4f", ".1%"))
-        console.print(f"largest term beyond compute: {m.extra.get('dominant_time')}")
+        from autotune.outputs.terms import bound_cell
+
+        console.print(f"largest term beyond compute: {bound_cell(m)} of the step", markup=False, highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,9 +117,18 @@ def run(args: argparse.Namespace) -> int:
     headroom = headroom_bytes(args, job)
     layout = layout_from_args(args, job)
     m = AnalyticBackend(headroom_bytes=headroom).evaluate(job, layout)
+    nearest = None
+    if m.status != "ok":
+        from autotune.tuning.verdicts import nearest_variant
+
+        nearest = nearest_variant(job, layout, headroom)
     if args.json:
-        print(json.dumps(estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom, headroom=headroom),
-                         indent=2))
+        print(json.dumps({**estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom,
+                                            headroom=headroom), "nearest": nearest}, indent=2))
     else:
+        from autotune.ui.commands.check import print_nearest
+
         _print_rich(job, m, headroom)
+        if m.status != "ok":
+            print_nearest(nearest)
     return 0 if m.status == "ok" else 1

@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
     g.add_argument("--wide", action="store_true",
                    help="every column of the tables, however wide (default: the columns that fit COLUMNS)")
+    g.add_argument("--tokens", metavar="N", default=None,
+                   help="a token budget (1T, 300B, 2.5e12): the training time and GPU-hours of the pick; with a list "
+                        "of --nodes or --gpu, per cluster in the what-if table")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--verbose", action="store_true", help="show Ray's and Optuna's own logs")
     from autotune.ui import dashboard
@@ -97,6 +100,11 @@ def _search(args: argparse.Namespace, status: Any) -> int:
 
     _check_arguments(args)
     t0 = time.perf_counter()
+    if _is_what_if(args):
+        from autotune.ui.commands.whatif import run_what_if
+
+        status.update("scoring each cluster's whole space with the cost models")
+        return run_what_if(args, status)
     if args.model is None:
         if not args.resume:
             raise ValueError("--model is required (a catalog name or a config.json path), or --resume FOLDER.")
@@ -107,13 +115,15 @@ def _search(args: argparse.Namespace, status: Any) -> int:
         job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes, force=args.force,
         finish=lambda r: write_outputs(r, str(r.output_dir)),  # best.json, launch files, report: before `completed`
         # trials named in the Ray dashboard when Ray is already connected (--dashboard, --address)
-        backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address),
+        backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address,
+                                       measured_stage=bool(args.measured_stage)),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
         progress=_after_status(status, progress_factory(False if (args.no_progress or args.json) else None)),
         status=status.update, strategy=args.strategy, measured_stage=args.measured_stage or None,
     )
     status.stop()
+    dashboard.report_result(result)  # --dashboard with the analytic search: its records shown there too
     t_out = time.perf_counter()
     if args.json:
         from autotune.outputs.files import result_json
@@ -137,6 +147,11 @@ def _search(args: argparse.Namespace, status: Any) -> int:
     return 0 if result.best is not None else 1
 
 
+def _is_what_if(args: argparse.Namespace) -> bool:
+    """A list of --nodes or of --gpu: one table of the best layout per cluster (`autotune.ui.commands.whatif`)."""
+    return isinstance(args.nodes, tuple) or (isinstance(args.gpu, str) and "," in args.gpu)
+
+
 def _after_status(status: Any, factory: Any) -> Any:
     """The progress factory, ending the status line before the bar takes the terminal."""
     if factory is None:
@@ -157,6 +172,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise ValueError(f"--trials must be at least 1, but got {args.trials}.")
     if args.top < 1:
         raise ValueError(f"--top must be at least 1, but got {args.top}.")
+    from autotune.tuning.driver import check_seed
+
+    check_seed(args.seed)
     if args.exhaustive_threshold is not None and args.exhaustive_threshold < 0:
         raise ValueError(f"--exhaustive-threshold must be at least 0, but got {args.exhaustive_threshold}.")
     if args.headroom_gib is not None and not (math.isfinite(args.headroom_gib) and args.headroom_gib >= 0):
@@ -171,6 +189,17 @@ def _check_arguments(args: argparse.Namespace) -> None:
         check_address(args.address)
     if any(not text.strip() for text in args.layouts):
         raise ValueError("--layout needs a layout such as 'tp=2,pp=4,ep=8', but got an empty one.")
+    if args.tokens is not None:
+        from autotune.tuning.whatif import parse_tokens
+
+        parse_tokens(args.tokens)
+    if _is_what_if(args):
+        for flag, given in (("--resume", args.resume), ("--layout", args.layouts), ("--address", args.address),
+                            ("--backend megatron", args.backend == "megatron"), ("--dashboard", args.dashboard),
+                            ("--measured-stage", args.measured_stage)):
+            if given:
+                raise ValueError(f"{flag} is for one cluster; the what-if table (a list of --nodes or --gpu) "
+                                 f"scores each cluster with the model: give one --nodes and one --gpu with {flag}.")
 
 
 def _job_flags_from_folder(args: argparse.Namespace) -> None:
@@ -212,51 +241,77 @@ def _timing_line(t: dict[str, float]) -> str:
 
 
 def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = False) -> None:
-    """The ranked table, the Pareto front and the winner's launch forms (stdout), fitted to the terminal width
-    (`autotune.outputs.tables`); `wide` shows every column."""
-    from autotune.outputs.tables import FLAGS_LEGEND, make_console, pareto_table, ranked_table
+    """The ranked table, your layouts, the Pareto front and the winner's launch forms (stdout), fitted to the
+    terminal width (`autotune.outputs.tables`), all read from `result.answer`; `wide` shows every column."""
+    from autotune.outputs.tables import FLAGS_LEGEND, MARKS_LEGEND, make_console, pareto_table, ranked_table
+    from autotune.outputs.terms import BOUND_NOTE
 
     console = console or make_console(wide=wide)
     width = console.width
+    answer = result.answer
     j, c = result.job, result.job.cluster
     console.print(f"[bold]{j.model.name}[/] on {c.nodes} x {c.gpus_per_node} {c.gpu.name} "
                   f"({c.gpu.memory_gib:.0f} GiB; {result.capacity_bytes / GIB:.1f} GiB usable after "
                   f"{result.headroom_bytes / GIB:.1f} GiB headroom), seq {j.training.seq_length}, "
                   f"GBS {j.training.global_batch_size}, {j.training.precision}")
     _summary_line(console, result)
-    if result.best is None:
+    if answer.pick is None:
         console.print(explain_impossible(result, as_text=True), markup=False, highlight=False)
+        _yours_lines(console, answer)
         return
     moe = j.model.moe is not None
-    ranked = result.ranked[:top]
+    ranked = list(answer.ranked[:top])
+    pick = answer.decision.pick
     title = (f"Best layouts (of {result.space_size:,} scored)" if result.mode == "analytic"
+             else f"Best layouts by the model, of the {len(ranked)} the CPU proxy ran" if answer.cpu_proxy
              else f"Best layouts (of {len(result.records)} trials)")
-    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=result.tied))
-    console.print(FLAGS_LEGEND + ("; = tied with the pick" if result.tied else ""), markup=False, highlight=False,
-                  style="dim")
+    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=answer.decision.tied,
+                               pick=pick))
+    console.print(f"{FLAGS_LEGEND}; {MARKS_LEGEND}; {BOUND_NOTE}", markup=False, highlight=False, style="dim")
     _decision_lines(console, result)
-    if any(r.measurement.source == "megatron-cpu-proxy" for r in ranked):
-        console.print("measured columns are CPU-proxy figures (a scaled-down model with the same parallel structure, "
-                      "on gloo): they prove the layout builds and trains and rank layouts on this machine; they are "
-                      "not GPU predictions. 'pred.' is the analytic model for the real model on this cluster.",
+    if answer.cpu_proxy or any(r.measurement.source == "megatron-cpu-proxy" for r in answer.records):
+        console.print("CPU proxy: these layouts ran as a scaled-down model with the same parallel structure on gloo; "
+                      "that shows they build and train, not how fast they run on GPUs. The figures, the pick and "
+                      "the launch lines are the analytic model's for the real job on this cluster.",
                       markup=False, highlight=False)
-    front = result.pareto
-    shown = front if wide or len(front) <= 2 * top else [front[round(k * (len(front) - 1) / (2 * top - 1))]
-                                                           for k in range(2 * top)]
-    table = pareto_table(shown, moe=moe, width=width, wide=wide)
+    _yours_lines(console, answer)
+    front = list(answer.pareto)
+    shown = front if wide or len(front) <= 2 * top else [front[0], *_spaced(front[1:], 2 * top - 1)]
+    table = pareto_table(shown, moe=moe, width=width, wide=wide, pick=pick)
     if len(shown) < len(front):
-        table.title = f"{table.title}: {len(shown)} of its {len(front)} layouts, evenly spaced (--wide: all)"
+        table.title = (f"{table.title}: the pick, then {len(shown) - 1} of its other {len(front) - 1} layouts, "
+                       f"fastest first (--wide: all)")
     console.print(table)
     from autotune.outputs.files import launch_of
     from autotune.outputs.launch import launch_header
 
     launch = launch_of(result)
-    console.print("[bold]Winner[/] " + str(result.best.layout))
+    best = answer.pick.layout
+    console.print("[bold]Winner[/] " + str(best))
     for form in ("megatron_bridge", "megatron_lm"):
-        console.print(launch_header(j, form, result.best.layout) + ":", markup=False, highlight=False)
+        console.print(launch_header(j, form, best) + ":", markup=False, highlight=False)
         console.print(launch[form], markup=False, highlight=False, soft_wrap=True)  # one line: paste-able
-    files = "trials.csv, best.json, report.html" + ("" if result.mode == "analytic" else ", study.db")
-    console.print(f"Results: {result.output_dir} ({files})", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"Results: {result.output_dir} (trials.csv, best.json, report.html, study.db)", markup=False,
+                  highlight=False, soft_wrap=True)
+
+
+def _spaced(rows: list[Any], n: int) -> list[Any]:
+    """n of `rows`, evenly spaced, the first and the last among them."""
+    if n <= 1:
+        return rows[:n]
+    return [rows[round(k * (len(rows) - 1) / (n - 1))] for k in range(n)]
+
+
+def _yours_lines(console: Any, answer: Any) -> None:
+    """"Your layouts": each --layout's verdict (fits or not and by what, tokens/s, change vs the pick, rank)."""
+    from autotune.outputs.tables import verdict_text
+
+    if not answer.yours:
+        return
+    console.print("[bold]Your layouts[/]")
+    for v in answer.yours:
+        style = "" if v.fits else "yellow"
+        console.print(f"  {v.layout}: {verdict_text(v)}", style=style, markup=False, highlight=False)
 
 
 def _summary_line(console: Any, result: Any) -> None:
@@ -280,21 +335,16 @@ def _summary_line(console: Any, result: Any) -> None:
 
 
 def _decision_lines(console: Any, result: Any) -> None:
-    """How sure the pick is and why; invalid --layouts with their violations; the pipeline-batch warning."""
-    d = result.decision
-    if d.get("confidence"):
-        console.print(f"Pick: {d['confidence']} ({d.get('stage', 'analytic')}): {d.get('reason', '')}.",
-                      markup=False, highlight=False)
-    if d.get("stage") == "measured" and d.get("analytic_pick") and d.get("analytic_pick") != d.get("pick"):
-        console.print(f"The model's own pick was {d['analytic_pick']}; the measurements overrule it.", markup=False,
-                      highlight=False)
-    for r in result.records:
-        if r.origin == "user" and r.measurement.status == "invalid":
-            console.print(f"--layout {r.layout}: invalid, {r.measurement.reason}", style="yellow", markup=False,
-                          highlight=False)
-    warning = d.get("pipeline_warning")
-    if warning:
-        console.print("Warning: " + warning["text"], style="yellow", markup=False, highlight=False)
+    """How sure the pick is and why; the memory-margin and pipeline-batch warnings."""
+    d = result.answer.decision
+    if d.sentence:
+        console.print(d.sentence, markup=False, highlight=False)
+    if d.analytic_pick and d.analytic_pick != d.pick:
+        what = "the GPU measurements overrule it" if d.stage == "measured" else "it failed on the CPU proxy"
+        console.print(f"The model's own pick was {d.analytic_pick}; {what}.", markup=False, highlight=False)
+    for warning in (d.memory_warning.text if d.memory_warning else None, d.pipeline_warning):
+        if warning:
+            console.print("Warning: " + warning + ".", style="yellow", markup=False, highlight=False)
 
 
 def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
