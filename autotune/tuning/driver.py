@@ -71,6 +71,7 @@ __all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "d
 
 GIB = 1024**3
 DEFAULT_TRIALS = 64
+MAX_SEED = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's RandomState, under Optuna's samplers)
 # of the GPU's memory, kept free beyond the memory model's own allowance (CUDA context, NCCL, userbuffers, the
 # allocator's reserve: autotune/cost/allowance.py), the same for `estimate` and the search
 DEFAULT_HEADROOM_FRACTION = 0.0
@@ -131,6 +132,7 @@ class SearchPlan:
     fingerprint: str = ""  # job_fingerprint(job), written in every trials.csv row
     max_concurrent: int | None = 1  # None: the connected cluster's CPUs
     progress: ProgressFactory | None = None
+    notice: Callable[[str], None] | None = None  # one line per infrastructure failure (default: stderr)
     stats: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -149,6 +151,21 @@ def _resolve_backend(backend: str | Backend | None, headroom_bytes: float) -> tu
 
         return AnalyticBackend(headroom_bytes=headroom_bytes), name
     return get_backend(name), name
+
+
+def _with_backend_option(backend: Backend, name: str, value: Any) -> Backend:
+    """`backend` with its dataclass field `name` set to `value` (also through a wrapper's `inner`, as the megatron
+    backend is wrapped); unchanged when it has no such field."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(backend) and not isinstance(backend, type):
+        names = {f.name for f in dataclasses.fields(backend)}
+        if name in names:
+            return dataclasses.replace(backend, **{name: value})
+        if "inner" in names:
+            inner = _with_backend_option(backend.inner, name, value)
+            return dataclasses.replace(backend, inner=inner)
+    return backend
 
 
 def _split_user(space: FeasibleSpace, user: Sequence[Seed]) -> tuple[list[Seed], list[Seed]]:
@@ -182,6 +199,20 @@ def _check_counts(trials: Any, exhaustive_threshold: Any, max_concurrent: Any) -
             raise ValueError(f"`{name} >= {low}` must hold (a whole number), but got ({name}={value!r}).")
 
 
+def check_seed(seed: Any) -> int:
+    """A seed the samplers take: a whole number 0 <= seed < 2**32 (numpy's and Optuna's range)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        raise ValueError(f"`0 <= seed < 2**32` must hold (a whole number), but got (seed={seed!r}); give a seed "
+                         f"from 0 to {MAX_SEED - 1}.")
+    return seed
+
+
+def counted(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The records that count against the budget: every one but the lost attempts (an infrastructure failure that
+    ran again: `extra["retried"]`, `infrastructure (retried)` in trials.csv)."""
+    return [r for r in records if not r.measurement.extra.get("retried")]
+
+
 def run_search(
     job: Job,
     *,
@@ -205,6 +236,7 @@ def run_search(
     strategy: str | None = None,
     measured_stage: bool | None = None,
     status: Callable[[str], None] | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
@@ -225,13 +257,15 @@ def run_search(
     carry the model's figures (the dashboard, tests of the Tune machinery); None: only for a measuring backend or
     with `address`.
     `status(text)` is told each phase ("scoring 33,768 layouts with the cost models", "starting Ray") for a
-    status line.
+    status line; `notice(text)` gets one line per trial the cluster lost (an infrastructure failure: a worker,
+    raylet or node died; default: stderr). `seed`: 0 <= seed < 2**32.
     `finish(result)` runs while the folder is still locked, before search.json says `completed` (the UI writes
     best.json, the launch files and the report there). Raises ValueError for bad input and `OutputError` (an
     OSError) when a result file cannot be written; either way nothing already in the folder is lost.
     """
     t_start = time.perf_counter()
     _check_counts(trials, exhaustive_threshold, max_concurrent)
+    check_seed(seed)
     if strategy is not None and strategy not in STRATEGIES and ":" not in str(strategy):
         raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)} or module:Class, but got {strategy!r}.")
     options = space_options or DEFAULT_SPACE
@@ -243,6 +277,8 @@ def run_search(
     say("building the feasible space")
     space = feasible_space(job, options)
     backend_obj, backend_name = _resolve_backend(backend, headroom)
+    if options.expert_within_node:  # the measured trials keep each EP group on one node too (trainers/placement.py)
+        backend_obj = _with_backend_option(backend_obj, "experts_within_node", True)
     user = parse_user_layouts(job, compare)
     inside, outside = _split_user(space, user)
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
@@ -274,7 +310,7 @@ def run_search(
                           exhaustive=mode == "exhaustive", naming=naming, seeds=tuple(seeds), fixed=tuple(outside),
                           done=tuple(done), folder=folder, fingerprint=fingerprint,
                           max_concurrent=max_concurrent if max_concurrent is not None else (None if address else 1),
-                          progress=progress if callable(progress) else None, analytic=answer,
+                          progress=progress if callable(progress) else None, analytic=answer, notice=notice,
                           strategy=strategy or ("front" if backend_name == "analytic" else DEFAULT_STRATEGY))
         meta = {"fingerprint": fingerprint, "job": job_summary(job), "trials": trials, "seed": seed,
                 "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
@@ -314,7 +350,7 @@ def run_search(
             raise
         stats["timings"]["run_search_s"] = time.perf_counter() - t_start
         meta["completed"] = not interrupted and (mode == "analytic" or bool(stats.get("strategy_finished"))
-                                                 or _remaining(plan, len(records) - len(done)) <= 0)
+                                                 or _remaining(plan, records) <= 0)
         write_meta(folder, meta)
     return result
 
@@ -374,7 +410,7 @@ def _run_trials(plan: SearchPlan, *, address: str | None, verbose: bool,
         return records, False
     log = TrialLog(plan.folder)  # checks the header and cuts a torn last line before the first append
     try:
-        with _ray_session(address=address, verbose=verbose, stats=stats):
+        with _ray_session(address=address, verbose=verbose, stats=stats, folder=plan.folder):
             try:
                 t0 = time.perf_counter()
                 from autotune.tuning.tune_glue import run_tune
@@ -405,9 +441,9 @@ def _since_process_start() -> float:
         return 0.0
 
 
-def _remaining(plan: SearchPlan, new: int = 0) -> int:
-    """Trials (search) or layouts (exhaustive) still to run, counting `new` ones run this time."""
-    finished = len(plan.done) + new
+def _remaining(plan: SearchPlan, records: Sequence[TrialRecord] | None = None) -> int:
+    """Trials (search) or layouts (exhaustive) still to run after `records` (default: those done before)."""
+    finished = len(counted(plan.done if records is None else records))
     if plan.exhaustive:
         return plan.space.size + len(plan.fixed) - finished
     return plan.trials + len(plan.fixed) - finished
@@ -432,14 +468,41 @@ def terminate_like_ctrl_c() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def search_namespace(folder: str | Path) -> str:
+    """The Ray namespace of the search writing `folder` (one per result folder, which one search holds at a time):
+    its named actors (the megatron backend's worker pool) are its own, whatever else runs on the cluster."""
+    import hashlib
+
+    return "autotune-" + hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+
+
 @contextlib.contextmanager
-def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -> Iterator[None]:
-    """Connect to `address`, or start a local Ray closed to the network (`search_spaces.ray_session`), and shut it
-    down after. A Ray this process already runs is used as is and left running (tests share one session)."""
+def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any],
+                 folder: str | Path | None = None) -> Iterator[None]:
+    """Connect to `address`, or start a local Ray closed to the network (`search_spaces.ray_session`), in the
+    search's own namespace (`search_namespace(folder)`), and shut it down after. A Ray this process already runs is
+    used as is and left running (tests share one session). Unless `verbose`, Tune's per-trial tracebacks are off
+    (the trial's failure is recorded and said in one line) and Ray's cluster messages go to the folder
+    (`autotune.tuning.cluster_messages`)."""
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TensorBoard files per trial
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")  # results persist in trials.csv and study.db
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # a failed trial has no metrics: it is recorded, not fatal
+    if not verbose:
+        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # Tune's traceback of a failed trial (recorded)
+    with contextlib.ExitStack() as quiet:
+        if not verbose and folder is not None:
+            from autotune.tuning.cluster_messages import divert_cluster_messages
+
+            quiet.enter_context(divert_cluster_messages(folder))
+        namespace = None if folder is None else search_namespace(folder)
+        with _ray_connected(address=address, verbose=verbose, stats=stats, namespace=namespace):
+            yield
+
+
+@contextlib.contextmanager
+def _ray_connected(*, address: str | None, verbose: bool, stats: dict[str, Any],
+                   namespace: str | None) -> Iterator[None]:
     t0 = time.perf_counter()
     import ray
 
@@ -455,9 +518,10 @@ def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any]) -
     try:
         if not ray.is_initialized():
             if address:
-                ray_session.connect(address, log_to_driver=verbose, logging_level=level)
+                ray_session.connect(address, log_to_driver=verbose, logging_level=level, namespace=namespace)
             else:
-                ray_session.start_local(num_cpus=os.cpu_count() or 2, log_to_driver=verbose, logging_level=level)
+                ray_session.start_local(num_cpus=os.cpu_count() or 2, log_to_driver=verbose, logging_level=level,
+                                        namespace=namespace)
             started = True
         terminate_like_ctrl_c()  # again: ray.init installs its own SIGTERM handler
     finally:

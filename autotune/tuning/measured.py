@@ -100,7 +100,7 @@ class Predicted:
             return Measurement(layout=layout, status="invalid", source="analytic",
                                reason="; ".join(str(v) for v in violations),
                                violations=tuple(v.message for v in violations),
-                               extra={"analytic_prediction": analytic_prediction(job, layout)})
+                               extra={"analytic_prediction": analytic_prediction(job, layout), "failure": "layout"})
         m = self.inner.evaluate(job, layout)
         if not isinstance(m, Measurement):
             return m  # the search records a backend that returned nothing as a failed trial

@@ -6,6 +6,13 @@ Ray Tune and Optuna at module level.
 - `evaluate_trial(config, job, backend)`: the Tune function trainable. It measures one layout (a
   search trial) or a batch of layouts (an exhaustive chunk) with the backend; a backend that raises
   or returns no Measurement gives a "failed" measurement with the reason, never a crashed search.
+- Faults of the cluster, not of the layout: a measurement whose `extra["failure"]` is "infrastructure" (the
+  megatron backend's word for a worker, raylet or node that died, or no placement in time) is kept as a lost
+  attempt (its own row, marked `infrastructure (retried)`) and measured once more; the backend starts fresh
+  workers in a fresh placement group, so Ray places them on what is left of the cluster. A Tune trial whose own
+  process dies (its node left) is retried once by Tune (`FailureConfig(max_failures=1)`), its lost attempt
+  recorded the same way. Either way the terminal gets one line (`notice`), never a traceback (Tune's per-trial
+  traceback is off: `TUNE_PRINT_ALL_TRIAL_ERRORS=0`).
 - The searcher is `autotune.tuning.tune_policy.PolicySearcher` around the plan's strategy (a plain policy object,
   `autotune.tuning.strategy`), with Ray Tune's successive halving over timed steps (`tune_policy.scheduler_for`).
 - `Recorder(Callback)`: turns finished Tune trials into `TrialRecord`s, appends trials.csv, drives
@@ -16,8 +23,10 @@ Ray Tune and Optuna at module level.
 from __future__ import annotations
 
 import json
+import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from typing import Any
 
 from ray import tune
@@ -29,9 +38,12 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
 
-__all__ = ["evaluate_trial", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict", "is_feasible"]
+__all__ = ["evaluate_trial", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict", "is_feasible",
+           "timed_measurements", "INFRASTRUCTURE", "MAX_TRIAL_FAILURES"]
 
 GIB = 1024**3
+INFRASTRUCTURE = "infrastructure"  # `Measurement.extra["failure"]` of an attempt the cluster lost
+MAX_TRIAL_FAILURES = 1  # Tune retries a trial whose process died once (Ray Tune's FailureConfig)
 
 
 # --- measurements across the process boundary -------------------------------------------------------
@@ -72,6 +84,20 @@ def timed_measurement(job: Job, backend: Backend, layout: Layout) -> tuple[Measu
     return m, time.perf_counter() - t0
 
 
+def lost_attempt(m: Measurement) -> Measurement:
+    """`m` marked as an attempt the cluster lost and that runs again (`retried`)."""
+    return replace(m, extra={**m.extra, "failure": INFRASTRUCTURE, "retried": True})
+
+
+def timed_measurements(job: Job, backend: Backend, layout: Layout) -> list[tuple[Measurement, float]]:
+    """[(measurement, seconds)]: one, or after an infrastructure failure the lost attempt and the retry's."""
+    m, wall_s = timed_measurement(job, backend, layout)
+    if m.extra.get("failure") != INFRASTRUCTURE:
+        return [(m, wall_s)]
+    again, again_s = timed_measurement(job, backend, layout)
+    return [(lost_attempt(m), wall_s), (again, again_s)]
+
+
 def _node_id() -> str:
     """The Ray node this trial runs on ('' outside Ray)."""
     try:
@@ -87,9 +113,9 @@ def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[s
     texts = config["batch"] if "batch" in config else [config["layout"]]
     out: list[dict[str, Any]] = []
     for text in texts:
-        m, wall_s = timed_measurement(job, backend, parse_layout(text))
-        out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
-    first = out[0]["m"]
+        for m, wall_s in timed_measurements(job, backend, parse_layout(text)):
+            out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
+    first = next(o["m"] for o in out if not o["m"]["extra"].get("retried"))
     result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"], "node": _node_id()}
     if first["tokens_per_s_per_gpu"] is not None:
         result["tokens_per_s_per_gpu"] = first["tokens_per_s_per_gpu"]
@@ -115,20 +141,26 @@ class Recorder(Callback):
     """Finished Tune trials -> TrialRecords in trials.csv, in finishing order; progress updates.
 
     A row that cannot be written (full disk) is not counted: the error is kept, `stopper` stops the whole
-    run at Tune's next step, and `run_tune` raises it; every row written before stays.
+    run at Tune's next step, and `run_tune` raises it; every row written before stays. A lost attempt (an
+    infrastructure failure that runs again) is a row of its own, not counted against the budget (`counted`),
+    and `notice` gets one line for it.
     """
 
-    def __init__(self, plan: Any, log: TrialLog, total: int, progress: Any) -> None:
+    def __init__(self, plan: Any, log: TrialLog, total: int, progress: Any,
+                 notice: Callable[[str], None] | None = None) -> None:
         self.plan, self.log, self.total, self.progress = plan, log, total, progress
+        self.notice = notice or _print_notice
         self.records: list[TrialRecord] = []
+        self.counted = 0  # records that count against the budget (lost attempts do not)
         self.error: OutputError | None = None
         self._next = max((r.number for r in plan.done), default=-1) + 1
+        self._done_before = sum(not _lost(r.measurement) for r in plan.done)
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its callbacks into the experiment state; the copy is never run, so leave out
-        # the open trials.csv and the progress bar.
-        return {"plan": None, "log": None, "total": self.total, "progress": None, "records": [], "error": None,
-                "_next": self._next}
+        # the open trials.csv, the progress bar and the notice.
+        return {"plan": None, "log": None, "total": self.total, "progress": None, "notice": None, "records": [],
+                "counted": 0, "error": None, "_next": self._next, "_done_before": self._done_before}
 
     def _add(self, m: Measurement, origin: str, wall_s: float, node: str = "") -> None:
         if self.error is not None:
@@ -143,8 +175,13 @@ class Recorder(Callback):
             return
         self._next += 1
         self.records.append(record)
+        if m.extra.get("failure") == INFRASTRUCTURE:
+            self.notice(_infrastructure_line(record))
+        if _lost(m):
+            return
+        self.counted += 1
         if self.progress is not None:
-            self.progress(record, len(self.plan.done) + len(self.records), self.total)
+            self.progress(record, self._done_before + self.counted, self.total)
 
     def _sync(self) -> None:
         if self.error is None:
@@ -173,13 +210,79 @@ class Recorder(Callback):
         for item in items:
             self._add(measurement_from_dict(item["m"]), origin, float(item.get("wall_s", 0.0)), node)
 
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """Tune runs the trial again (its process died): its lost attempt is a row, marked retried."""
+        self._record_error(trial, retried=True)
+
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        error = trial.get_error()
-        reason = f"the trial raised: {str(error).strip().splitlines()[-1] if error else 'unknown error'}"
+        self._record_error(trial, retried=False)
+
+    def _record_error(self, trial: Any, *, retried: bool) -> None:
+        error = _trial_exception(trial)
+        lost = error is not None and _is_lost_process(error)
+        if error is not None and lost:
+            reason = f"the trial's process died: {_error_line(error)}"
+        else:
+            reason = f"the trial raised: {_error_line(error) if error is not None else 'unknown error'}"
+        extra: dict[str, object] = {"failure": INFRASTRUCTURE, "retried": retried} if lost else {}
         config = _config(trial)
         for text in _texts(config):
-            self._add(failed_measurement(parse_layout(text), reason[:500]), config.get("origin", "search"), 0.0)
+            m = replace(failed_measurement(parse_layout(text), reason[:500]), extra=dict(extra))
+            self._add(m, config.get("origin", "search"), 0.0)
         self._sync()
+
+
+def _lost(m: Measurement) -> bool:
+    """An attempt the cluster lost and that ran again: a row of its own, not a trial of the budget
+    (`driver.counted`)."""
+    return bool(m.extra.get("retried"))
+
+
+def _print_notice(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _infrastructure_line(record: TrialRecord) -> str:
+    then = "; retrying it once on fresh workers" if _lost(record.measurement) else "; recorded as failed"
+    return (f"autotune: trial {record.number} ({record.layout}): infrastructure failure, not the layout's: "
+            f"{_shorten(record.measurement.reason, 240)}{then}")
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _trial_exception(trial: Any) -> BaseException | None:
+    """The exception a Tune trial failed with (Tune keeps it pickled beside the trial), or None."""
+    import os
+
+    import ray.cloudpickle as pickle
+
+    path = getattr(trial, "pickled_error_file", None)
+    try:
+        if path and os.path.exists(path):
+            with open(path, "rb") as f:
+                return pickle.load(f)
+        return trial.get_pickled_error() or trial.get_error()
+    except Exception:  # noqa: BLE001 - only for the reason's wording
+        return None
+
+
+def _is_lost_process(error: BaseException) -> bool:
+    """Ray's word that the trial's process (or its node) is gone: the cluster's failure, not the layout's."""
+    from ray import exceptions as rex
+
+    lost = (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError, rex.LocalRayletDiedError)
+    return isinstance(error, lost) or isinstance(getattr(error, "cause", None), lost)
+
+
+def _error_line(error: BaseException) -> str:
+    """One line of a (Ray) exception: the sentence that says why, else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    why = [line for line in lines if "because" in line or "died" in line]
+    text = (why or lines or [""])[-1 if why else 0]
+    return _shorten(f"{type(error).__name__}: {text}", 300)
 
 
 class _StopOnWriteError(tune.stopper.Stopper):
@@ -206,13 +309,14 @@ def _texts(config: dict[str, Any]) -> list[str]:
 # --- running ------------------------------------------------------------------------------------------------
 def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[TrialRecord], bool, dict[str, Any]]:
     """Run the plan's trials on Tune; returns (new records, interrupted, stats)."""
-    from autotune.tuning.driver import cleanup_dir, exhaustive_batches, tune_storage_dir
+    from autotune.tuning.driver import cleanup_dir, counted, exhaustive_batches, tune_storage_dir
 
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
     spread = plan.max_concurrent is None and _alive_nodes() > 1  # a cluster: trials go to every node
     trial_resources: Any = tune.PlacementGroupFactory([{"CPU": 1}], strategy="SPREAD") if spread else {"cpu": 1}
     trainable = tune.with_resources(trainable, trial_resources)
-    measured = {r.layout for r in plan.done}
+    done = counted(plan.done)  # lost attempts ran again (or run now): not trials of the budget
+    measured = {r.layout for r in done}
     storage_dir = tune_storage_dir()
     stats: dict[str, Any] = {}
     if plan.exhaustive:
@@ -220,7 +324,7 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         batches = exhaustive_batches(layouts)
         configs = [{"batch": b, "origin": "exhaustive"} for b in batches]
         configs += [{"batch": [str(s.layout)], "origin": "user"} for s in plan.fixed if s.layout not in measured]
-        total = len(plan.done) + sum(len(c["batch"]) for c in configs)
+        total = len(done) + sum(len(c["batch"]) for c in configs)
         search_alg, scheduler, num_samples, param_space = None, None, 1, {"cfg": tune.grid_search(configs)}
         trainable = tune.with_parameters(_unwrap_cfg, job=plan.job, backend=plan.backend)
         trainable = tune.with_resources(trainable, trial_resources)
@@ -230,19 +334,19 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
 
         context = StrategyContext(job=plan.job, space=plan.space, analytic=plan.analytic,
                                   capacity_bytes=plan.capacity_bytes, budget=plan.trials, seed=plan.seed,
-                                  measured={r.layout: r.measurement for r in plan.done if r.origin != "user"})
+                                  measured={r.layout: r.measurement for r in done if r.origin != "user"})
         fixed = [s.layout for s in (*plan.seeds, *plan.fixed) if s.origin == "user" and s.layout not in measured]
         search_alg = PolicySearcher(make_strategy(plan.strategy, context), fixed=list(dict.fromkeys(fixed)))
         rungs = rungs_for(plan.backend)
         scheduler = scheduler_for(rungs)
         trainable = tune.with_resources(tune.with_parameters(measure_trial, job=plan.job, backend=plan.backend,
                                                              rungs=rungs), trial_resources)
-        left = plan.trials + len(search_alg.fixed) - len([r for r in plan.done if r.origin != "user"])
-        num_samples, param_space, total = max(0, left), {}, len(plan.done) + max(0, left)
+        left = plan.trials + len(search_alg.fixed) - len([r for r in done if r.origin != "user"])
+        num_samples, param_space, total = max(0, left), {}, len(done) + max(0, left)
         stats["rungs"] = [r for r in rungs if r is not None]
     progress = None if plan.progress is None else plan.progress(
-        total=total, done=len(plan.done), capacity_bytes=plan.capacity_bytes, records=list(plan.done))
-    recorder = Recorder(plan, log, total, progress.update if progress else None)
+        total=total, done=len(done), capacity_bytes=plan.capacity_bytes, records=list(done))
+    recorder = Recorder(plan, log, total, progress.update if progress else None, getattr(plan, "notice", None))
     concurrent = plan.max_concurrent or _cluster_cpus()
     tuner = tune.Tuner(
         trainable,
@@ -252,10 +356,11 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
                                     max_concurrent_trials=concurrent,
                                     trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
         run_config=tune.RunConfig(name="autotune", storage_path=storage_dir, verbose=2 if verbose else 0,
-                                  callbacks=[recorder], log_to_file=False, stop=_StopOnWriteError(recorder)),
+                                  callbacks=[recorder], log_to_file=False, stop=_StopOnWriteError(recorder),
+                                  failure_config=tune.FailureConfig(max_failures=MAX_TRIAL_FAILURES)),
     )
     try:
-        with progress or _nothing():
+        with _backend_session(plan.backend), progress or _nothing():
             tuner.fit()
     finally:
         cleanup_dir(storage_dir)
@@ -267,9 +372,16 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
     del tuner, search_alg, trainable  # Ray objects go while Ray is up (the driver collects the cycles too)
     if recorder.error is not None:
         raise recorder.error
-    expected = total - len(plan.done)
-    interrupted = len(recorder.records) < expected and not finished
+    expected = total - len(done)
+    interrupted = recorder.counted < expected and not finished
     return recorder.records, interrupted, stats
+
+
+def _backend_session(backend: Backend) -> Any:
+    """The backend's own resources for the run (`session()`: the megatron backend's worker pool, owned by this
+    driver in this search's Ray namespace), or nothing."""
+    session = getattr(backend, "session", None)
+    return session() if callable(session) else _nothing()
 
 
 def _alive_nodes() -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from ray import tune
 from ray.tune.search import Searcher
 
-from autotune.tuning.tune_glue import failed_measurement, timed_measurement
+from autotune.tuning.tune_glue import failed_measurement, timed_measurements
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
@@ -66,12 +66,15 @@ def measure_trial(config: dict[str, Any], job: Job, backend: Backend, rungs: tup
     from autotune.tuning.tune_glue import _node_id, measurement_to_dict
 
     layout = parse_layout(config["layout"])
+    lost: list[dict[str, Any]] = []  # attempts the cluster lost, at any rung: each report carries them all
     for k, steps in enumerate(rungs):
         b = backend if steps is None else (with_timed_steps(backend, steps) or backend)
-        m, wall_s = timed_measurement(job, b, layout)
+        *lost_now, (m, wall_s) = timed_measurements(job, b, layout)
+        lost += [{"m": measurement_to_dict(x), "wall_s": x_s} for x, x_s in lost_now]
         if steps is not None:
             m.extra["timed_steps"] = steps
-        report: dict[str, Any] = {"measurements": json.dumps([{"m": measurement_to_dict(m), "wall_s": wall_s}]),
+        items = [*lost, {"m": measurement_to_dict(m), "wall_s": wall_s}]
+        report: dict[str, Any] = {"measurements": json.dumps(items),
                                   "status": m.status, "rung": k + 1, "node": _node_id(),
                                   "tokens_per_s_per_gpu": float(m.tokens_per_s_per_gpu or 0.0) if m.ok else 0.0}
         if m.memory_bytes is not None:
@@ -123,9 +126,10 @@ class PolicySearcher(Searcher):
 
 
 def _first(result: dict[str, Any]) -> Measurement | None:
+    """The trial's measurement (the last item: lost attempts come before it)."""
     from autotune.tuning.tune_glue import measurement_from_dict
 
     try:
-        return measurement_from_dict(json.loads(result["measurements"])[0]["m"])
+        return measurement_from_dict(json.loads(result["measurements"])[-1]["m"])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
