@@ -84,8 +84,8 @@ def test_check_of_a_layout_that_does_not_fit_exits_1_and_names_the_nearest_that_
     assert near["free_gib"] >= 0 and near["changes"]  # a variant of it, a field or two changed, that fits
     _, est, _ = _run(capsys, "estimate", "--model", "mixtral", "--nodes", "4", "--layout", near["layout"], "--json")
     assert json.loads(est)["feasible"] is True and json.loads(est)["memory_gib"] == pytest.approx(near["memory_gib"])
-    fits, _, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", near["layout"])
-    assert fits == 0
+    fits, text, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", near["layout"])
+    assert fits == 0 and "nearest" not in text  # a layout that fits gets no suggestion
 
 
 def test_estimate_of_a_layout_that_does_not_fit_suggests_the_nearest_that_does(capsys) -> None:

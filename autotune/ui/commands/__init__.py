@@ -39,8 +39,8 @@ def job_from_args(args: argparse.Namespace) -> Job:
     from search_spaces.gpus import build_cluster
 
     if isinstance(args.nodes, tuple) or (isinstance(args.gpu, str) and "," in args.gpu):
-        raise ValueError(f"a list of --nodes ({_text(args.nodes)}) or --gpu ({args.gpu}) is the search verb's "
-                         f"what-if table; give one value for this command.")
+        given = f"--nodes {_text(args.nodes)}" if isinstance(args.nodes, tuple) else f"--gpu {args.gpu}"
+        raise ValueError(f"a list ({given}) is the search verb's what-if table; give one value for this command.")
     try:
         model = get_model(args.model)
     except (TypeError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:

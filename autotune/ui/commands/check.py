@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**check_object(job, layout, violations, memory), "nearest": nearest}, default=str))
         return 0 if good else 1
     _print_rich(job, layout, violations, memory)
-    print_nearest(nearest)
+    if not good:
+        print_nearest(nearest)
     return 0 if good else 1
 
 
