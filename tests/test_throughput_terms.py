@@ -186,6 +186,7 @@ def test_attention_softmax_runs_on_the_sfu_so_blackwell_ultra_speeds_it_up() -> 
 
     cal = DEFAULT_CALIBRATION
     gb200, gb300 = get_gpu("gb200"), get_gpu("gb300")
+    assert gb200.sfu_exp_per_s is not None and gb300.sfu_exp_per_s is not None
     assert gb200.bf16_flops == gb300.bf16_flops and gb300.sfu_exp_per_s == pytest.approx(2.14 * gb200.sfu_exp_per_s)
     scores = 4096 * 2048 * 64.0  # one micro-batch of 4K tokens, 64 heads, causal
     flops = 2 * 256 * scores  # head dim 128: QK^T and PV
