@@ -185,9 +185,18 @@ def _check_resume(folder: Path, job: Job, meta: dict[str, Any] | None) -> dict[s
     if meta is None:
         raise ValueError(f"--resume {folder}: no {META_JSON} there; give the folder of an earlier search.")
     if meta.get("fingerprint") != job_fingerprint(job):
-        raise ValueError(f"--resume {folder}: that search was for {meta.get('job', {})}; give the same model, "
-                         f"cluster and training options to resume it.")
+        raise ValueError(f"--resume {folder}: that search was for {_job_line(meta.get('job'))}; give the same "
+                         f"model, cluster and training options to resume it.")
     return meta
+
+
+def _job_line(job: Any) -> str:
+    """A search.json job in a few words (`mixtral-8x7b on 4 x 8 h100-sxm, seq 4096, GBS 256, bf16`)."""
+    if not isinstance(job, dict):
+        return "another job"
+    return (f"{job.get('model')} on {job.get('nodes')} x {job.get('gpus_per_node')} {job.get('gpu')}, seq "
+            f"{job.get('seq_length')}, GBS {job.get('global_batch_size')}, {job.get('precision')} (or other training "
+            f"options)")[:300]
 
 
 def _check_counts(trials: Any, exhaustive_threshold: Any, max_concurrent: Any) -> None:
@@ -331,12 +340,12 @@ def run_search(
                 records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
             meta["finished_trials"] = len(records)
             t_write = time.perf_counter()
-            if mode == "search" and (len(records) > len(done) or not (folder / STUDY_DB).exists()):
+            if len(records) > len(done) or not (folder / STUDY_DB).exists():  # every mode: optuna-dashboard opens it
                 from autotune.tuning.study_db import write_study
 
-                write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity)
+                write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity, verbose=verbose)
             stats["timings"]["study_write_s"] = time.perf_counter() - t_write
-            decision = _decision(mode, records, capacity, answer)
+            decision = _decision(mode, records, capacity, answer, [s.layout for s in user])
             result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
                                   mode=mode, backend=backend_name, seed=seed, space_size=space.size,
                                   stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision)
@@ -362,12 +371,13 @@ def _analytic_only(backend: Backend, address: str | None) -> bool:
     return type(backend) is AnalyticBackend and not address
 
 
-def _decision(mode: str, records: Sequence[TrialRecord], capacity: float, answer: Any) -> dict[str, Any]:
+def _decision(mode: str, records: Sequence[TrialRecord], capacity: float, answer: Any,
+              user: Sequence[Layout] = ()) -> dict[str, Any]:
     from autotune.tuning.analytic_search import analytic_decision, measured_decision
 
     if mode == "analytic" or all(r.measurement.source == "analytic" for r in records):
-        return analytic_decision(answer)
-    return measured_decision([r.measurement for r in records], capacity, answer)
+        return analytic_decision(answer, user)
+    return measured_decision([r.measurement for r in records], capacity, answer, user)
 
 
 def _record_analytic(plan: SearchPlan, user: Sequence[Layout], *, top: int) -> list[TrialRecord]:
