@@ -22,6 +22,9 @@ def test_a_known_release_changes_the_prediction(capsys) -> None:
     assert code == code_old == 0 and "warning" not in err
     tokens = [json.loads(text)["tokens_per_s_per_gpu"] for text in (newest, older)]
     assert tokens[0] != tokens[1]
+    assert [json.loads(text)["release"] for text in (newest, older)] == ["26.08", "26.04"]
+    code, text, _ = _run(capsys, *ESTIMATE[:-1], "--release", "0.5.1")  # a Bridge version: its container
+    assert code == 0 and "release 26.06.01" in text.splitlines()[0]
 
 
 def test_an_unknown_release_falls_back_to_the_nearest_with_one_warning_line(capsys) -> None:

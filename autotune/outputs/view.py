@@ -157,6 +157,7 @@ class Result:
             "sequence length": f"{t.seq_length:,}",
             "global batch size": f"{t.global_batch_size:,}",
             "precision": precision,
+            "software release": f"{t.release} (throughput factors; megatron-core {t.megatron_core} rules)",
             "backend": _backend_text(self.raw),
         }
 

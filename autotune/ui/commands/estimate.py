@@ -82,7 +82,7 @@ def _print_rich(job, m, headroom: float) -> None:
     gpu = job.cluster.gpu
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"{gpu.name}, seq {job.training.seq_length}, GBS {job.training.global_batch_size}, "
-                  f"{job.training.precision}")
+                  f"{job.training.precision}, release {job.training.release}")
     console.print(f"layout: {m.layout}", markup=False)
     verdict = {"ok": "[green]feasible[/green]", "oom": "[red]out of memory[/red]",
                "invalid": "[red]invalid[/red]"}.get(m.status, m.status)
@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
         nearest = nearest_variant(job, layout, headroom)
     if args.json:
         print(json.dumps({**estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom,
-                                            headroom=headroom), "nearest": nearest}, indent=2))
+                                            headroom=headroom), "release": job.training.release,
+                          "nearest": nearest}, indent=2))
     else:
         from autotune.ui.commands.check import print_nearest
 

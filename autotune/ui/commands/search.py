@@ -253,7 +253,7 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
     console.print(f"[bold]{j.model.name}[/] on {c.nodes} x {c.gpus_per_node} {c.gpu.name} "
                   f"({c.gpu.memory_gib:.0f} GiB; {result.capacity_bytes / GIB:.1f} GiB usable after "
                   f"{result.headroom_bytes / GIB:.1f} GiB headroom), seq {j.training.seq_length}, "
-                  f"GBS {j.training.global_batch_size}, {j.training.precision}")
+                  f"GBS {j.training.global_batch_size}, {j.training.precision}, release {j.training.release}")
     _summary_line(console, result)
     if answer.pick is None:
         console.print(explain_impossible(result, as_text=True), markup=False, highlight=False)
