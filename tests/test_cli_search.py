@@ -192,12 +192,12 @@ def test_a_second_search_on_the_same_folder_is_refused_and_mixes_nothing(tmp_pat
     assert [int(r.split(",")[0]) for r in rows] == list(range(60))
 
 
-def test_force_moves_the_old_folder_aside(tmp_path, capsys, ray_session):
+def test_force_moves_the_old_folder_aside(tmp_path, capsys):
+    """The folder checks come before any search: the analytic search (no Ray) shows them as a measured one would."""
     folder = str(tmp_path / "r")
-    assert main([*SMALL_ARGS, "--trials", "4", "--exhaustive-threshold", "0", "--json", "--output", folder]) == 0
-    assert main([*SMALL_ARGS, "--trials", "4", "--exhaustive-threshold", "0", "--json", "--output", folder]) == 2
+    assert main([*SMALL_ARGS, "--trials", "4", "--json", "--output", folder]) == 0
+    assert main([*SMALL_ARGS, "--trials", "4", "--json", "--output", folder]) == 2
     assert "is not empty" in capsys.readouterr().err
-    assert main([*SMALL_ARGS, "--trials", "4", "--exhaustive-threshold", "0", "--json", "--output", folder,
-                 "--force"]) == 0
+    assert main([*SMALL_ARGS, "--trials", "4", "--json", "--output", folder, "--force"]) == 0
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("r.old-")]
     assert len(aside) == 1 and (aside[0] / "best.json").exists() and (tmp_path / "r" / "best.json").exists()
