@@ -17,6 +17,8 @@ give bit-identical losses and equal memory terms, but for MoE activations (docs/
 
 from __future__ import annotations
 
+import gc
+import inspect
 import os
 import time
 from dataclasses import dataclass
@@ -85,6 +87,19 @@ def _reset_process_globals() -> None:
         moe_logging.destroy_moe_metrics_tracker()
 
 
+def _drop_cached_modules() -> None:
+    """Empty megatron-core's per-process caches that keep a previous job's modules, and with them its process groups:
+    `RotaryEmbedding.forward` is an `lru_cache(maxsize=32)` method (0.19.2 and 0.16.1
+    `models/common/embeddings/rotary_pos_embedding.py`), so it holds up to 32 earlier models' rotary embeddings,
+    each with its CP group (`self.cp_group`: a gloo group's threads and sockets)."""
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+
+    forward = getattr(rotary_pos_embedding.RotaryEmbedding, "forward", None)
+    cache_clear = getattr(forward, "cache_clear", None)
+    if callable(cache_clear):
+        cache_clear()
+
+
 def destroy_job_groups() -> int:
     """Destroy every process group but the default one; returns how many.
 
@@ -114,6 +129,12 @@ def init_parallel_state(layout: Layout) -> None:
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     destroy_job_groups()
+    _drop_cached_modules()
+    # A destroyed gloo group keeps its threads and sockets until its ProcessGroup object is freed, and the previous
+    # job's model, optimizer and DDP buffers hold their groups in reference cycles that only the cycle collector
+    # frees: without this a reused CPU worker gained 2 pt_gloo_runloop threads and 4 descriptors per group per job
+    # (1,800 threads after 60 trials of bench/bench_soak.py) until Python's own collector happened to run.
+    gc.collect()
     _reset_process_globals()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
@@ -460,8 +481,20 @@ def run_job(cfg: JobConfig) -> dict[str, Any]:
             raise JobRejected(f"{type(e).__name__}: {e}") from e
         result["build_s"] = build_s
         result["job_s"] = time.perf_counter() - t0  # build + every step + measuring, on this rank
+        _drop_hooks(tconfig)
         del chunks, optimizer
     return result
+
+
+def _drop_hooks(tconfig: Any) -> None:
+    """Forget the job's callbacks on its TransformerConfig (bound methods of the model chunks and the optimizer,
+    alone or in lists: `no_sync_func`, `grad_scale_func`, what megatron-core's distributed optimizer adds). Something
+    outside the job keeps the config of a distributed-optimizer job alive, and through those methods its optimizer,
+    model and every process group (2 gloo threads and 4 descriptors each, per job; bench/bench_soak.py)."""
+    for name, value in list(vars(tconfig).items()):
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if items and all(inspect.ismethod(v) for v in items):
+            setattr(tconfig, name, None)
 
 
 def _inject_fault(fault: str) -> None:
