@@ -415,11 +415,10 @@ def test_pipeline_layout_string_replaces_the_vpp_flag():
 WINNER_JOBS = {"mixtral": ("mixtral", 4), "deepseek-v3": ("deepseek-v3", 64), "llama3.1-405b": ("llama3.1-405b", 32)}
 
 
-def _winner(job: Job, sample: int | None) -> Layout:
-    """The fastest feasible layout (5% headroom, the search's default) of the space, or of a seeded sample of it."""
+def _winner(job: Job, sample: int) -> Layout:
+    """The fastest feasible layout (5% headroom) of a seeded sample of the space."""
     layouts = list(feasible_space(job).layouts())
-    if sample is not None:
-        layouts = random.Random(0).sample(layouts, min(sample, len(layouts)))
+    layouts = random.Random(0).sample(layouts, min(sample, len(layouts)))
     backend = AnalyticBackend(headroom_bytes=0.05 * job.cluster.gpu.memory_bytes)
     scored = [m for m in (backend.evaluate(job, lay) for lay in layouts) if m.status == "ok"]
     assert scored, "no feasible layout"
@@ -438,9 +437,13 @@ def test_sampled_winner_lines_parse(model, precision):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(WINNER_JOBS))
 def test_exhaustive_winner_lines_parse(model):
-    # the winner of the whole space (what --exhaustive-threshold 40000 reports), both forms
+    # the pick of the whole space, as the analytic search makes it (every layout scored at once), both forms
+    from autotune.tuning.analytic_pass import analytic_pass
+
     job = _job(*WINNER_JOBS[model])
-    layout = _winner(job, sample=None)
+    answer = analytic_pass(job, feasible_space(job), headroom_bytes=0.05 * job.cluster.gpu.memory_bytes)
+    assert answer.decision.pick is not None, "no feasible layout"
+    layout = answer.layout(answer.decision.pick)
     check_megatron_lm(job, layout)
     check_bridge(job, layout)
 
