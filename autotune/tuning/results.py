@@ -47,7 +47,10 @@ CSV_COLUMNS = ("number", "job", "origin", "layout", *LAYOUT_COLUMNS, "status", "
                "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s",
                "dominant_time", "source", "wall_s", "time_breakdown_s", "memory_breakdown_gib",
                # megatron backend: the analytic model's figures for the real model, beside the measured ones
-               "predicted_tokens_per_s_per_gpu", "predicted_memory_gib", "node")
+               "predicted_tokens_per_s_per_gpu", "predicted_memory_gib", "node",
+               # a failure's kind (layout / infrastructure / placement; "infrastructure (retried)": a lost attempt,
+               # run again in the next row), and the Ray node of each rank of a measuring backend (JSON list)
+               "failure", "rank_nodes")
 # what a row needs to be read back (record_from_row); the per-field layout columns are a convenience
 REQUIRED_COLUMNS = ("number", "job", "origin", "layout", "status", "feasible", "reason", "tokens_per_s_per_gpu", "mfu",
                     "tflops_per_gpu", "memory_gib", "step_time_s", "dominant_time", "source", "wall_s",
@@ -95,6 +98,10 @@ class TrialRecord:
         row["predicted_memory_gib"] = _num(None if predicted.get("memory_bytes") is None
                                            else predicted["memory_bytes"] / GIB)
         row["node"] = self.node
+        failure = str(m.extra.get("failure") or "")
+        row["failure"] = f"{failure} (retried)" if failure and m.extra.get("retried") else failure
+        nodes = m.extra.get("worker_nodes")
+        row["rank_nodes"] = json.dumps(nodes) if nodes else ""
         return row
 
     def summary(self) -> dict[str, object]:
@@ -145,6 +152,12 @@ def record_from_row(row: dict[str, str], capacity_bytes: float) -> TrialRecord:
     if predicted_tps is not None or predicted_gib is not None:
         extra["analytic_prediction"] = {"tokens_per_s_per_gpu": predicted_tps,
                                         "memory_bytes": None if predicted_gib is None else predicted_gib * GIB}
+    failure = row.get("failure") or ""
+    if failure:
+        extra["failure"] = failure.removesuffix(" (retried)")
+        extra["retried"] = failure.endswith(" (retried)")
+    if row.get("rank_nodes"):
+        extra["worker_nodes"] = json.loads(row["rank_nodes"])
     memory = {k: v * GIB for k, v in json.loads(row["memory_breakdown_gib"] or "{}").items()}
     memory_bytes = None if memory_gib is None else memory_gib * GIB
     m = Measurement(
