@@ -177,8 +177,9 @@ def test_list_models(capsys) -> None:
 
 def test_check_valid_layout(capsys) -> None:
     # 8 experts / EP 4 = 2 per GPU; DP = 32 / 2 = 16; expert DP = 2*16 / (4*1) = 8
+    # valid, but 231 GiB per GPU at PP 1: exit 1 (it does not fit) with the nearest variant that does
     code, out, _ = _run(capsys, "check", "--model", "mixtral", "--nodes", "4", "--layout", "tp=2,ep=4,etp=1,sp=true")
-    assert code == 0
+    assert code == 1 and "does not fit" in out and "nearest that fits" in out
     assert "valid" in out and "2 experts per GPU" in out and "DP 16" in out and "expert DP 8" in out
 
 
@@ -247,7 +248,7 @@ def test_check_accepts_a_layout_string(capsys) -> None:
     code, out, _ = _run(capsys, "check", "--model", "deepseek-v3", "--nodes", "128", "--global-batch-size", "8192",
                         "--layout", layout, "--json")
     obj = json.loads(out)
-    assert code == 0 and obj["valid"]
+    assert code == 1 and obj["valid"] and not obj["fits_in_memory"]  # valid, but over an H100's memory: exit 1
     assert obj["layout"]["pipeline_model_parallel_layout"] == "Et|(tt|)*30mL"
     assert obj["layout"]["virtual_pipeline_model_parallel_size"] == 4
     assert obj["stage_layers"] == [7] + [8] * 6 + [6]  # rank 0 holds E+t, tt, tt, tt; rank 7 tt, tt, tt, mL

@@ -246,3 +246,18 @@ def test_the_release_changes_the_prediction_and_unknown_ones_fall_back_with_a_wa
     assert job.training.release == DEFAULT_RELEASE
     older = estimate_time(replace(job, training=replace(job.training, release="26.04")), layout).tokens_per_s_per_gpu
     assert older != newest
+
+
+def test_the_power_limit_comes_from_the_datasheets_and_moves_no_fitted_gpu() -> None:
+    """B200 and GB200 are one die rated 2.25 / 2.5 PFLOP/s at 1,000 / 1,200 W: the rate goes as TDP^0.578, so GB300
+    (2.5 PFLOP/s rated, 1,400 W) sustains 1.4^0.578 * 2.25 / 2.5 of what its peak alone says, B300 1.1^0.578."""
+    import math
+    from dataclasses import replace
+
+    from autotune.cost.efficiency import power_factor
+
+    k = math.log(2.5 / 2.25) / math.log(1.2)
+    assert power_factor(get_gpu("b200")) == pytest.approx(1.0) and power_factor(get_gpu("gb200")) == pytest.approx(1.0)
+    assert power_factor(get_gpu("gb300")) == pytest.approx(1.4**k * 2.25 / 2.5, rel=1e-9)
+    assert power_factor(get_gpu("b300")) == pytest.approx(1.1**k, rel=1e-9)
+    assert power_factor(get_gpu("h100")) == 1.0 and power_factor(replace(get_gpu("gb300"), tdp_watts=None)) == 1.0

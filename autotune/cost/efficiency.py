@@ -19,6 +19,7 @@ roofline (bytes / HBM bandwidth) bounds very small GEMMs.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -233,11 +234,39 @@ class GemmCost:
         return count * ((compute_s if compute_s > memory_s else memory_s) + self.gap_s)
 
 
+# Two SKUs of one die in a generation, whose datasheet peaks and power limits give the clock-power curve of that die
+# (`power_factor`): Blackwell's B200 (1,000 W, 2.25 PFLOP/s BF16 dense) and GB200 (1,200 W, 2.5 PFLOP/s).
+POWER_CURVE_GPUS = {"blackwell": ("b200", "gb200")}
+
+
+@lru_cache(maxsize=64)
+def power_factor(gpu: GPUSpec) -> float:
+    """The sustained tensor-core rate over what the datasheet peak alone says, from the power limit: a dense GEMM at
+    full load runs at the clock the power cap allows. NVIDIA's own ratings of one die under two power limits give
+    the curve: B200 and GB200 are the same chip, rated 2.25 and 2.5 PFLOP/s for 1,000 and 1,200 W, so the rate
+    goes as TDP^k with k = ln(2.5 / 2.25) / ln(1.2) = 0.578. A GPU of that generation sustains the reference's
+    rate times (TDP / TDP_ref)^k, which is (TDP / TDP_ref)^k * peak_ref / peak times what its own peak says: 1 for
+    B200 and GB200 by construction (so no fitted row moves), 1.094 for GB300 (rated 2.5 PFLOP/s like GB200 but
+    allowed 1,400 W), 1.057 for B300 (2.25 PFLOP/s, 1,100 W). It assumes Blackwell Ultra's die follows Blackwell's
+    clock-power curve. 1 for generations without two such SKUs in the catalog and for a GPU without a power
+    figure. Nothing here is fitted: the exponent is the datasheets'."""
+    from search_spaces.gpus import get_gpu
+
+    pair = POWER_CURVE_GPUS.get(gpu.arch)
+    if pair is None or gpu.tdp_watts is None:
+        return 1.0
+    low, high = (get_gpu(name) for name in pair)
+    if low.tdp_watts is None or high.tdp_watts is None:
+        return 1.0
+    k = math.log(high.bf16_flops / low.bf16_flops) / math.log(high.tdp_watts / low.tdp_watts)
+    return (gpu.tdp_watts / low.tdp_watts) ** k * low.bf16_flops / gpu.bf16_flops
+
+
 @lru_cache(maxsize=256)
 def gemm_cost(gpu: GPUSpec, precision: str, recipe: str | None, cal: Calibration) -> GemmCost:
     """The GemmCost of `gpu` at `precision` (FP8: the recipe's fraction of the FP8 peak, 1-byte operands)."""
     fraction = cal.arch(gpu).gemm(precision, recipe)
-    return GemmCost(flops_per_s=gpu.peak_flops(precision) * fraction,
+    return GemmCost(flops_per_s=gpu.peak_flops(precision) * fraction * power_factor(gpu),
                     bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_fraction,
                     element_bytes=1.0 if precision == "fp8" else 2.0,
                     dim_half=cal.gemm_dim_half, gap_s=cal.kernel_gap_s)
@@ -265,7 +294,7 @@ def attention_time_s(flops: float, exps: float, *, gpu: GPUSpec, cal: Calibratio
     shape = (block_tokens / (block_tokens + cal.gemm_dim_half)) ** 2
     peak = gpu.peak_flops("fp8") if fp8 else gpu.bf16_flops
     exp_rate = gpu.sfu_exp_per_s or gpu.bf16_flops / MATMUL_PER_EXP_DEFAULT
-    matmul_s = flops / (peak * cal.arch(gpu).attention)
+    matmul_s = flops / (peak * cal.arch(gpu).attention * power_factor(gpu))
     exp_s = exps / (exp_rate * cal.sfu_fraction)
     return (max(matmul_s, exp_s) + cal.softmax_serial * min(matmul_s, exp_s)) / shape
 

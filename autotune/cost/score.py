@@ -51,14 +51,15 @@ from autotune.cost.memory import (
 from autotune.cost.placement import heaviest_stage, stage_params
 from autotune.cost.throughput import LAYER_KEYS, TIME_KEYS, dp_comm_s, layer_times, optimizer_step_s, pipeline_p2p_s
 from search_spaces.job import Job
-from search_spaces.layout import RECOMPUTE_CHOICES, Layout
+from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES, Layout
 from search_spaces.measurement import Measurement
 
 __all__ = ["Scores", "score_layouts", "OVERHEAD_TERMS"]
 
 GIB = 1024**3
 FULL = RECOMPUTE_CHOICES.index("full")
-OVERHEAD_TERMS = ("cuda_context", "nccl_buffers", "tp_userbuffers", "deepep_buffers", "allocator_reserve")
+OVERHEAD_TERMS = ("cuda_context", "nccl_buffers", "tp_userbuffers", "deepep_buffers", "hybridep_buffers",
+                  "allocator_reserve", "graph_pool_held")
 
 
 # --- grouping rows by the fields a term reads ------------------------------------------------------------------
@@ -410,13 +411,15 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
             counts = inflight_microbatches_per_chunk(int(table.pp[i]), int(t.vpp[i]), int(m[i]), p,
                                                      extra_warmup=int(extra[i]))
             flight_values[g, c, :len(counts)] = counts
-    work = _group(table.tp, table.sp, table.cp, table.mbs)
+    work = _group(table.tp, table.sp, table.cp, table.mbs, table.dp, table.cuda_graphs)
     work_values = np.array(work.values(lambda i: [sum(workspace_terms(job, t.layout(i), has_output=o).values())
                                                   for o in (False, True)]))
     allow = _group(table.tp, table.cp, table.dp, table.ep, t.etp, table.pp, table.sp, table.mbs)
     allow_terms = allow.values(lambda i: device_terms(job, t.layout(i), assumptions.allowance))
-    overhead_terms = {name: _gather([d[name] for d in allow_terms], allow) for name in OVERHEAD_TERMS}
+    overhead_terms = {name: _gather([d[name] for d in allow_terms], allow) for name in OVERHEAD_TERMS[:-1]}
     overhead = _gather([sum(d.values()) for d in allow_terms], allow)
+    full_graphs = table.cuda_graphs == CUDA_GRAPH_CHOICES.index("full_iteration")
+    held_out = np.zeros(n)  # `memory.graph_pool_held_bytes` of each row's peak stage
 
     result = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer", "activations", "workspace")}
     stage_out, phase_out, params_out = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.int64)
@@ -448,16 +451,18 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                     value = value + uu["output"]
                 act = act + fl[:, c, j] * value
             step = st[:, c, 3]
+            held = np.where(full_graphs[idx], np.minimum(act, step), 0.0)
             optimizer_phase = step > act
             act = np.where(optimizer_phase, step, act)
             ws = work_values[work.inverse[idx], int(has_out)]
             allocated = st[:, c, 0] + st[:, c, 1] + st[:, c, 2] + act + ws
-            totals.append(allocated + overhead[idx])
-            parts.append((st[:, c, 0], st[:, c, 1], st[:, c, 2], act, ws, optimizer_phase, p))
+            totals.append(allocated + overhead[idx] + held)
+            parts.append((st[:, c, 0], st[:, c, 1], st[:, c, 2], act, ws, optimizer_phase, p, held))
         best = np.argmax(np.stack(totals, axis=1), axis=1)
-        for c, (w, gr, o, act, ws, phase, p) in enumerate(parts):
+        for c, (w, gr, o, act, ws, phase, p, held) in enumerate(parts):
             sel = best == c
             rows = idx[sel]
+            held_out[rows] = held[sel]
             for name, value in zip(result, (w, gr, o, act, ws), strict=True):
                 result[name][rows] = value[sel]
             phase_out[rows] = phase[sel]
@@ -465,6 +470,8 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
             params_out[rows] = stage_params_per_gpu[t.placement.inverse[rows], c]
     allocated = result["weights"] + result["gradients"] + result["optimizer"] + result["activations"] \
         + result["workspace"]
+    overhead = overhead + held_out
+    overhead_terms["graph_pool_held"] = held_out
     total = allocated + overhead
     memory = {**{name: result[name] for name in TERMS[:-1]}, "overhead": overhead}
     dominant = np.argmax(np.stack([memory[name] for name in TERMS], axis=1), axis=1)
