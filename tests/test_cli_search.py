@@ -62,7 +62,10 @@ def test_json_output_is_one_object_with_best_pareto_and_trials(tmp_path, capsys,
     assert rc == 0
     assert payload["best"]["layout"]["tensor_model_parallel_size"] >= 1
     assert set(payload["best"]["launch"]) == {"megatron_bridge", "megatron_lm"}
-    assert len(payload["trials"]) == 12 and payload["pareto"]
+    # kept: the ranked top 12 and the Pareto front (docs/search.md), each once
+    assert payload["pareto"] and 12 <= len(payload["trials"]) <= 12 + len(payload["pareto"])
+    texts = {t["layout_text"] for t in payload["trials"]}
+    assert len(texts) == len(payload["trials"]) and {p["layout_text"] for p in payload["pareto"]} <= texts
     assert payload["decision"]["pick"] == payload["best"]["layout_text"]
 
 
@@ -72,7 +75,7 @@ def test_resume_alone_reads_the_job_from_the_folder(tmp_path, capsys, ray_sessio
     first = json.loads(capsys.readouterr().out)
     assert main(["--resume", folder, "--json"]) == 0  # no --model: the job comes from search.json
     again = json.loads(capsys.readouterr().out)
-    assert again["best"]["layout"] == first["best"]["layout"] and len(again["trials"]) == 6
+    assert again["best"]["layout"] == first["best"]["layout"] and len(again["trials"]) == len(first["trials"]) >= 6
 
 
 def test_search_without_model_or_resume_is_exit_2(capsys):

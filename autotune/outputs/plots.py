@@ -104,6 +104,8 @@ def feasible_mask(df: pd.DataFrame) -> pd.Series:
     for column in ("feasible", "ok"):
         if column in df:
             return df[column].astype(bool)
+    if "status" not in df:  # no rows at all (a search where nothing was kept): nothing is feasible
+        return df.index.to_series().astype(bool) & False
     return df["status"] == "ok"
 
 
@@ -140,6 +142,8 @@ class _FrontRow:
 def top_feasible(df: pd.DataFrame, k: int = 5, order: Sequence[str] | None = None) -> pd.DataFrame:
     """The first k feasible trials, one row per distinct layout: in `order` (layout texts, the answer's ranking)
     when given, else by tokens/s per GPU (a plain table of trials)."""
+    if "tokens_per_s_per_gpu" not in df:
+        return df
     feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu"])
     if order is not None:
         first = feasible.drop_duplicates(subset="layout").set_index("layout", drop=False)
@@ -227,6 +231,10 @@ def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float, labels: Map
                   pick: str | None = None) -> None:
     import numpy as np
 
+    if rows.empty or "layout" not in rows:  # nothing fits: an empty chart that says so
+        ax.text(0.5, 0.5, "no layout fits", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+        return
     terms = _ordered_terms(rows.columns, prefix, labels)
     y = np.arange(len(rows))
     left = np.zeros(len(rows))

@@ -402,6 +402,7 @@ def memory_hints(result: Any, terms: list[str]) -> list[str]:
     closest = result.closest_misses(1)
     over = (closest[0].measurement.memory_bytes or 0.0) - result.capacity_bytes if closest else 0.0
     if 0 < over <= result.headroom_bytes:  # the nearest miss would fit in the GPU's whole memory
+        hints = [h for h in hints if h != _TERM_HINTS["overhead"]]  # said below, with the figures
         general.append(f"a smaller --headroom-gib (now {result.headroom_bytes / GIB:.1f} GiB; the closest layout is "
                        f"{over / GIB:.1f} GiB over)")
     return hints + [h for h in general if h not in hints] + _space_hints(result)[1:]
