@@ -100,5 +100,5 @@ def test_the_search_picks_at_least_the_newest_gb200_moe_recipes(recipes) -> None
         assert answer.index_of(r.layout) is not None, f"{r.model}: {r.layout} is not in the default space"
         recipe = AnalyticBackend().evaluate(r.job, r.layout).tokens_per_s_per_gpu
         pick = answer.decision.pick
-        assert pick is not None
+        assert pick is not None and recipe is not None
         assert answer.scores.tokens_per_s_per_gpu[pick] >= recipe * (1 - TIE_TOLERANCE), r.model

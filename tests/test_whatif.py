@@ -33,6 +33,7 @@ def test_each_row_is_that_clusters_own_answer() -> None:
     rows = what_if(jobs, tokens=1e12)
     for job, row in zip(jobs, rows, strict=True):
         answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
+        assert answer.decision.pick is not None and row.tokens_per_s_per_gpu is not None and row.seconds is not None
         assert row.pick == str(answer.layout(answer.decision.pick))
         assert row.tokens_per_s_per_gpu == pytest.approx(answer.scores.tokens_per_s_per_gpu[answer.decision.pick])
         # 1e12 tokens / (tokens/s per GPU x GPUs) seconds; GPU-hours = GPUs x hours
@@ -47,11 +48,12 @@ def test_the_smallest_cluster_that_fits_when_none_does() -> None:
     rows = what_if([job])
     assert rows[0].pick is None and rows[-1].found and rows[-1].pick is not None
     found = rows[-1].job.cluster.nodes
+    smallest = smallest_fitting(job)
     assert found > 1
     fewer = what_if([make_job("llama3-70b", nodes=found - 1, seq_length=32768, global_batch_size=16)],
                     find_smallest=False)
     assert fewer[0].pick is None
-    assert smallest_fitting(job) is not None and smallest_fitting(job).job.cluster.nodes == found
+    assert smallest is not None and smallest.job.cluster.nodes == found
 
 
 def test_a_list_of_gpus_and_nodes_is_one_row_each(capsys) -> None:

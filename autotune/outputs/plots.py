@@ -93,7 +93,7 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
 
 def _proxy_text(proxy: object) -> str | None:
     """What the CPU proxy found for a layout the model ranks (`ok, 1,430 tok/s`), None when it did not run it."""
-    if not isinstance(proxy, dict):
+    if not isinstance(proxy, dict) or "status" not in proxy:  # a CPU-proxy run's own extra["proxy"] is its plan
         return None
     tps = proxy.get("tokens_per_s_per_gpu")
     return f"{proxy.get('status')}, {tps:,.0f} tok/s" if proxy.get("status") == "ok" and tps else str(proxy["status"])

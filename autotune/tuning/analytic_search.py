@@ -108,8 +108,11 @@ def measured_decision(measurements: Sequence[Measurement], capacity_bytes: float
         return proxy_checked(analytic, last, answer)
     fits = [m for m in last.values() if m.ok and (m.tokens_per_s_per_gpu or 0) > 0
             and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes]
-    if not fits:
-        return {**analytic, "stage": "analytic", "measured": 0} if analytic else {}
+    if not fits:  # nothing measured on GPUs fits: the model's pick, but never one the measurements saw fail
+        if not analytic:
+            return {}
+        failed = {lay: m for lay, m in last.items() if m.status == "failed"}
+        return avoid_failed({**analytic, "stage": "analytic", "measured": 0}, failed, answer, "when measured")
     tolerance = measured_tolerance([m.step_time_s or 0.0 for m in fits],
                                    [float(m.time.get("step_stdev", 0.0) or 0.0) for m in fits])
     tokens = [float(m.tokens_per_s_per_gpu or 0.0) for m in fits]
@@ -165,19 +168,28 @@ def proxy_checked(analytic: dict[str, Any], last: dict[Layout, Measurement],
                            "proxy": {"measured": len(last), "ran": ran, "failed": len(failed),
                                      "timed_out": sum(m.status == "timeout" for m in last.values()),
                                      "failed_layouts": {str(k): v.reason[:300] for k, v in list(failed.items())[:10]}}}
-    pick = analytic.get("pick")
-    if answer is not None and pick is not None and any(str(lay) == pick for lay in failed):
-        for row in answer.decision.order:
-            layout = answer.layout(int(row))
-            if layout not in failed:
-                out["model_pick"] = pick
-                out["pick"] = str(layout)
-                out["reason"] = (f"the model's pick {pick} failed on the CPU proxy ({failed_reason(failed, pick)}); "
-                                 f"picked the next of the model's ranking the proxy did not see fail")
-                out.pop("memory_warning", None)
-                break
+    out = avoid_failed(out, failed, answer, "on the CPU proxy")
     if "yours" in out:
         out["yours"] = [_with_measured(v, last) for v in out["yours"]]
+    return out
+
+
+def avoid_failed(out: dict[str, Any], failed: dict[Layout, Measurement], answer: AnalyticAnswer | None,
+                  where: str) -> dict[str, Any]:
+    """`out` with its pick moved to the first layout of the model's ranking that did not fail, when the pick failed
+    to build or train (`where` it failed, for the reason)."""
+    pick = out.get("pick")
+    if answer is None or pick is None or not any(str(lay) == pick for lay in failed):
+        return out
+    for row in answer.decision.order:
+        layout = answer.layout(int(row))
+        if layout not in failed:
+            out["model_pick"] = pick
+            out["pick"] = str(layout)
+            out["reason"] = (f"the model's pick {pick} failed {where} ({failed_reason(failed, pick)}); picked the "
+                             f"next of the model's ranking that was not seen to fail")
+            out.pop("memory_warning", None)
+            break
     return out
 
 

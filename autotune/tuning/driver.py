@@ -373,10 +373,11 @@ def _analytic_only(backend: Backend, address: str | None) -> bool:
 
 def _decision(mode: str, records: Sequence[TrialRecord], capacity: float, answer: Any,
               user: Sequence[Layout] = ()) -> dict[str, Any]:
-    from autotune.tuning.analytic_search import analytic_decision, measured_decision
+    from autotune.tuning.analytic_search import analytic_decision, avoid_failed, measured_decision
 
     if mode == "analytic" or all(r.measurement.source == "analytic" for r in records):
-        return analytic_decision(answer, user)
+        failed = {r.measurement.layout: r.measurement for r in records if r.measurement.status == "failed"}
+        return avoid_failed(analytic_decision(answer, user), failed, answer, "when measured")
     return measured_decision([r.measurement for r in records], capacity, answer, user)
 
 
