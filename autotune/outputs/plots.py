@@ -17,9 +17,11 @@ Columns the plots read (missing ones are tolerated where they can be):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, cast
 
 from autotune.outputs import terms as _TERMS
+from search_spaces.layout import Layout
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,6 +57,11 @@ PLOT_FILES: dict[str, str] = {
 }
 
 
+_FRAME_COLUMNS = ("trial", "origin", "layout", "status", "ok", "feasible", "tokens_per_s_per_gpu", "memory_gib",
+                  "step_time_s", "tflops_per_gpu", "mfu", "reason", "rules", "dominant_time", "dominant_memory",
+                  "source", "proxy")
+
+
 def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
     """One row per trial, in trial order: number, layout fields, status, feasibility, totals and breakdowns.
 
@@ -88,7 +95,8 @@ def trials_frame(trials: Iterable[Measurement | TrialRecord]) -> pd.DataFrame:
         row.update({f"time.{k}": v for k, v in m.time.items()})
         row.update({f"memory.{k}": v for k, v in m.memory.items()})
         rows.append(row)
-    return pd.DataFrame(rows)
+    # no trials (a search where nothing was kept): the columns every reader indexes, with no rows
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=[*_FRAME_COLUMNS, *(f.name for f in fields(Layout))])
 
 
 def _proxy_text(proxy: object) -> str | None:
@@ -104,8 +112,6 @@ def feasible_mask(df: pd.DataFrame) -> pd.Series:
     for column in ("feasible", "ok"):
         if column in df:
             return df[column].astype(bool)
-    if "status" not in df:  # no rows at all (a search where nothing was kept): nothing is feasible
-        return df.index.to_series().astype(bool) & False
     return df["status"] == "ok"
 
 
@@ -142,8 +148,6 @@ class _FrontRow:
 def top_feasible(df: pd.DataFrame, k: int = 5, order: Sequence[str] | None = None) -> pd.DataFrame:
     """The first k feasible trials, one row per distinct layout: in `order` (layout texts, the answer's ranking)
     when given, else by tokens/s per GPU (a plain table of trials)."""
-    if "tokens_per_s_per_gpu" not in df:
-        return df
     feasible = df[feasible_mask(df)].dropna(subset=["tokens_per_s_per_gpu"])
     if order is not None:
         first = feasible.drop_duplicates(subset="layout").set_index("layout", drop=False)
@@ -231,7 +235,7 @@ def _stacked_bars(ax, rows: pd.DataFrame, prefix: str, scale: float, labels: Map
                   pick: str | None = None) -> None:
     import numpy as np
 
-    if rows.empty or "layout" not in rows:  # nothing fits: an empty chart that says so
+    if rows.empty:  # nothing fits: an empty chart that says so
         ax.text(0.5, 0.5, "no layout fits", ha="center", va="center", transform=ax.transAxes)
         ax.set_yticks([])
         return
