@@ -469,12 +469,9 @@ def _opened() -> Any:
     return _OPENED.get(key)
 
 
-def open_pool() -> Any:
-    """The pool of this Ray job's namespace, created by this process when there is none: owned by it (it ends with
-    this process, or at `shutdown_pool`), restarted by Ray if the pool's own process dies, placed on this node where
-    it can be (the search driver's: a node that leaves takes the search with it anyway)."""
+def _existing_pool() -> Any:
+    """The pool this process opened, else the one of this Ray job's namespace, else None."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     pool = _opened()
     if pool is not None:
@@ -482,7 +479,18 @@ def open_pool() -> Any:
     try:
         return ray.get_actor(POOL_NAME)
     except ValueError:
-        pass
+        return None
+
+
+def open_pool() -> Any:
+    """The pool of this Ray job's namespace, created by this process when there is none: owned by it (it ends with
+    this process, or at `shutdown_pool`), restarted by Ray if the pool's own process dies, placed on this node where
+    it can be (the search driver's: a node that leaves takes the search with it anyway)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    pool = _existing_pool()
+    if pool is not None:
+        return pool
     # Pinned (softly) to this node, not in any placement group: a Tune trial's placement group captures child
     # actors by default, and removing that group at the trial's end would kill the pool with it.
     pool = _make_pool_class().options(
@@ -496,22 +504,18 @@ def _get_pool() -> Any:
     """The pool `open_pool` made; without one, this driver's own (`open_pool`), or from inside a Ray worker (a Tune
     trial of a caller that opened none) a detached pool, so later trials (other processes) find the same workers;
     `shutdown_pool` ends it."""
-    import ray
     from ray._private import worker
 
-    pool = _opened()
+    pool = _existing_pool()
     if pool is not None:
         return pool
-    try:
-        return ray.get_actor(POOL_NAME)
-    except ValueError:
-        if worker.global_worker.mode == worker.SCRIPT_MODE:
-            return open_pool()
-        cls = _make_pool_class()
-        # "DEFAULT" scheduling: a Tune trial's placement group captures child actors by default, and removing
-        # that group at the trial's end would kill the pool with it.
-        return cls.options(name=POOL_NAME, lifetime="detached", get_if_exists=True, runtime_env=_runtime_env(),
-                           scheduling_strategy="DEFAULT").remote()
+    if worker.global_worker.mode == worker.SCRIPT_MODE:
+        return open_pool()
+    cls = _make_pool_class()
+    # "DEFAULT" scheduling: a Tune trial's placement group captures child actors by default, and removing
+    # that group at the trial's end would kill the pool with it.
+    return cls.options(name=POOL_NAME, lifetime="detached", get_if_exists=True, runtime_env=_runtime_env(),
+                       scheduling_strategy="DEFAULT").remote()
 
 
 def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
