@@ -339,11 +339,10 @@ def test_megatron_lm_is_told_its_connections_on_hopper(outcomes) -> None:
 def _documented_search_jobs() -> dict[str, Job]:
     """The job of every search command in README.md and docs/*.md (tests/test_docs_commands.py collects them), built
     by the CLI's own parser, as the command builds it."""
-    import argparse
     import shlex
 
     from autotune.ui.cli import build_parser
-    from autotune.ui.commands import job_from_args
+    from autotune.ui.commands.whatif import what_if_jobs
 
     from test_docs_commands import COMMANDS, _verb
 
@@ -353,14 +352,9 @@ def _documented_search_jobs() -> dict[str, Job]:
             continue
         argv = shlex.split(command.split(">", 1)[0])[3:]
         argv = argv if argv and argv[0] == "search" else ["search", *argv]
-        args = build_parser().parse_args(argv)
         # a what-if (`--nodes 4,8,16`, `--gpu h100,h200`) answers one search per cluster: each is a job
-        nodes = args.nodes if isinstance(args.nodes, tuple) else (args.nodes,)
-        gpus = args.gpu.split(",") if isinstance(args.gpu, str) else (args.gpu,)
-        for n in nodes:
-            for gpu in gpus:
-                job = job_from_args(argparse.Namespace(**{**vars(args), "nodes": n, "gpu": gpu}))
-                jobs.setdefault(f"{job.model.name} {job.world_size} {job.cluster.gpu.name}", job)
+        for job in what_if_jobs(build_parser().parse_args(argv)):
+            jobs.setdefault(f"{job.model.name} {job.world_size} {job.cluster.gpu.name}", job)
         del where
     return jobs
 
