@@ -34,7 +34,7 @@ from autotune.cost.analytic import AnalyticBackend  # noqa: E402
 from autotune.tuning.analytic_pass import analytic_pass  # noqa: E402
 from autotune.tuning.driver import DEFAULT_SPACE  # noqa: E402
 from autotune.tuning.ranking import TIE_TOLERANCE  # noqa: E402
-from bench.recipe_rows import load_recipe_rows  # noqa: E402
+from bench.recipe_rows import RecipeRow, load_recipe_rows  # noqa: E402
 from search_spaces.space import feasible_space  # noqa: E402
 
 FITTED_GPUS = ("b200", "gb200")
@@ -46,29 +46,33 @@ def evaluate() -> list[dict[str, Any]]:
     for r in load_recipe_rows():
         if r.skip or r.arch != "moe" or r.gpu not in FITTED_GPUS or r.job is None or r.layout is None:
             continue
-        key = (r.job, r.layout)
-        if key in seen:
-            continue
-        seen.add(key)
-        t0 = time.perf_counter()
-        space = feasible_space(r.job, DEFAULT_SPACE)
-        answer = analytic_pass(r.job, space)
-        recipe = AnalyticBackend().evaluate(r.job, r.layout)
-        row = answer.index_of(r.layout)
-        pick = answer.decision.pick
-        pick_tps = None if pick is None else float(answer.scores.tokens_per_s_per_gpu[pick])
-        best = float(answer.scores.tokens_per_s_per_gpu[answer.eligible].max()) if answer.eligible.any() else None
-        out.append({
-            "release": r.release, "gpu": r.gpu, "model": r.model, "precision": r.precision, "gpus": r.num_gpus,
-            "recipe": str(r.layout), "recipe_tokens_per_s_per_gpu": recipe.tokens_per_s_per_gpu,
-            "recipe_fits": recipe.status == "ok", "recipe_in_space": row is not None, "space_size": space.size,
-            "pick": None if pick is None else str(answer.layout(pick)), "pick_tokens_per_s_per_gpu": pick_tps,
-            "best_tokens_per_s_per_gpu": best,
-            "pick_at_least_recipe": pick_tps is not None
-            and pick_tps >= (recipe.tokens_per_s_per_gpu or 0.0) * (1 - TIE_TOLERANCE),
-            "seconds": time.perf_counter() - t0,
-        })
+        if (r.job, r.layout) not in seen:
+            seen.add((r.job, r.layout))
+            out.append(compare(r))
     return out
+
+
+def compare(r: RecipeRow) -> dict[str, Any]:
+    """One scored recipe row against the search's default space of its job."""
+    assert r.job is not None and r.layout is not None, r.skip
+    t0 = time.perf_counter()
+    space = feasible_space(r.job, DEFAULT_SPACE)
+    answer = analytic_pass(r.job, space)
+    recipe = AnalyticBackend().evaluate(r.job, r.layout)
+    row = answer.index_of(r.layout)
+    pick = answer.decision.pick
+    pick_tps = None if pick is None else float(answer.scores.tokens_per_s_per_gpu[pick])
+    best = float(answer.scores.tokens_per_s_per_gpu[answer.eligible].max()) if answer.eligible.any() else None
+    return {
+        "release": r.release, "gpu": r.gpu, "model": r.model, "precision": r.precision, "gpus": r.num_gpus,
+        "recipe": str(r.layout), "recipe_tokens_per_s_per_gpu": recipe.tokens_per_s_per_gpu,
+        "recipe_fits": recipe.status == "ok", "recipe_in_space": row is not None, "space_size": space.size,
+        "pick": None if pick is None else str(answer.layout(pick)), "pick_tokens_per_s_per_gpu": pick_tps,
+        "best_tokens_per_s_per_gpu": best,
+        "pick_at_least_recipe": pick_tps is not None
+        and pick_tps >= (recipe.tokens_per_s_per_gpu or 0.0) * (1 - TIE_TOLERANCE),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def main() -> int:

@@ -86,19 +86,13 @@ def test_the_search_picks_at_least_the_newest_gb200_moe_recipes(recipes) -> None
     """The 26.08 GB200 recipes of Qwen3-30B-A3B (8 GPUs, full-iteration graphs) and GPT-OSS-120B (64 GPUs): each is
     a row of the search's default space and the pick is predicted at least as fast, within the tie tolerance
     (every distinct B200 / GB200 MoE recipe: `bench/bench_recipes_in_space.py`)."""
-    from autotune.cost.analytic import AnalyticBackend
-    from autotune.tuning.analytic_pass import analytic_pass
-    from autotune.tuning.driver import DEFAULT_SPACE
-    from autotune.tuning.ranking import TIE_TOLERANCE
-    from search_spaces.space import feasible_space
+    from bench.bench_recipes_in_space import compare
 
     chosen = [r for r in recipes if not r.skip and r.release == "26.08" and r.gpu == "gb200"
               and r.model in ("Qwen3_30B_a3B", "GPT OSS 120B") and r.precision == "MXFP8"]
     assert {r.model for r in chosen} == {"Qwen3_30B_a3B", "GPT OSS 120B"}
     for r in chosen:
-        answer = analytic_pass(r.job, feasible_space(r.job, DEFAULT_SPACE))
-        assert answer.index_of(r.layout) is not None, f"{r.model}: {r.layout} is not in the default space"
-        recipe = AnalyticBackend().evaluate(r.job, r.layout).tokens_per_s_per_gpu
-        pick = answer.decision.pick
-        assert pick is not None and recipe is not None
-        assert answer.scores.tokens_per_s_per_gpu[pick] >= recipe * (1 - TIE_TOLERANCE), r.model
+        got = compare(r)
+        assert got["recipe_in_space"], f"{r.model}: {r.layout} is not in the default space"
+        assert got["pick"] is not None and got["recipe_tokens_per_s_per_gpu"] is not None
+        assert got["pick_at_least_recipe"], got  # pick >= recipe * (1 - TIE_TOLERANCE)
