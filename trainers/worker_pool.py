@@ -266,6 +266,9 @@ def _make_pool_class() -> Any:
             self.nodes: dict[tuple[Any, ...], list[str]] = {}
             self.worker_cls = _make_worker_class()
             self.started = 0  # groups started (placement group names)
+            # this incarnation's own names: a pool Ray restarts after its node died counts from 0 again, while the
+            # dead one's placement groups may still exist under the old names
+            self.incarnation = os.urandom(4).hex()
 
         def _start_group(self, key: tuple[Any, ...], placement: Any, use_gpu: bool, timeout_s: float,
                          placement_timeout_s: float) -> list[Any]:
@@ -287,7 +290,7 @@ def _make_pool_class() -> Any:
                     raise _NoPlacement(f"cannot be placed on this cluster: {why}", "placement")
                 self.started += 1
                 pg = placement_group(placement.bundles, strategy=STRATEGY,
-                                     name=f"{POOL_NAME}-{placement.world}w-{self.started}")
+                                     name=f"{POOL_NAME}-{placement.world}w-{self.started}-{self.incarnation}")
                 if not pg.wait(PLACEMENT_POLL_S):
                     for other in [k for k in self.groups if k != key]:  # idle: this pool runs one trial at a time
                         self._kill_group(other)
