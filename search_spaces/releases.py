@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Release", "RELEASES", "DEFAULT_RELEASE", "release_names", "resolve_release", "release_rule_set"]
+__all__ = ["Release", "RELEASES", "DEFAULT_RELEASE", "release_names", "resolve_release", "release_rule_set",
+           "local_layer_graphs_refused"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,6 +83,21 @@ def resolve_release(text: str) -> tuple[str, str | None]:
     chosen = older[-1] if older else RELEASES[0]
     return chosen.name, (f"autotune has no factors for release {text}; predicting for {chosen.name}, the nearest "
                          f"one (known: {', '.join(release_names())})")
+
+
+def local_layer_graphs_refused(name: str) -> str | None:
+    """Megatron-Bridge's message when release `name` refuses per-layer `local` CUDA graphs, or None. Bridge 0.6.0
+    added `utils/cuda_graph.py` `validate_cuda_graph_configuration`, which allows `cuda_graph_impl="local"` only for
+    full-iteration graphs; every earlier tag (v0.1.0rc3 to v0.5.1, read in the Megatron-Bridge mirror) and the NeMo
+    2.0 containers before it run megatron-core's per-layer local graphs. Megatron-LM's own launcher takes them on
+    every release."""
+    bridge = _BY_NAME[name].bridge
+    numbers = None if bridge is None else _numbers(bridge)
+    if numbers is None or numbers < (0, 6, 0):
+        return None
+    return (f'Megatron Bridge supports model.cuda_graph_impl="local" only for full-iteration CUDA graphs (Bridge '
+            f'{bridge}, release {name}). Use model.cuda_graph_impl="transformer_engine" for scoped CUDA graph capture '
+            'such as "attn" or "mlp".')
 
 
 def release_rule_set(name: str) -> str:

@@ -15,7 +15,8 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
     ep_overlap SpaceOptions.ep_overlap; True only for MoE with EP > 1, VPP when PP > 1 (and 0.16.1's MTP rules)
     dist_opt   SpaceOptions.dist_opt (free)
     recompute  SpaceOptions.recompute, less what ep_overlap and the training settings forbid
-    cuda_graphs SpaceOptions.cuda_graphs, less what the model, ep_overlap and recompute forbid
+    cuda_graphs SpaceOptions.cuda_graphs (default: the release's, `cuda_graph_options`), less what the model,
+               ep_overlap and recompute forbid
 The last three are the layout's switches: which (dist_opt, recompute, cuda_graphs) a shape takes depends only on its
 ep_overlap (`FeasibleSpace.switches`).
 
@@ -58,6 +59,7 @@ from search_spaces.layout import (
     PipelineSplit,
     pipeline_split_for,
 )
+from search_spaces.releases import local_layer_graphs_refused
 from search_spaces.rules import (
     Rule,
     Violation,
@@ -71,15 +73,17 @@ from search_spaces.rules import (
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
-           "pipeline_fields", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS", "DEFAULT_CUDA_GRAPHS"]
+           "pipeline_fields", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS", "DEFAULT_CUDA_GRAPHS",
+           "cuda_graph_options"]
 
 DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "ep_overlap", "dist_opt",
                                 "recompute", "cuda_graphs")
 SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:9]  # the switches after them depend on ep_overlap alone
 SWITCH_DIMENSIONS: tuple[str, ...] = DIMENSIONS[9:]
-# the CUDA graphs the default space searches: Bridge 0.6 refuses per-layer "local" graphs (utils/cuda_graph.py
-# validate_cuda_graph_configuration), so they are offered only on request (SpaceOptions.cuda_graphs)
-DEFAULT_CUDA_GRAPHS: tuple[str, ...] = ("none", "transformer_engine", "full_iteration")
+# the CUDA graphs the default space searches (SpaceOptions.cuda_graphs None): every kind, less per-layer "local"
+# graphs on a release whose Megatron-Bridge refuses them (0.6: `releases.local_layer_graphs_refused`); asked for by
+# name (`--cuda-graphs local`), they are offered on any release (Megatron-LM's launcher takes them)
+DEFAULT_CUDA_GRAPHS: tuple[str, ...] = CUDA_GRAPH_CHOICES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,7 +95,8 @@ class SpaceOptions:
     expert_within_node: for MoE, EP*ETP groups stay inside one NVLink domain (nvlink_domain % (EP*ETP) == 0).
     min_pp_for_vpp: interleaving needs PP >= this; 2 is megatron-core's rule, 3 is Megatron-LM's
         training-script rule when --overlap-p2p-comm is off.
-    cuda_graphs, ep_overlap: the values of these layout switches to search (one value: the switch is fixed).
+    cuda_graphs, ep_overlap: the values of these layout switches to search (one value: the switch is fixed);
+        cuda_graphs None: the release's own (`cuda_graph_options`).
     max_*: caps on a dimension (None: no cap beyond validity).
     """
 
@@ -100,7 +105,7 @@ class SpaceOptions:
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES
     dist_opt: tuple[bool, ...] = (False, True)
-    cuda_graphs: tuple[str, ...] = DEFAULT_CUDA_GRAPHS
+    cuda_graphs: tuple[str, ...] | None = None
     ep_overlap: tuple[bool, ...] = (False, True)
     min_pp_for_vpp: int = 2
     max_tp: int | None = None
@@ -119,7 +124,8 @@ class SpaceOptions:
             raise ValueError("dist_opt choices must not be empty; use (False,), (True,) or (False, True).")
         if not self.ep_overlap:
             raise ValueError("ep_overlap choices must not be empty; use (False,), (True,) or (False, True).")
-        if not self.cuda_graphs or any(g not in CUDA_GRAPH_CHOICES for g in self.cuda_graphs):
+        if self.cuda_graphs is not None and (not self.cuda_graphs
+                                             or any(g not in CUDA_GRAPH_CHOICES for g in self.cuda_graphs)):
             raise ValueError(f"cuda_graphs choices must be a non-empty subset of {CUDA_GRAPH_CHOICES}, "
                              f"but got {self.cuda_graphs}.")
         if self.min_pp_for_vpp < 2:
@@ -215,7 +221,7 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
         "ep_overlap": tuple(options.ep_overlap) if moe else (False,),
         "dist_opt": tuple(options.dist_opt),
         "recompute": tuple(options.recompute),
-        "cuda_graphs": tuple(options.cuda_graphs),
+        "cuda_graphs": cuda_graph_options(job, options),
     }
 
 
@@ -452,7 +458,8 @@ def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool) -> tuple[t
     `te_graphs_moe_recompute_refused`)."""
     t, version = job.training, job.training.megatron_core
     out = []
-    for cuda_graphs in options.cuda_graphs:
+    graphs = cuda_graph_options(job, options)
+    for cuda_graphs in graphs:
         if cuda_graph_modules_refused(job, cuda_graphs, version):
             continue
         if cuda_graphs == "full_iteration" and full_iteration_moe_refused(job, version):
@@ -467,7 +474,16 @@ def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool) -> tuple[t
                 continue
             out += [(dist_opt, recompute, cuda_graphs) for dist_opt in options.dist_opt]
     return tuple(sorted(out, key=lambda s: (options.dist_opt.index(s[0]), options.recompute.index(s[1]),
-                                            options.cuda_graphs.index(s[2]))))
+                                            graphs.index(s[2]))))
+
+
+def cuda_graph_options(job: Job, options: SpaceOptions) -> tuple[str, ...]:
+    """The CUDA graph kinds the space enumerates: `options.cuda_graphs` when given, else `DEFAULT_CUDA_GRAPHS` less
+    per-layer local graphs where the job's release refuses them (`releases.local_layer_graphs_refused`)."""
+    if options.cuda_graphs is not None:
+        return tuple(options.cuda_graphs)
+    refused = local_layer_graphs_refused(job.training.release)
+    return tuple(g for g in DEFAULT_CUDA_GRAPHS if not (g == "local" and refused))
 
 
 def feasible_layouts(job: Job, options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:

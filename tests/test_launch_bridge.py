@@ -313,10 +313,13 @@ def test_every_hf_fixture_the_harness_names_exists() -> None:
 
 def test_bridge_refuses_per_layer_local_graphs_as_the_header_says(outcomes) -> None:
     """Bridge 0.6 runs `cuda_graph_impl="local"` only as full-iteration graphs; the header says so, and Bridge's
-    own validation refuses the line (the Megatron-LM line is accepted)."""
+    own validation refuses the line (the Megatron-LM line is accepted). A release before Bridge 0.6 runs them."""
     job = _job("llama3-8b", 1)
     header = launch_header(job, "megatron_bridge", _layout(job, "tp=1,dp=8,cuda_graphs=local"))
-    assert "Bridge 0.6 runs local CUDA graphs only as full-iteration graphs" in header
+    assert 'cuda_graph_impl="local" only for full-iteration CUDA graphs (Bridge 0.6.0, release 26.08)' in header
+    older = dataclasses.replace(job, training=dataclasses.replace(job.training, release="26.06.01"))
+    assert "only for full-iteration" not in launch_header(older, "megatron_bridge",
+                                                          _layout(older, "tp=1,dp=8,cuda_graphs=local"))
     outcome = outcomes["local-graphs"]
     assert outcome.error is not None and 'cuda_graph_impl="local" only for full-iteration' in outcome.error
     assert outcome.lm_error is None

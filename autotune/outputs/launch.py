@@ -35,6 +35,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.megatron_names import NAMES, job_settings
 from search_spaces.megatron_version import LAUNCH_TARGETS
+from search_spaces.releases import local_layer_graphs_refused
 
 __all__ = ["bridge_overrides", "megatron_lm_args", "megatron_lm_settings", "megatron_lm_notes", "bridge_notes",
            "megatron_lm_environment", "launch_forms",
@@ -169,10 +170,9 @@ def megatron_lm_environment(job: Job, layout: Layout) -> dict[str, str]:
 
 def bridge_notes(job: Job, layout: Layout | None) -> list[str]:
     """Where the Bridge line cannot run as the prediction assumes, in words."""
-    if layout is not None and job.training.megatron_core >= "0.17" and layout.cuda_graphs == "local":
-        return ["Bridge 0.6 runs local CUDA graphs only as full-iteration graphs (utils/cuda_graph.py "
-                "validate_cuda_graph_configuration) and refuses per-layer ones: use cuda_graphs=transformer_engine "
-                "for Bridge, or the Megatron-LM line"]
+    refused = local_layer_graphs_refused(job.training.release)
+    if layout is not None and layout.cuda_graphs == "local" and refused:
+        return [f"{refused} (or use the Megatron-LM line)"]
     return []
 
 
