@@ -14,8 +14,10 @@ from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings
 from search_spaces.pipeline_layout import (
     LayoutSyntaxError,
     balanced_layout,
+    canonical,
     chunk_counts,
     layout_from_chunks,
+    mtp_layout,
     parse_stages,
 )
 
@@ -109,6 +111,13 @@ class Layout:
         if self.pipeline_layout is not None and not isinstance(self.pipeline_layout, str):
             raise ValueError(f"pipeline_layout must be a string (megatron-core's pipeline_model_parallel_layout), "
                              f"but got {self.pipeline_layout!r}.")
+        if self.pipeline_layout is not None:
+            # one spelling per split (`Etttt|tttt|tmL` and `Et*4|tttt|tmL` are one layout): the string is kept in
+            # `compress`'s form; one megatron-core cannot parse stays as given (the rules say why)
+            try:
+                object.__setattr__(self, "pipeline_layout", canonical(self.pipeline_layout))
+            except LayoutSyntaxError:
+                pass
         if self.pipeline_layout is not None and self.vpp is None:  # megatron-core derives VPP from the string
             stages = self._layout_stages()
             if stages is not None and len(stages) % self.pp == 0 and len(stages) > self.pp:
@@ -356,6 +365,12 @@ class PipelineSplit(TypedDict, total=False):
 def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: int = 0) -> PipelineSplit | None:
     """The uneven pipeline split autotune offers when num_layers % (PP * VPP) != 0, as Layout fields.
 
+    0. For a model with `mtp_layers` MTP layers, the `pipeline_layout` string Megatron-Bridge's DeepSeek-V3
+       recipes use wherever it exists (`pipeline_layout.mtp_layout`: the embedding free, a layer and the loss one
+       each, an MTP layer two, when that cost splits exactly evenly over the PP * VPP chunks): megatron-core's
+       embedding/loss accounting and first/last split do not count the MTP layers, which sit on the last stage.
+       DeepSeek-V3's 61 + 2 + 1 = 64: Bridge's PP 8 x VPP 4 `Et|(tt|)*30mL` and its 16-chunk
+       `Et*4|(t*4|)*14tmL` (PP 4 x VPP 4, PP 16, PP 8 x VPP 2, PP 2 x VPP 8).
     1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's
        `account_for_embedding/loss_in_pipeline_split` (Llama-3.1-405B: 126 + 2 = 128 over PP 8 x VPP 8;
        Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4). At least 2 slots per chunk: with 1 the first chunk holds
@@ -364,13 +379,10 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: in
     2. Otherwise `first_stage_layers` / `last_stage_layers`: middle stages get m layers, the smallest multiple
        of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
        also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
-       (DeepSeek-V3's 61 layers over PP 16: 3 + 14 x 4 + 2). Not at PP 2 with VPP: megatron-core accepts
-       that split but cannot build PP rank 1 (`rules.first_last_vpp_needs_middle_stage`); 5. replaces it.
-    3. Otherwise, for a model with `mtp_layers` MTP layers, a `pipeline_layout` string when the embedding, the
-       layers, the MTP layers and the loss, one slot each, split exactly evenly over the PP * VPP chunks
-       (at least 2 slots each): DeepSeek-V3's 61 + 3 = 64 slots, Megatron-Bridge's published PP 8 x VPP 4
-       `Et|(tt|)*30mL` and 16-chunk PP 8 x VPP 2 / PP 2 x VPP 8 / PP 4 x VPP 4 layouts.
-    4. (PP 2 with VPP, where 2. would split) the balanced `pipeline_layout` string instead
+       (DeepSeek-V3 without its MTP layer, 61 layers over PP 16: 3 + 14 x 4 + 2). Not at PP 2 with VPP:
+       megatron-core accepts that split but cannot build PP rank 1 (`rules.first_last_vpp_needs_middle_stage`);
+       3. replaces it.
+    3. (PP 2 with VPP, where 2. would split) the balanced `pipeline_layout` string instead
        (`pipeline_layout.balanced_layout`, chunks within one slot of each other), or, with under 2 slots per
        chunk, the string of 2.'s chunks.
     Returns None when an even split works, PP == 1, or no such split exists.
@@ -378,6 +390,10 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: in
     if pp < 2 or num_layers % (pp * vpp) == 0:
         return None
     chunks = pp * vpp
+    if mtp_layers:
+        layout = mtp_layout(num_layers, pp, vpp, mtp_layers)
+        if layout is not None:
+            return {"pipeline_layout": layout}
     if (num_layers + 2) % chunks == 0 and (num_layers + 2) // chunks >= 2:
         return {"embedding_loss_split": True}
     per_stage = -(-num_layers // pp)
@@ -388,11 +404,6 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: in
     first_last = not (last < vpp or first < vpp or first % vpp or first > m)
     if first_last and not (pp == 2 and vpp > 1):
         return {"first_stage_layers": first, "last_stage_layers": last}
-    slots = num_layers + 2 + mtp_layers
-    if mtp_layers and slots % chunks == 0:
-        layout = balanced_layout(num_layers, pp, vpp, mtp_layers)
-        if layout is not None:
-            return {"pipeline_layout": layout}
     if first_last:  # PP 2 with VPP
         layout = balanced_layout(num_layers, pp, vpp, mtp_layers) or layout_from_chunks(
             [(first if c % 2 == 0 else last) // vpp for c in range(chunks)], mtp_layers)

@@ -21,7 +21,7 @@ import re
 from functools import lru_cache
 
 __all__ = ["LAYER_CHARS", "LayoutSyntaxError", "parse_stages", "chunk_counts", "balanced_layout", "compress",
-           "layout_from_chunks", "MAX_EXPANDED_CHARS"]
+           "layout_from_chunks", "mtp_layout", "canonical", "MAX_EXPANDED_CHARS"]
 
 LAYER_CHARS: dict[str, str] = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 # a layout string that unrolls to more characters than this is refused before it is expanded (bad input,
@@ -99,6 +99,30 @@ def balanced_layout(num_layers: int, pp: int, vpp: int, mtp_layers: int = 0, min
     return layout_from_chunks(decoders, mtp_layers)
 
 
+def mtp_layout(num_layers: int, pp: int, vpp: int, mtp_layers: int) -> str | None:
+    """The layout string of a model with MTP layers as Megatron-Bridge's DeepSeek-V3 recipes split it: the
+    embedding costs nothing (a lookup, no GEMM), a decoder layer one, the loss (the output layer's GEMM) one,
+    and each MTP layer two (a decoder layer plus its own output layer and loss, megatron-core
+    `transformer/multi_token_prediction.py`). Every chunk holds at most `cap` = max(ceil(cost / chunks),
+    2 * MTP + 1); the last chunk takes the MTP layers, the loss and decoder layers up to the cap, and the other
+    chunks share the rest as evenly as whole layers allow, the lighter ones first (the first also holds the
+    embedding). This gives both strings Bridge publishes: 61 layers + 1 MTP layer on PP 8 x VPP 4
+    `Et|(tt|)*30mL`, and on PP 4 x VPP 4 (and every 16-chunk split) `Et*4|(t*4|)*14tmL`.
+
+    None when the cost does not divide evenly over the PP * VPP chunks (the space offers a string only then),
+    there are under 2 chunks, or a chunk before the last would hold no layer."""
+    chunks = pp * vpp
+    cost = num_layers + 2 * mtp_layers + 1
+    if chunks < 2 or cost % chunks:
+        return None
+    cap = max(cost // chunks, 2 * mtp_layers + 1)
+    last = min(num_layers, cap - 2 * mtp_layers - 1)
+    base, extra = divmod(num_layers - last, chunks - 1)
+    if base < 1:
+        return None
+    return layout_from_chunks([base] * (chunks - 1 - extra) + [base + 1] * extra + [last], mtp_layers)
+
+
 def _encode_stage(stage: str) -> str:
     """Run-length encode one stage: `tttt` -> `t*4` (runs of 3 or more), `tt` stays."""
     out = []
@@ -130,3 +154,10 @@ def compress(stages: list[str] | tuple[str, ...]) -> str:
         i = j
     out.append(encoded[-1])
     return "".join(out)
+
+
+@lru_cache(maxsize=1024)
+def canonical(text: str) -> str:
+    """The one spelling autotune keeps of a layout string: `compress` of its stages (`Etttt|tttt|tmL` and
+    `Et*4|tttt|tmL` are one split). Raises LayoutSyntaxError as `parse_stages` does."""
+    return compress(parse_stages(text))

@@ -142,7 +142,7 @@ def test_experts_cross_nodes_unless_kept_inside(capsys) -> None:
 
 
 @pytest.mark.parametrize(("model", "nodes", "pp", "vpp"), [
-    ("deepseek-v3", 256, 16, None),  # 61 layers: 3 + 14 x 4 + 2
+    ("deepseek-v3", 256, 16, None),  # 61 layers + 1 MTP layer: Bridge's Et*4|(t*4|)*14tmL
     ("llama3.1-405b", 64, 8, 8),  # 126 + 2 = 128 = 8 x 8 x 2
     pytest.param("qwen3-235b", 32, 8, 4, marks=pytest.mark.slow),  # 94 + 2 = 96 = 8 x 4 x 3; 127k lines
 ])
@@ -156,7 +156,8 @@ def test_space_json_offers_the_published_uneven_splits(capsys, model, nodes, pp,
     spec = get_model(model)
     for obj in picked[:: max(1, len(picked) // 20)]:
         assert _independently_valid(obj, spec, nodes * 8, 8, 4096, 1024) == [], obj
-    assert all(o["num_layers_in_first_pipeline_stage"] or o["account_for_embedding_in_pipeline_split"] for o in picked)
+    assert all(o["num_layers_in_first_pipeline_stage"] or o["account_for_embedding_in_pipeline_split"]
+               or o["pipeline_model_parallel_layout"] for o in picked)
 
 
 def test_check_deepseek_v3_pp16_uneven_split(capsys) -> None:

@@ -15,6 +15,7 @@ from search_spaces.pipeline_layout import (
     chunk_counts,
     compress,
     layout_from_chunks,
+    mtp_layout,
     parse_stages,
 )
 
@@ -54,7 +55,7 @@ def test_chunk_counts_are_in_chunk_order():
 
 @pytest.mark.parametrize(("layers", "pp", "vpp", "mtp", "expected"), [
     (61, 8, 4, 1, "Et|(tt|)*30mL"),  # 61 + E + m + L = 64 slots, 2 per chunk: the published layout
-    (61, 8, 2, 1, "Et*3|(t*4|)*14ttmL"),  # 64 / 16 = 4 slots per chunk
+    (61, 8, 2, 1, "Et*3|(t*4|)*14ttmL"),  # 64 / 16 = 4 slots per chunk (the space offers mtp_layout's instead)
     (28, 2, 4, 0, "Et*3|(t*4|)*5t*3|ttL"),  # 30 slots over 8 chunks: 4 x 6 + 3 x 2; ranks get 15 and 15
     (61, 16, 4, 1, None),  # 64 / 64 = 1 slot per chunk: fewer than 2
 ])
@@ -66,6 +67,25 @@ def test_balanced_layout(layers, pp, vpp, mtp, expected):
         assert len(stages) == pp * vpp and "".join(stages).count("t") == layers
         slots = [sum(len(stages[c]) for c in range(p, pp * vpp, pp)) for p in range(pp)]
         assert max(slots) - min(slots) <= 1  # every pipeline rank within one slot of the others
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp", "mtp", "expected"), [
+    (61, 8, 4, 1, "Et|(tt|)*30mL"),  # Megatron-Bridge's DeepSeek-V3 PP 8 x VPP 4 string
+    (61, 4, 4, 1, "Et*4|(t*4|)*14tmL"),  # Bridge's 16-chunk string (26.06-26.08 GB200 recipes: Etttt|(tttt|)*14tmL)
+    (61, 8, 1, 1, "Et*8|(t*8|)*6t*5mL"),  # cost 64 over 8: the last takes m (2) + L (1) + 5 layers
+    (61, 16, 4, 1, None),  # 64 chunks: one would hold no layer
+    (60, 4, 4, 1, None),  # cost 63 does not divide over 16 chunks
+    (27, 2, 4, 2, "Et*3|(t*4|)*6mmL"),  # cost 32 over 8 is 4, but the last chunk alone costs 2 * 2 + 1 = 5
+])
+def test_mtp_layout_is_bridges_deepseek_split(layers, pp, vpp, mtp, expected):
+    text = mtp_layout(layers, pp, vpp, mtp)
+    assert text == expected
+    if text is not None:
+        stages = parse_stages(text)
+        cost = [s.count("t") + s.count("L") + 2 * s.count("m") for s in stages]
+        assert len(stages) == pp * vpp and "".join(stages).count("t") == layers and "".join(stages).count("m") == mtp
+        assert max(cost) == max(-(-(layers + 2 * mtp + 1) // (pp * vpp)), 2 * mtp + 1)  # the cap is reached
+        assert cost[:-1] == sorted(cost[:-1]) and max(cost[:-1]) - min(cost[:-1]) <= 1  # lighter first, even
 
 
 @given(st.lists(st.integers(min_value=0, max_value=9), min_size=2, max_size=40), st.integers(min_value=0, max_value=2))
@@ -88,6 +108,14 @@ def test_layout_derives_vpp_from_the_string_as_megatron_core_does():
     assert Layout(pp=8, vpp=2, pipeline_layout="Et|(tt|)*30mL").vpp == 2  # explicit: the rules say it conflicts
 
 
+def test_one_split_is_one_layout_however_it_is_spelled():
+    # Bridge's 26.08 recipe spells DeepSeek-V3's 16-chunk split out; the space builds it compressed
+    spelled = "Etttt|" + "tttt|" * 14 + "tmL"
+    assert Layout(pp=4, pipeline_layout=spelled) == Layout(pp=4, pipeline_layout="Et*4|(t*4|)*14tmL")
+    assert Layout(pp=4, pipeline_layout=spelled).pipeline_layout == "Et*4|(t*4|)*14tmL"
+    assert Layout(pp=2, pipeline_layout="EtX|tL").pipeline_layout == "EtX|tL"  # unparsable: kept for the rules
+
+
 def test_layout_counts_follow_the_string():
     layout = Layout(pp=8, pipeline_layout="Et|(tt|)*30mL")
     assert layout.chunk_layer_counts(61) == (1,) + (2,) * 30 + (0,)
@@ -101,7 +129,7 @@ def test_mtp_without_a_string_sits_on_the_last_chunk():
 
 @pytest.mark.parametrize(("text", "value"), [
     ("tp=2,pp=8,pipeline_layout=Et|(tt|)*30mL,ep=64", "Et|(tt|)*30mL"),
-    ("pp=16,pipeline_layout=Ettt|(tt|)*29,m|L,sp=true", "Ettt|(tt|)*29m|L"),  # the comma continues the string
+    ("pp=16,pipeline_layout=Ettt|(tt|)*29,m|L,sp=true", "Et*3|(tt|)*29m|L"),  # the comma continues the string
     ("PIPELINE_LAYOUT=EttL", "EttL"),  # the key is case-insensitive, the value is not
     ("pp=2,pipeline_layout=none", None),
 ])

@@ -252,7 +252,8 @@ def test_mixture_of_dense_first_layers_keeps_dense_ffn_rule() -> None:
 
 # --- uneven pipeline splits (layout.pipeline_split_for) ---------------------------------------------
 @pytest.mark.parametrize(("model", "world", "pp", "vpp", "fields"), [
-    ("deepseek-v3", 2048, 16, None, {"first_stage_layers": 3, "last_stage_layers": 2}),  # 3 + 14 * 4 + 2 = 61
+    # Bridge's B200 recipes (25.09-26.04): PP 16, 4 layers a stage, the last one with the MTP layer and the loss
+    ("deepseek-v3", 2048, 16, None, {"pipeline_layout": "Et*4|(t*4|)*14tmL"}),
     ("llama3.1-405b", 512, 8, 8, {"embedding_loss_split": True}),  # (126 + 2) / (8 * 8) = 2
     ("qwen3-235b", 256, 8, 4, {"embedding_loss_split": True}),  # (94 + 2) / (8 * 4) = 3
     ("llama3-70b", 64, 8, 2, {}),  # 80 / (8 * 2) = 5: even
@@ -262,8 +263,9 @@ def test_published_recipes_are_in_the_space_with_their_split(model, world, pp, v
     space = feasible_space(job)
     layouts = [x for x in space.layouts() if x.pp == pp and x.vpp == vpp]
     assert layouts and all(check(job, x) == () for x in layouts[:: max(1, len(layouts) // 50)])
-    assert {(x.first_stage_layers, x.last_stage_layers, x.embedding_loss_split) for x in layouts} == {
-        (fields.get("first_stage_layers"), fields.get("last_stage_layers"), fields.get("embedding_loss_split", False))}
+    assert {(x.first_stage_layers, x.last_stage_layers, x.embedding_loss_split, x.pipeline_layout)
+            for x in layouts} == {(fields.get("first_stage_layers"), fields.get("last_stage_layers"),
+                                   fields.get("embedding_loss_split", False), fields.get("pipeline_layout"))}
 
 
 @pytest.mark.parametrize(("model", "nodes", "vpps"), [
@@ -287,7 +289,8 @@ def test_qwen2_pp2_vpp4_is_the_balanced_string() -> None:
 
 @pytest.mark.parametrize(("pp", "vpp", "string"), [
     (8, 4, "Et|(tt|)*30mL"),  # Megatron-Bridge v0.3.1's H100 preset for DeepSeek-V3 (61 layers, 1 MTP layer)
-    (8, 2, "Et*3|(t*4|)*14ttmL"),  # 64 slots over 16 chunks (Bridge's table: Et*4|(t*4|)*14tmL, also valid)
+    (8, 2, "Et*4|(t*4|)*14tmL"),  # Bridge's 16-chunk string (its 26.06-26.08 GB200 recipes run it on PP 4 x VPP 4)
+    (4, 4, "Et*4|(t*4|)*14tmL"),
 ])
 def test_the_space_offers_deepseek_layout_strings(pp, vpp, string) -> None:
     job = make_job("deepseek-v3", 1024, gbs=8192)
@@ -299,12 +302,18 @@ def test_the_space_offers_deepseek_layout_strings(pp, vpp, string) -> None:
 
 @pytest.mark.parametrize(("model", "nodes"), [("qwen2-7b", 1), ("deepseek-v3", 128), ("mixtral-8x22b", 8)])
 def test_layout_strings_balance_the_pipeline_ranks(model, nodes) -> None:
-    # every chunk within one slot of the others, every rank too (embedding, loss and MTP layers one slot each)
-    strings = {(x.pp, x.pipeline_layout) for x in feasible_space(make_job(model, nodes * 8, gbs=1024)).layouts()
-               if x.pipeline_layout}
+    # without MTP: every chunk within one slot of the others, every rank too (embedding and loss one slot each);
+    # with MTP, Bridge's DeepSeek-V3 split (`mtp_layout`): the chunks before the last within one layer of each
+    # other, lighter first, none heavier than the last (embedding free, loss one, an MTP layer two)
+    job = make_job(model, nodes * 8, gbs=1024)
+    strings = {(x.pp, x.pipeline_layout) for x in feasible_space(job).layouts() if x.pipeline_layout}
     assert strings
     for pp, text in strings:
         stages = parse_stages(text)
+        if job.model.mtp_num_layers:
+            cost = [s.count("t") + s.count("L") + 2 * s.count("m") for s in stages]
+            assert cost[:-1] == sorted(cost[:-1]) and cost[-2] - cost[0] <= 1 and max(cost) == cost[-1], text
+            continue
         chunks = [len(s) for s in stages]
         ranks = [sum(chunks[r::pp]) for r in range(pp)]
         assert max(chunks) - min(chunks) <= 1 and max(ranks) - min(ranks) <= 1 and min(chunks) >= 2, text
