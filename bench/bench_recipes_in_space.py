@@ -13,10 +13,12 @@ tokens/s against the recipe's. The pick is chosen within the search's tie tolera
 allows that tolerance. Exit status 1 when a recipe is outside the space or the pick is predicted slower than it
 beyond the tolerance.
 
-2026-12-02: 56 distinct recipes, the pick at least as fast for all 56, 35 inside the default space. Outside: 6
-25.09 recipes with per-layer `local` CUDA graphs (Bridge 0.6 refuses them; `--cuda-graphs local` offers them) and
-15 DeepSeek-V3 recipes with Bridge's `Etttt|(tttt|)*14tmL` pipeline string: the space offers one split per
-(PP, VPP), the slot-balanced `Ettt|(tttt|)*14ttmL`, not both.
+2026-12-02 (this command, 4 min 40 s on 2 cores): 56 distinct recipes, the pick at least as fast for all 56, 55
+inside the default space. The 6 25.09 recipes with per-layer `local` CUDA graphs are in it since the space offers
+them on releases whose Bridge runs them (before 0.6.0), and the 15 DeepSeek-V3 recipes with Bridge's
+`Etttt|(tttt|)*14tmL` since the space offers Bridge's MTP split (`pipeline_layout.mtp_layout`). Outside: 25.11's
+GB200 DeepSeek-V3 "(w/o MTP)" recipe, `Et*4|(t*4|)*14tL` on PP 4 x VPP 4: for a model without MTP layers the space
+offers no split of 61 layers over 16 chunks.
 """
 
 from __future__ import annotations

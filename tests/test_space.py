@@ -333,3 +333,14 @@ def test_no_split_means_no_such_pp() -> None:
     space = feasible_space(_job(GQA14_JOB), SMALL)
     assert 12 not in space.choices("pp", {"tp": 1, "cp": 1})
     assert 4 in space.choices("pp", {"tp": 1, "cp": 1})
+
+
+@pytest.mark.parametrize(("release", "offered"), [("26.06.01", True), ("26.08", False)])
+def test_local_graphs_are_searched_where_the_releases_bridge_runs_them(release, offered) -> None:
+    # Bridge 0.6.0 (release 26.08) refuses per-layer local graphs; 0.5.1 (26.06.01) runs them; asked for, any
+    job = make_job("qwen3-30b-a3b", 8)
+    job = dataclasses.replace(job, training=dataclasses.replace(job.training, release=release))
+    graphs = {x.cuda_graphs for x in feasible_space(job).layouts()}
+    assert ("local" in graphs) is offered and {"none", "transformer_engine"} <= graphs
+    asked = feasible_space(job, SpaceOptions(cuda_graphs=("local",)))
+    assert asked.size and {x.cuda_graphs for x in asked.layouts()} == {"local"}
