@@ -4,9 +4,11 @@ the user's layouts, the memory-margin warning, CPU-proxy figures that never over
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from autotune.tuning.answer import PROXY
 from autotune.tuning.driver import DEFAULT_SPACE, run_search
 from autotune.tuning.ranking import MEMORY_RESOLUTION
 from autotune.tuning.results import SearchResult, TrialRecord
-from autotune.tuning.verdicts import NEAREST_FIELDS, nearest_fitting, nearest_variant
+from autotune.tuning.verdicts import NEAREST_FIELDS, UNVERIFIED_GAIN, gain_vs_pick, nearest_fitting, nearest_variant
 from autotune.ui.api import make_job
 from search_spaces.layout import parse_layout
 from search_spaces.measurement import Measurement
@@ -130,6 +132,34 @@ def test_every_user_layout_has_a_verdict(readme) -> None:
     m = AnalyticBackend().evaluate(readme.job, parse_layout(over.nearest))
     assert m.ok and m.memory_bytes <= readme.capacity_bytes
     assert m.tokens_per_s_per_gpu == pytest.approx(over.nearest_tokens_per_s_per_gpu, rel=1e-9)
+
+
+def test_the_pick_gain_over_a_user_layout_is_split_into_terms_and_flagged_when_large(readme) -> None:
+    # issue 25: the pick's predicted gain over the user's layout, the terms it comes from (per step, theirs vs the
+    # pick's), and above UNVERIFIED_GAIN the flag naming the term the claim rests on
+    fits = readme.answer.yours[0]
+    pick = AnalyticBackend().evaluate(readme.job, parse_layout(readme.answer.decision.pick))
+    yours = AnalyticBackend().evaluate(readme.job, parse_layout(fits.layout))
+    assert fits.pick_gain == pytest.approx(pick.tokens_per_s_per_gpu / yours.tokens_per_s_per_gpu - 1)
+    assert fits.gain_terms, "a slower layout differs from the pick in some term"
+    for term, mine, theirs in fits.gain_terms:
+        assert mine == pytest.approx(yours.time[term]) and theirs == pytest.approx(pick.time.get(term, 0.0))
+    gaps = [abs(a - b) for _, a, b in fits.gain_terms]
+    assert gaps == sorted(gaps, reverse=True)
+    assert (fits.unverified is not None) is (fits.pick_gain > UNVERIFIED_GAIN)
+    if fits.unverified is not None:
+        assert fits.unverified == fits.gain_terms[0][0] and 0 < fits.unverified_share <= 1
+    # a gain above the bar is flagged with the term; one below is not (verdicts.gain_vs_pick on made-up breakdowns)
+    slow = SimpleNamespace(tokens_per_s_per_gpu=100.0, time={"compute": 1.0, "ep_comm": 0.5, "host": 0.1})
+    fast = SimpleNamespace(tokens_per_s_per_gpu=130.0, time={"compute": 1.0, "ep_comm": 0.1, "host": 0.05})
+    flagged = gain_vs_pick(fast, slow)
+    assert flagged["unverified"] == "ep_comm" and flagged["unverified_share"] == pytest.approx(0.4 / 0.45)
+    assert "unverified" not in gain_vs_pick(SimpleNamespace(tokens_per_s_per_gpu=110.0, time=fast.time), slow)
+    from autotune.outputs.tables import verdict_text
+
+    text = " ".join(verdict_text(dataclasses.replace(fits, pick_gain=0.3, unverified="ep_comm",
+                                                     unverified_share=0.89)).split())
+    assert "UNVERIFIED: the pick's predicted +30% rests mostly on EP all-to-all, 89% of what it saves" in text
 
 
 def test_nearest_fitting_changes_the_fewest_fields() -> None:

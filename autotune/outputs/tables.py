@@ -252,6 +252,14 @@ def verdict_text(v: Any) -> str:
                      f"{share(v.largest_time_share)} of the step, largest memory term {v.largest_memory_term}")
         if v.better:
             text += f"; in no more memory {v.better} is {_pct(v.better_change)} faster"
+        if v.gain_terms and v.pick_gain is not None and v.pick_gain > 0:
+            terms = ", ".join(f"{time_label(t)} {a:.2f} s vs {b:.2f} s" for t, a, b in v.gain_terms[:3])
+            text += f"; where the pick gains (per step, yours vs the pick): {terms}"
+        if v.unverified and v.pick_gain is not None:
+            share_text = f", {v.unverified_share:.0%} of what it saves" if v.unverified_share is not None else ""
+            text += (f"; UNVERIFIED: the pick's predicted +{v.pick_gain:.0%} rests mostly on "
+                     f"{time_label(v.unverified)}{share_text}, the model's assumption; measure both layouts on "
+                     f"your cluster (--backend megatron measures yours first) before trusting it")
     if v.nearest:
         changes = ", ".join(v.nearest_changes) or "no change"
         text += (f"; nearest that fits ({changes}): {v.nearest}, {v.nearest_tokens_per_s_per_gpu:,.0f} "

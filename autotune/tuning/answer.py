@@ -82,12 +82,18 @@ class Verdict:
     nearest_tokens_per_s_per_gpu: float | None = None
     nearest_free_gib: float | None = None
     measured: dict[str, Any] | None = None  # what a measuring backend found for it
+    pick_gain: float | None = None  # the pick's predicted tokens/s over this layout's, minus 1
+    gain_terms: tuple[tuple[str, float, float], ...] = ()  # (term, this layout's s, the pick's s) per step
+    unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN: the term it rests most on
+    unverified_share: float | None = None  # that term's share of the step time the pick saves
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:
         known = set(cls.__dataclass_fields__)
         values: dict[str, Any] = {k: (tuple(v) if k in ("violations", "nearest_changes") else v)
                                   for k, v in d.items() if k in known}
+        if "gain_terms" in values:
+            values["gain_terms"] = tuple((str(t), float(a), float(b)) for t, a, b in values["gain_terms"])
         return cls(**values)
 
 
