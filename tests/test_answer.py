@@ -140,6 +140,7 @@ def test_the_pick_gain_over_a_user_layout_is_split_into_terms_and_flagged_when_l
     fits = readme.answer.yours[0]
     pick = AnalyticBackend().evaluate(readme.job, parse_layout(readme.answer.decision.pick))
     yours = AnalyticBackend().evaluate(readme.job, parse_layout(fits.layout))
+    assert pick.tokens_per_s_per_gpu and yours.tokens_per_s_per_gpu
     assert fits.pick_gain == pytest.approx(pick.tokens_per_s_per_gpu / yours.tokens_per_s_per_gpu - 1)
     assert fits.gain_terms, "a slower layout differs from the pick in some term"
     for term, mine, theirs in fits.gain_terms:
