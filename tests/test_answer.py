@@ -322,3 +322,33 @@ def test_cpu_proxy_runs_are_labelled_in_the_terminal_and_the_report(tmp_path) ->
     html = render_report(data)
     assert "CPU proxy" in html and data.basis.startswith("the analytic model's")
     assert "CPU proxy" in str(data.job["backend"]) and "0.0 B" not in str(data.job["parameters"])
+
+
+def test_nvidias_published_layout_is_the_baseline_with_its_own_verdict(tmp_path) -> None:
+    # issue 25: a job with a published Megatron-Bridge row (qwen3-30b-a3b on 16 H100) shows that layout first, labelled,
+    # with the figure NVIDIA published and the pick's gain over it; --no-baseline (baseline=False) leaves it out
+    from search_spaces.published_recipes import published_recipe
+
+    job = make_job("qwen3-30b-a3b", nodes=2, gpu="h100")
+    found = published_recipe(job)
+    assert found is not None
+    row, layout = found
+    assert (row.model, row.num_gpus, row.gpu) == ("qwen3-30b-a3b", 16, "h100-sxm") and row.release <= "26.08"
+    result = run_search(job, output_dir=tmp_path / "a", progress=False, compare=["tp=2,pp=1,ep=8,sp=true"])
+    first, mine = result.answer.yours
+    assert first.layout == str(layout) and first.recipe == row.label and "Megatron-Bridge" in first.recipe
+    assert first.published_tokens_per_s_per_gpu == row.published_tokens_per_s_per_gpu
+    assert mine.recipe is None and first.pick_gain is not None and first.gain_terms
+    assert json.loads((tmp_path / "a" / "search.json").read_text())["recipe"]["layout"] == str(layout)
+    bare = run_search(job, output_dir=tmp_path / "b", progress=False, baseline=False)
+    assert bare.answer.yours == ()
+    assert published_recipe(make_job("mixtral", nodes=4)) is None  # no published row: no baseline
+
+
+def test_the_published_layouts_file_matches_the_benchmark_rows() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent / "data" / "make_published_recipes.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

@@ -266,6 +266,10 @@ def verdict_text(v: Any) -> str:
                  f"tokens/s/GPU, {v.nearest_free_gib:.1f} GiB free")
     elif not v.fits:
         text += "; no layout of the space fits"
+    if v.recipe:
+        published = (f"; NVIDIA measured {v.published_tokens_per_s_per_gpu:,.0f} tokens/s/GPU with it"
+                     if v.published_tokens_per_s_per_gpu else "")
+        text = f"{v.recipe}{published}. {text[0].upper()}{text[1:]}"
     if v.measured:
         got = v.measured
         figure = f" {got['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU" if got.get("tokens_per_s_per_gpu") else ""

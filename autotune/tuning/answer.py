@@ -86,6 +86,8 @@ class Verdict:
     gain_terms: tuple[tuple[str, float, float], ...] = ()  # (term, this layout's s, the pick's s) per step
     unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN: the term it rests most on
     unverified_share: float | None = None  # that term's share of the step time the pick saves
+    recipe: str | None = None  # where NVIDIA published this layout, when it is the job's baseline
+    published_tokens_per_s_per_gpu: float | None = None  # what NVIDIA measured with it (its own cluster)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Verdict:

@@ -63,6 +63,7 @@ from autotune.tuning.strategy import DEFAULT_STRATEGY, STRATEGIES
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Backend
+from search_spaces.published_recipes import PublishedRecipe, published_recipe
 from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
 
 __all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "default_headroom_bytes",
@@ -246,11 +247,14 @@ def run_search(
     measured_stage: bool | None = None,
     status: Callable[[str], None] | None = None,
     notice: Callable[[str], None] | None = None,
+    baseline: bool = True,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
     `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
-    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too.
+    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `baseline`:
+    NVIDIA's published layout for the job, when there is one (`search_spaces.published_recipes`), is evaluated
+    (and measured) first, with a verdict of its own.
     `exhaustive_threshold`:
     evaluate the whole feasible space when it has at most this many layouts (default: the budget).
     `address`: an existing Ray cluster (`"auto"`, `HOST:PORT` or `ray://...`); without it a local Ray (every
@@ -289,6 +293,9 @@ def run_search(
     if options.expert_within_node:  # the measured trials keep each EP group on one node too (trainers/placement.py)
         backend_obj = _with_backend_option(backend_obj, "experts_within_node", True)
     user = parse_user_layouts(job, compare)
+    recipe = published_recipe(job) if baseline else None
+    if recipe is not None and recipe[1] not in [s.layout for s in user]:
+        user = [Seed(layout=recipe[1], origin="user"), *user]  # the baseline: measured first, a verdict of its own
     inside, outside = _split_user(space, user)
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
     fingerprint = job_fingerprint(job)
@@ -324,7 +331,8 @@ def run_search(
         meta = {"fingerprint": fingerprint, "job": job_summary(job), "trials": trials, "seed": seed,
                 "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
                 "mode": mode, "completed": False, "strategy": plan.strategy if mode == "search" else None,
-                "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}"}
+                "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}",
+                "recipe": None if recipe is None else {"layout": str(recipe[1]), "label": recipe[0].label}}
         write_meta(folder, meta)
         stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start - t_analytic,
                                              "analytic_s": t_analytic,
@@ -346,6 +354,8 @@ def run_search(
                 write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity, verbose=verbose)
             stats["timings"]["study_write_s"] = time.perf_counter() - t_write
             decision = _decision(mode, records, capacity, answer, [s.layout for s in user])
+            if recipe is not None:
+                _mark_recipe(decision, *recipe)
             result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
                                   mode=mode, backend=backend_name, seed=seed, space_size=space.size,
                                   stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision)
@@ -362,6 +372,14 @@ def run_search(
                                                  or _remaining(plan, records) <= 0)
         write_meta(folder, meta)
     return result
+
+
+def _mark_recipe(decision: dict[str, Any], row: PublishedRecipe, layout: Layout) -> None:
+    """Label the baseline's verdict with where NVIDIA published it (and the figure it published)."""
+    for v in decision.get("yours") or ():
+        if v.get("layout") == str(layout):
+            v["recipe"] = row.label
+            v["published_tokens_per_s_per_gpu"] = row.published_tokens_per_s_per_gpu
 
 
 def _analytic_only(backend: Backend, address: str | None) -> bool:

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Ray with every port on 127.0.0.1")
     g.add_argument("--layout", "--compare", dest="layouts", action="append", default=[], metavar="LAYOUT",
                    help="also evaluate this layout, e.g. a recipe's 'tp=2,pp=4,ep=8,sp=true' (repeatable)")
+    g.add_argument("--no-baseline", dest="baseline", action="store_false",
+                   help="do not add NVIDIA's published layout for this model, GPU and GPU count (default: added "
+                        "under 'Your layouts', and measured first, when Bridge's performance tables have one)")
     g.add_argument("--exhaustive-threshold", type=int, default=None, metavar="N",
                    help="evaluate the whole feasible space when it has at most N layouts (default: the trial budget)")
     g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
@@ -118,6 +121,7 @@ def _search(args: argparse.Namespace, status: Any) -> int:
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address,
                                        measured_stage=bool(args.measured_stage)),
         output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
+        baseline=getattr(args, "baseline", True),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
         progress=_after_status(status, progress_factory(False if (args.no_progress or args.json) else None)),
         status=status.update, strategy=args.strategy, measured_stage=args.measured_stage or None,
