@@ -184,11 +184,16 @@ def _quiet(err: str) -> None:
 
 
 def _lost_then_retried(rows: list[dict[str, str]], killed: str) -> list[dict[str, str]]:
-    """The lost attempts; each is followed by its retry, which is no lost attempt and ran on nodes Ray still has."""
+    """The lost attempts; each layout's are followed by an attempt that is no lost one and ran on nodes Ray still
+    has. At most two in a row: the trainable measures a lost attempt once more, and Tune retries a trial whose own
+    process died with the node (`tune_glue`: both can hit one layout when the kill lands between them)."""
     lost = [r for r in rows if r["failure"] == "infrastructure (retried)"]
     for r in lost:
-        retry = next(x for x in rows[rows.index(r) + 1:] if x["layout"] == r["layout"])
-        assert retry["failure"] != "infrastructure (retried)" and killed not in retry["rank_nodes"], retry
+        later = [x for x in rows[rows.index(r) + 1:] if x["layout"] == r["layout"]]
+        chain = 1 + next((i for i, x in enumerate(later) if x["failure"] != "infrastructure (retried)"), len(later))
+        assert chain <= 2 and chain - 1 < len(later), later  # r, at most one more lost attempt, then the retry
+        retry = later[chain - 1]
+        assert killed not in retry["rank_nodes"], retry
     return lost
 
 
