@@ -74,3 +74,18 @@ PEER = {"status": "failed", "reason": "RuntimeError: [gloo] Connection closed by
 def test_whose_failure_a_trial_is(ranks, failure) -> None:
     status, _ = _summarise(ranks, 60.0)
     assert _failure(ranks, ["n0", "n1"], status) == failure
+
+
+def test_a_call_refused_while_ray_restarts_the_pool_waits_instead_of_being_lost() -> None:
+    # Ray's words when the pool's actor is mid-restart (the call never ran) and when its socket closed mid-call
+    from ray import exceptions as rex
+
+    from trainers.worker_pool import _is_lost_worker, _is_restarting
+
+    restarting = rex.ActorUnavailableError("The actor is temporarily unavailable: IOError: The actor is restarting.",
+                                           b"1" * 16)
+    closed = rex.ActorUnavailableError("The actor is temporarily unavailable: RpcError: RPC error: Socket closed "
+                                       "rpc_code: 14.", b"1" * 16)
+    assert _is_restarting(restarting) and _is_lost_worker(restarting)
+    assert not _is_restarting(closed) and _is_lost_worker(closed)  # lost mid-call: an attempt to record and retry
+    assert not _is_restarting(RuntimeError("The actor is restarting"))

@@ -54,6 +54,7 @@ __all__ = ["PoolOutcome", "run_pooled", "run_fresh", "open_pool", "shutdown_pool
 POOL_NAME = "autotune-megatron-pool"  # in the namespace of the job that opened it (one per search)
 GRACE_AFTER_FIRST_ERROR_S = 10.0
 PLACEMENT_POLL_S = 1.0  # a new group's placement not ready within this: give back this pool's idle groups first
+POOL_RESTART_WAIT_S = 60.0  # how long a call waits for Ray to bring a dead pool back before it counts as lost
 Failure = str  # "", "layout", "infrastructure", "placement"
 # what gloo / NCCL / the TCPStore say on a rank whose peer's process went away (the peer died, not the layout)
 PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
@@ -238,6 +239,15 @@ def _is_lost_worker(exc: BaseException) -> bool:
     lost = (rex.RayActorError, rex.NodeDiedError, rex.WorkerCrashedError, rex.ObjectLostError,
             rex.LocalRayletDiedError, rex.ActorUnschedulableError)
     return isinstance(exc, lost)
+
+
+def _is_restarting(exc: BaseException) -> bool:
+    """Ray refused the call because the pool's actor is being restarted after its process died ("The actor is
+    restarting"): the call never ran, and the restarted pool can take it (the retry of a lost attempt otherwise
+    lands on it mid-restart and is lost too, seen in test_ray_cluster on a fresh clone)."""
+    from ray import exceptions as rex
+
+    return isinstance(exc, rex.ActorUnavailableError) and "restarting" in str(exc)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -537,14 +547,20 @@ def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 6
     per_rank.update(resources or {})
     placement = GroupPlacement(world=world_size, ranks_per_bundle=ranks_per_bundle,
                                per_rank=tuple(sorted((k, float(v)) for k, v in per_rank.items() if v > 0)))
-    try:
-        out = ray.get(_get_pool().run.remote(placement, use_gpu, cfg, timeout_s, placement_timeout_s))
-    except Exception as e:  # noqa: BLE001 - the coordinator's process or node went away mid-trial
-        if not _is_lost_worker(e):
-            raise
-        return PoolOutcome(status="failed", reason=f"the worker pool's process died: {_one_line(e)}", ranks=[],
-                           fresh_workers=True, startup_s=0.0, wall_s=time.perf_counter() - t0,
-                           failure="infrastructure")
+    restarted_by = time.perf_counter() + min(timeout_s, POOL_RESTART_WAIT_S)
+    while True:
+        try:
+            out = ray.get(_get_pool().run.remote(placement, use_gpu, cfg, timeout_s, placement_timeout_s))
+            break
+        except Exception as e:  # noqa: BLE001 - the coordinator's process or node went away mid-trial
+            if _is_restarting(e) and time.perf_counter() < restarted_by:
+                time.sleep(1.0)  # Ray is bringing the pool back (max_restarts=-1): the call never ran, so wait
+                continue
+            if not _is_lost_worker(e):
+                raise
+            return PoolOutcome(status="failed", reason=f"the worker pool's process died: {_one_line(e)}", ranks=[],
+                               fresh_workers=True, startup_s=0.0, wall_s=time.perf_counter() - t0,
+                               failure="infrastructure")
     return PoolOutcome(status=out["status"], reason=out["reason"], ranks=out["ranks"], fresh_workers=out["fresh"],
                        startup_s=out["startup_s"], wall_s=time.perf_counter() - t0, nodes=tuple(out.get("nodes", ())),
                        failure=out.get("failure", ""))
