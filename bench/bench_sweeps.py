@@ -18,14 +18,14 @@ Listed: every mis-ordered pair and every pair (ties too) whose predicted ratio i
 with the two `TimeEstimate.breakdown` terms (s/step at the faster row's batch) that differ most between them.
 Exit status 1 when a target is missed: pairs ordered >= 85%, published best in the tie band in >= 80% of sweeps.
 
-2026-12-02 (`.venv/bin/python bench/bench_sweeps.py`, 40 s): 4 sweeps of 12 rows (the ModelZoo's Qwen3-235B
+2026-12-02 (`.venv/bin/python bench/bench_sweeps.py`, 26 s): 4 sweeps of 12 rows (the ModelZoo's Qwen3-235B
 table on 256 H100, Bridge 26.06's two DeepSeek-V3 GB300 rows, two Bridge-skills Qwen3-30B EP-overlap A/Bs on 16
 H100). 11 of 11 counted pairs ordered as published (3 ties and 1 same-to-the-loader pair skipped); published
-best within the tie band in 4 of 4 sweeps; the pick's predicted gain over the published best median +48%, max
-+65% (+11%, +53%, +43%, +65%). The order is right, the gaps are not: EP overlap without delayed wgrad is
-predicted +11% / +9% where +18% / +32% was measured, and delayed wgrad +10% where +0.4% was (`ep_comm` hidden,
-`host` added); the ModelZoo's co-best run (EP8, FSDP, full recompute) is predicted to OOM; the picks' gains come
-from `ep_comm` (overlap, 7-11 s per step) and `host` (full-iteration CUDA graphs, 6.8 s per step).
+best within the tie band in 4 of 4 sweeps; the pick's predicted gain over the published best median +17%, max
++45% (+8%, +45%, +7%, +27%). Before the EP overlap followed megatron-core 0.19's schedule (each all-to-all under
+its own window, the attention's included) it was +48% / +65%. The order is right, the overlap's size is now too
+large: +39% / +57% predicted where +18% / +32% was measured; delayed wgrad 0% where +0.4% was; the ModelZoo's
+co-best run (EP8, FSDP, full recompute) is predicted to OOM.
 """
 
 from __future__ import annotations

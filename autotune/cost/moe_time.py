@@ -9,7 +9,7 @@ FFN split over ETP ranks. Per forward:
 - permute and unpermute (`moe_permute_fusion`): read T tokens and write T*k copies of h bf16 values, and the
   mirror image with the weighted sum; memory-bound;
 - dispatch and combine: `autotune.cost.comm.dispatch_s`, by dispatcher, inside and across NVLink domains;
-  exposed unless `overlap_moe_expert_parallel_comm` hides them under another micro-batch's compute;
+  exposed unless `overlap_moe_expert_parallel_comm` hides them under another micro-batch's compute (`_ep_overlap`);
 - experts: grouped GEMMs over E/EP local experts of R = T*k*EP*ETP/E rows each, times the busiest rank's share
   (`Calibration.moe_imbalance`, 1 when routing is forced balanced); a grouped GEMM reaches
   `grouped_gemm_fraction` of a dense one; without `moe_grouped_gemm` the experts run one after another
@@ -63,19 +63,41 @@ def _dispatch_s(x: Shape) -> float:
                       x.job.cluster, x.cal)
 
 
-def _ep_exposed_s(x: Shape, comm_s: float, overlap_s: float) -> float:
-    """EP all-to-all on the critical path: all of it, or with `overlap_moe_expert_parallel_comm` (megatron-core's
-    1F1B all-to-all overlap, `pipeline_parallel/combined_1f1b.py`) the fitted exposed share, never less than what
-    the other micro-batch's compute cannot cover."""
-    if comm_s <= 0:
-        return 0.0
-    if x.ep_overlap:
-        return max(x.cal.ep_overlap_exposed * comm_s, comm_s - overlap_s)
-    return comm_s
+def _hidden_s(x: Shape, comm_s: float, window_s: float) -> float:
+    """One all-to-all under one window of the other micro-batch's compute: what the window cannot cover, never less
+    than the fitted exposed share (`Calibration.ep_overlap_exposed`: stream sync and the SMs the comm kernels take)."""
+    return max(x.cal.ep_overlap_exposed * comm_s, comm_s - window_s) if comm_s > 0 else 0.0
 
 
-def moe_block(x: Shape) -> dict[str, Pass]:
-    """Forward, backward and recomputable parts of one MoE block (see the module docstring)."""
+def _ep_overlap(x: Shape, a2a: float, pre_dispatch_f: float, mlp_f: float) -> tuple[float, float]:
+    """(forward, backward) exposed EP all-to-all of one micro-batch: all four (dispatch and combine, each way)
+    without `overlap_moe_expert_parallel_comm`; with it, megatron-core's 1F1B overlap runs one micro-batch's
+    layer forward with another's layer backward on two streams (megatron-core 0.19
+    `models/common/model_chunk_schedule_plan.py::TransformerLayerSchedulePlan.run`):
+
+        comm:    combine_bwd      | dispatch_fwd -> dispatch_bwd      | combine_fwd
+        compute: pre_dispatch_fwd | mlp_bwd -> mlp_bwd_dw -> mlp_fwd  | pre_dispatch_bwd
+
+    so each all-to-all hides under one window: the backward's combine under the attention forward (with the router
+    and permute: `pre_dispatch_f`), the forward's dispatch under the experts' backward (data and weight gradients,
+    2 x `mlp_f`), the backward's dispatch under the experts' forward, the forward's combine under the attention
+    backward (2 x `pre_dispatch_f`). Following the dependencies (the forward's mlp waits for its dispatch, the
+    backward's attention for its dispatch, the next layer for both combines) gives the same layer time as these four
+    windows. `delay_wgrad_compute` moves the experts' weight gradients to `mlp_bwd_dw`, so the backward's dispatch
+    may start after the data gradients; that shortens the chain only while one all-to-all lasts between one and two
+    expert forwards, and is not modelled (measured: +0.4%, Bridge skills `perf-expert-parallel-overlap`,
+    `bench/data/published_sweeps.csv`). The floor share is the SMs the all-to-all takes from the compute it overlaps
+    (a window w under an all-to-all x lasts max(x, w + s x))."""
+    if not x.ep_overlap:
+        return 2 * a2a, 2 * a2a
+    fwd = _hidden_s(x, a2a, 2 * mlp_f) + _hidden_s(x, a2a, 2 * pre_dispatch_f)
+    bwd = _hidden_s(x, a2a, pre_dispatch_f) + _hidden_s(x, a2a, mlp_f)
+    return fwd, bwd
+
+
+def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, Pass]:
+    """Forward, backward and recomputable parts of one MoE block (see the module docstring); `attention` is the
+    layer's attention block, the compute the EP overlap hides the combines under (`_ep_overlap`)."""
     model, job, cal = x.model, x.job, x.cal
     m, training, gpu = model.moe, job.training, job.cluster.gpu
     assert m is not None
@@ -118,7 +140,9 @@ def moe_block(x: Shape) -> dict[str, Pass]:
         shared_tp = 2 * group_collective_s(x.rows * h * BF16, x.tp, 1, job.cluster, cal)
 
     compute_f = router + norm + permute + unpermute + experts + act + experts_cast + shared + shared_cast + bda
-    overlap_window = experts + shared  # the GEMMs another micro-batch's all-to-all can hide under
+    attention_f = attention["fwd"].compute if attention is not None else 0.0
+    ep_f, ep_b = _ep_overlap(x, a2a, attention_f + router + norm + permute,
+                             experts + act + experts_cast + shared + shared_cast)
 
     full = x.cuda_graphs == "full_iteration"
     kernels = EXPERT_KERNELS["fp8" if x.fp8 else "bf16"] * local
@@ -132,16 +156,12 @@ def moe_block(x: Shape) -> dict[str, Pass]:
     # `token_dispatcher.py` with `moe_expert_rank_capacity_factor`); otherwise one device-to-host sync per forward
     syncs = 0 if full else 1
 
-    # the backward's all-to-alls hide under the other micro-batch's data-gradient GEMMs, and with
-    # `delay_wgrad_compute` its weight-gradient GEMMs too, which wait for the dispatch instead of running before it
-    # (megatron-core `pipeline_parallel/combined_1f1b.py`, `transformer/moe/experts.py` `backward_dw`)
-    bwd_window = (2.0 if training.delay_wgrad_compute else 1.0) * overlap_window
-    fwd = Pass(compute=compute_f, tp_comm=tp_exposed_s(x, shared_tp, shared) + etp_comm,
-               ep_comm=_ep_exposed_s(x, 2 * a2a, overlap_window) + counts, host=host, syncs=syncs)
+    fwd = Pass(compute=compute_f, tp_comm=tp_exposed_s(x, shared_tp, shared) + etp_comm, ep_comm=ep_f + counts,
+               host=host, syncs=syncs)
     casts = experts_cast + shared_cast  # the backward quantises the output gradients once, as the forward its inputs
     bwd = Pass(compute=2 * (compute_f - casts) + casts,
-               tp_comm=tp_exposed_s(x, 1.5 * shared_tp, 2 * shared) + etp_comm,
-               ep_comm=_ep_exposed_s(x, 2 * a2a, bwd_window), host=cal.host_backward_ratio * host)
+               tp_comm=tp_exposed_s(x, 1.5 * shared_tp, 2 * shared) + etp_comm, ep_comm=ep_b,
+               host=cal.host_backward_ratio * host)
     return {"fwd": fwd, "bwd": bwd, "layernorm": Pass(compute=norm), "moe_act": Pass(compute=act),
             "shared_experts": Pass(compute=shared + shared_cast), "moe": fwd}
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,15 @@ from autotune.cost.memory import (
     _state_bytes,
 )
 from autotune.cost.placement import heaviest_stage, stage_params
-from autotune.cost.throughput import LAYER_KEYS, TIME_KEYS, dp_comm_s, layer_times, optimizer_step_s, pipeline_p2p_s
+from autotune.cost.throughput import (
+    LAYER_KEYS,
+    TIME_KEYS,
+    dp_comm_s,
+    ep_unpaired_share,
+    layer_times,
+    optimizer_step_s,
+    pipeline_p2p_s,
+)
 from search_spaces.job import Job
 from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES, Layout
 from search_spaces.measurement import Measurement
@@ -271,9 +279,20 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     layer = _group(table.tp, table.cp, table.ep, t.etp, table.mbs, table.sp & (table.tp > 1), table.recompute, chunks,
                    table.cuda_graphs, table.ep_overlap)
     lts = layer.values(lambda i: layer_times(job, t.layout(i), cal))
+    # the EP overlap's unpaired warm-up and cool-down chunk steps (`throughput.ep_unpaired_share`, `mixed`)
+    overlap = table.ep_overlap & (job.model.moe is not None)
+    alone_lts = layer.values(lambda i: layer_times(job, replace(t.layout(i), ep_overlap=False), cal)
+                             if overlap[i] else None)
+    share = np.zeros(n)
+    for i in np.flatnonzero(overlap):
+        share[i] = ep_unpaired_share(t.layout(int(i)), int(m[i]))
 
     def per_layer(f: Callable[[Any], float]) -> np.ndarray:
-        return _gather([f(lt) for lt in lts], layer)
+        paired = _gather([f(lt) for lt in lts], layer)
+        if not overlap.any():
+            return paired
+        alone = _gather([f(lt if a is None else a) for lt, a in zip(lts, alone_lts, strict=True)], layer)
+        return (1 - share) * paired + share * alone
 
     def term(part: str, k: str) -> Callable[[Any], float]:
         return lambda lt: getattr(lt, part)[k]

@@ -14,7 +14,8 @@ training spec turns the overlap on; what cannot hide stays exposed. Every fitted
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from autotune.cost.comm import group_collective_s, p2p_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration, gemm_cost, memory_bound_time_s
@@ -26,7 +27,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 
 __all__ = ["TimeEstimate", "LayerTimes", "layer_times", "estimate_time", "pipeline_bubble_s", "dp_comm_s",
-           "optimizer_step_s", "TIME_KEYS"]
+           "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS"]
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_p2p", "pp_bubble", "dp_comm",
              "optimizer", "overhead")
@@ -103,9 +104,14 @@ def _recompute_pass(job: Job, layout: Layout, blocks: list[dict[str, Pass]]) -> 
     return Pass()
 
 
-def _layer(job: Job, layout: Layout, blocks: list[dict[str, Pass]], cal: Calibration) -> tuple[dict[str, float],
-                                                                                              float, float]:
-    """(breakdown, forward wall, backward wall) of one layer made of `blocks`."""
+def _layer(job: Job, layout: Layout, blocks: list[dict[str, Pass]], cal: Calibration,
+           paired: bool = False) -> tuple[dict[str, float], float, float]:
+    """(breakdown, forward wall, backward wall) of one layer made of `blocks`.
+
+    Each pass is max(GPU, host) + syncs on its own; `paired` (the EP 1F1B overlap) issues one micro-batch's forward
+    and another's backward from one host thread onto two streams, layer by layer (megatron-core 0.19
+    `models/common/model_chunk_schedule_plan.py::TransformerLayerSchedulePlan.run`), so the pair's wall is
+    max(both GPU, both host) + syncs: one pass's host slack pays for the other's launches."""
     fwd = Pass()
     bwd = Pass()
     for b in blocks:
@@ -113,6 +119,12 @@ def _layer(job: Job, layout: Layout, blocks: list[dict[str, Pass]], cal: Calibra
     rec = _recompute_pass(job, layout, blocks)
     back = bwd + rec
     fwd_s, bwd_s = fwd.wall_s(cal), back.wall_s(cal)
+    if paired:
+        host_total = fwd.host + back.host
+        excess = max(0.0, host_total - fwd.gpu_s - back.gpu_s)
+        share = fwd.host / host_total if host_total > 0 else 0.5
+        fwd_s = fwd.gpu_s + share * excess + fwd.syncs * cal.sync_s
+        bwd_s = back.gpu_s + (1 - share) * excess + back.syncs * cal.sync_s
     terms = {
         "compute": fwd.compute + bwd.compute,
         "recompute": rec.gpu_s,
@@ -137,6 +149,43 @@ def layer_times(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION
     return hit
 
 
+def ep_unpaired_share(layout: Layout, microbatches: int) -> float:
+    """Share of a stage's chunk forwards (and backwards) the EP 1F1B overlap cannot pair: the pipeline's warm-up
+    forwards and cool-down backwards run alone. megatron-core 0.19 `pipeline_parallel/schedules.py`
+    (`get_pp_rank_microbatches`): with interleaving, rank r warms up with 2 (p - 1 - r) + (v - 1) p chunk steps
+    plus one more under the overlap, of m v; the mean rank's (p - 1) + (v - 1) p + 1 stands for the pipeline. Without
+    pipelining one forward and one backward run alone (`combined_1f1b_schedule_for_no_pipelining`); without
+    interleaving the 1F1B warm-up is p - 1 - r forwards. 0 without the overlap."""
+    if not layout.ep_overlap:
+        return 0.0
+    p, v = layout.pp, layout.vpp_size
+    if p == 1:
+        warm = 1.0
+    elif layout.vpp is None:
+        warm = (p - 1) / 2
+    else:
+        warm = (p - 1) + (v - 1) * p + 1
+    return min(1.0, warm / (microbatches * v))
+
+
+def mixed(paired: LayerTimes, alone: LayerTimes, share_alone: float) -> LayerTimes:
+    """The layer times of a stage whose chunk steps run `share_alone` of the time unpaired (`alone`)."""
+    if share_alone <= 0:
+        return paired
+
+    def mix(a: float, b: float) -> float:
+        return (1 - share_alone) * a + share_alone * b
+
+    def terms(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        return {k: mix(a[k], b[k]) for k in a}
+
+    def one(name: str) -> Any:
+        a, b = getattr(paired, name), getattr(alone, name)
+        return terms(a, b) if isinstance(a, dict) else mix(a, b)
+
+    return LayerTimes(*(one(f.name) for f in fields(LayerTimes)))
+
+
 def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
                  layout.cuda_graphs, layout.ep_overlap)
@@ -144,7 +193,7 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     dense, dense_f, dense_b = _layer(job, layout, [attn, dense_mlp_block(x)], cal)
     moe, moe_f, moe_b = (dense, dense_f, dense_b)
     if job.model.moe is not None:
-        moe, moe_f, moe_b = _layer(job, layout, [attn, moe_block(x)], cal)
+        moe, moe_f, moe_b = _layer(job, layout, [attn, moe_block(x, attn)], cal, paired=layout.ep_overlap)
     gpu, h = job.cluster.gpu, job.model.hidden_size
     vocab = padded_vocab_size(job.model) / layout.tp
     logits = 3 * gemm_cost(gpu, "bf16", None, cal).time_s(x.rows, vocab, h)  # megatron's output layer is not FP8
@@ -284,6 +333,8 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     cal = cal.for_release(training.release)
     m = max(layout.num_microbatches(training.global_batch_size), 1)
     lt = layer_times(job, layout, cal)
+    if layout.ep_overlap and model.moe is not None:
+        lt = mixed(lt, layer_times(job, replace(layout, ep_overlap=False), cal), ep_unpaired_share(layout, m))
     stages = _stages(job, layout, cal)
     stage_s = tuple(_stage_s(s, lt) for s in stages)
     pp = layout.pp
