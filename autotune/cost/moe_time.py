@@ -63,7 +63,7 @@ def _dispatch_s(x: Shape) -> float:
                       x.job.cluster, x.cal)
 
 
-def _hidden_s(x: Shape, comm_s: float, window_s: float) -> float:
+def _exposed_s(x: Shape, comm_s: float, window_s: float) -> float:
     """One all-to-all under one window of the other micro-batch's compute: what the window cannot cover, never less
     than the fitted exposed share (`Calibration.ep_overlap_exposed`: stream sync and the SMs the comm kernels take)."""
     return max(x.cal.ep_overlap_exposed * comm_s, comm_s - window_s) if comm_s > 0 else 0.0
@@ -90,8 +90,8 @@ def _ep_overlap(x: Shape, a2a: float, pre_dispatch_f: float, mlp_f: float) -> tu
     (a window w under an all-to-all x lasts max(x, w + s x))."""
     if not x.ep_overlap:
         return 2 * a2a, 2 * a2a
-    fwd = _hidden_s(x, a2a, 2 * mlp_f) + _hidden_s(x, a2a, 2 * pre_dispatch_f)
-    bwd = _hidden_s(x, a2a, pre_dispatch_f) + _hidden_s(x, a2a, mlp_f)
+    fwd = _exposed_s(x, a2a, 2 * mlp_f) + _exposed_s(x, a2a, 2 * pre_dispatch_f)
+    bwd = _exposed_s(x, a2a, pre_dispatch_f) + _exposed_s(x, a2a, mlp_f)
     return fwd, bwd
 
 

@@ -281,8 +281,8 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     lts = layer.values(lambda i: layer_times(job, t.layout(i), cal))
     # the EP overlap's unpaired warm-up and cool-down chunk steps (`throughput.ep_unpaired_share`, `mixed`)
     overlap = table.ep_overlap & (job.model.moe is not None)
-    alone_lts = layer.values(lambda i: layer_times(job, replace(t.layout(i), ep_overlap=False), cal)
-                             if overlap[i] else None)
+    # a layout without the overlap is its own (the memo returns the same layer times; its share is 0 below)
+    alone_lts = layer.values(lambda i: layer_times(job, replace(t.layout(i), ep_overlap=False), cal))
     share = np.zeros(n)
     for i in np.flatnonzero(overlap):
         share[i] = ep_unpaired_share(t.layout(int(i)), int(m[i]))
@@ -291,7 +291,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         paired = _gather([f(lt) for lt in lts], layer)
         if not overlap.any():
             return paired
-        alone = _gather([f(lt if a is None else a) for lt, a in zip(lts, alone_lts, strict=True)], layer)
+        alone = _gather([f(a) for a in alone_lts], layer)
         return (1 - share) * paired + share * alone
 
     def term(part: str, k: str) -> Callable[[Any], float]:

@@ -118,13 +118,14 @@ def _layer(job: Job, layout: Layout, blocks: list[dict[str, Pass]], cal: Calibra
         fwd, bwd = fwd + b["fwd"], bwd + b["bwd"]
     rec = _recompute_pass(job, layout, blocks)
     back = bwd + rec
-    fwd_s, bwd_s = fwd.wall_s(cal), back.wall_s(cal)
     if paired:
         host_total = fwd.host + back.host
         excess = max(0.0, host_total - fwd.gpu_s - back.gpu_s)
         share = fwd.host / host_total if host_total > 0 else 0.5
         fwd_s = fwd.gpu_s + share * excess + fwd.syncs * cal.sync_s
         bwd_s = back.gpu_s + (1 - share) * excess + back.syncs * cal.sync_s
+    else:
+        fwd_s, bwd_s = fwd.wall_s(cal), back.wall_s(cal)
     terms = {
         "compute": fwd.compute + bwd.compute,
         "recompute": rec.gpu_s,
@@ -154,17 +155,12 @@ def ep_unpaired_share(layout: Layout, microbatches: int) -> float:
     forwards and cool-down backwards run alone. megatron-core 0.19 `pipeline_parallel/schedules.py`
     (`get_pp_rank_microbatches`): with interleaving, rank r warms up with 2 (p - 1 - r) + (v - 1) p chunk steps
     plus one more under the overlap, of m v; the mean rank's (p - 1) + (v - 1) p + 1 stands for the pipeline. Without
-    pipelining one forward and one backward run alone (`combined_1f1b_schedule_for_no_pipelining`); without
-    interleaving the 1F1B warm-up is p - 1 - r forwards. 0 without the overlap."""
+    pipelining one forward and one backward run alone (`combined_1f1b_schedule_for_no_pipelining`). PP without VPP
+    has no overlap (`rules.ep_overlap_needs_vpp`). 0 without the overlap."""
     if not layout.ep_overlap:
         return 0.0
     p, v = layout.pp, layout.vpp_size
-    if p == 1:
-        warm = 1.0
-    elif layout.vpp is None:
-        warm = (p - 1) / 2
-    else:
-        warm = (p - 1) + (v - 1) * p + 1
+    warm = 1.0 if p == 1 else (p - 1) + (v - 1) * p + 1
     return min(1.0, warm / (microbatches * v))
 
 
