@@ -3,6 +3,8 @@
 Sources (each row cites its own table in the CSV):
 - `bench/recipe_rows.py`: every row of Megatron-Bridge's performance tables, releases 25.09 to 26.08 (H100, B200,
   GB200, and the held-out GB300 and B300), at the switches of the recipe that produced it.
+- `bench/data/published_sweeps.csv`: the two published EP-overlap A/Bs on 16 H100 (the only direct measurements
+  of what the overlap hides), in the fit too; `bench/bench_sweeps.py` reads them as sweeps.
 - `bench/data/published_throughput_extra.csv`: further public rows (NeMo performance summaries 24.03-25.07,
   Megatron-Core examples), each with the release it ran (the reference release's factors where it names none).
 - `bench/data/calibration-runs.csv`: papers and READMEs (Narayanan et al. 2021 and Korthikanti et al. 2022
@@ -34,10 +36,11 @@ from search_spaces.layout import Layout, parse_layout  # noqa: E402
 from search_spaces.releases import release_names  # noqa: E402
 from search_spaces.training import training_spec  # noqa: E402
 
-__all__ = ["Row", "load_rows", "EXTRA_CSV", "HELD_OUT_GPUS"]
+__all__ = ["Row", "load_rows", "sweep_rows", "EXTRA_CSV", "SWEEPS_CSV", "HELD_OUT_GPUS"]
 
 DATA = Path(__file__).resolve().parent / "data"
 EXTRA_CSV = DATA / "published_throughput_extra.csv"
+SWEEPS_CSV = DATA / "published_sweeps.csv"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +152,11 @@ def _recipe_rows() -> list[Row]:
             and r.published is not None]
 
 
+def sweep_rows() -> list[Row]:
+    """The published A/B rows of `published_sweeps.csv` that no other file holds, in the file's order."""
+    return _bridge_rows(SWEEPS_CSV)
+
+
 def load_rows() -> list[Row]:
-    """Every usable published row: the Bridge tables first, then the other public rows and the papers."""
-    return _recipe_rows() + _bridge_rows(EXTRA_CSV) + _paper_rows()
+    """Every usable published row: the Bridge tables first, then the other public rows, the A/Bs, the papers."""
+    return _recipe_rows() + _bridge_rows(EXTRA_CSV) + sweep_rows() + _paper_rows()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_sweeps import find_sweeps, order_pairs, sweep_rows  # noqa: E402
+from bench.bench_sweeps import find_sweeps, order_pairs, tabled_rows  # noqa: E402
 
 
 def test_pair_order_on_a_hand_made_sweep() -> None:
@@ -27,7 +27,7 @@ def test_same_run_pairs_are_skipped_and_a_missing_prediction_is_wrong() -> None:
 
 
 def test_known_sweeps_are_found_in_the_published_rows() -> None:
-    sweeps = {(k[0], k[1], k[2], k[3]): rows for k, rows in find_sweeps(sweep_rows()).items()}
+    sweeps = {(k[0], k[1], k[2], k[3]): rows for k, rows in find_sweeps(tabled_rows()).items()}
     # Megatron-MoE-ModelZoo's Qwen3-235B-A22B table on 256 H100: five rows, four distinct runs to the loader
     # (its "+1f1b overlap" row reads as the same layout as the row above it)
     zoo = sweeps[("moe-modelzoo", "Qwen3-235B-A22B", "h100", 256)]

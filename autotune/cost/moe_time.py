@@ -64,9 +64,12 @@ def _dispatch_s(x: Shape) -> float:
 
 
 def _exposed_s(x: Shape, comm_s: float, window_s: float) -> float:
-    """One all-to-all under one window of the other micro-batch's compute: what the window cannot cover, never less
-    than the fitted exposed share (`Calibration.ep_overlap_exposed`: stream sync and the SMs the comm kernels take)."""
-    return max(x.cal.ep_overlap_exposed * comm_s, comm_s - window_s) if comm_s > 0 else 0.0
+    """One all-to-all x under one window w of the other micro-batch's compute, beyond the window: the two contend for
+    SMs and HBM while they overlap (the comm kernels take SMs from the GEMMs, the GEMMs slow the comm's copies), so
+    the shorter of the two is hidden only to (1 - s), s the fitted `Calibration.ep_overlap_exposed`: the pair lasts
+    max(x, w) + s min(x, w), and what it adds to the window is max(s x, x - (1 - s) w)."""
+    s = x.cal.ep_overlap_exposed
+    return max(s * comm_s, comm_s - (1.0 - s) * window_s) if comm_s > 0 else 0.0
 
 
 def _ep_overlap(x: Shape, a2a: float, pre_dispatch_f: float, mlp_f: float) -> tuple[float, float]:
@@ -86,8 +89,8 @@ def _ep_overlap(x: Shape, a2a: float, pre_dispatch_f: float, mlp_f: float) -> tu
     windows. `delay_wgrad_compute` moves the experts' weight gradients to `mlp_bwd_dw`, so the backward's dispatch
     may start after the data gradients; that shortens the chain only while one all-to-all lasts between one and two
     expert forwards, and is not modelled (measured: +0.4%, Bridge skills `perf-expert-parallel-overlap`,
-    `bench/data/published_sweeps.csv`). The floor share is the SMs the all-to-all takes from the compute it overlaps
-    (a window w under an all-to-all x lasts max(x, w + s x))."""
+    `bench/data/published_sweeps.csv`). Each all-to-all and its window contend while they overlap (`_exposed_s`:
+    the pair lasts max(x, w) + s min(x, w)); s is fitted with NVIDIA's two H100 A/Bs of this switch among the rows."""
     if not x.ep_overlap:
         return 2 * a2a, 2 * a2a
     fwd = _exposed_s(x, a2a, 2 * mlp_f) + _exposed_s(x, a2a, 2 * pre_dispatch_f)
