@@ -33,13 +33,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.efficiency import (  # noqa: E402
     DEFAULT_CALIBRATION,
+    MIN_GROUP_ROWS,
     REFERENCE_RELEASE,
     ArchFractions,
     Calibration,
     ReleaseFactors,
+    fit_group,
 )
 from autotune.cost.throughput import estimate_time  # noqa: E402
 from bench.throughput_rows import Row, load_rows  # noqa: E402
+from search_spaces.releases import release_names  # noqa: E402
 
 TARGET_MEAN, TARGET_WORST, TARGET_PAIRS = 0.12, 0.30, 0.75
 # (name, low, high): per-generation fractions as "arch.field" or "arch.fp8.recipe", the rest Calibration fields
@@ -187,7 +190,18 @@ def _global_search(rows: list[Row], w: list[float], cal: Calibration, names: lis
     return cal, best
 
 
-def calibration_source(cal: Calibration) -> str:
+def fitted_groups(rows: list[Row]) -> tuple[str, ...]:
+    """`Calibration.fitted_groups` of these fitted rows: the (generation, precision, kind) groups with at least
+    MIN_GROUP_ROWS rows from a software release's published table (papers and READMEs describe older software)."""
+    releases = set(release_names())
+    count: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r.source in releases and not r.held_out:
+            count[fit_group(r.job.cluster.gpu.arch, r.job.training.precision, r.moe)] += 1
+    return tuple(sorted(g for g, n in count.items() if n >= MIN_GROUP_ROWS))
+
+
+def calibration_source(cal: Calibration, rows: list[Row] | None = None) -> str:
     """`cal` as the Python source of DEFAULT_CALIBRATION (4 significant digits), to paste into efficiency.py."""
     def g(v: float) -> str:
         return f"{v:.4g}"
@@ -202,6 +216,8 @@ def calibration_source(cal: Calibration) -> str:
     for name, _, _ in FITTED:
         if "." not in name:
             lines.append(f"    {name}={g(get_value(cal, name))},")
+    if rows is not None:
+        lines.append(f"    fitted_groups={fitted_groups(rows)!r},")
     lines.append("    per_release=(")
     for release, r in cal.per_release:
         args = ", ".join(f"{k}={g(getattr(r, k))}" for k in ("dense", "moe") if getattr(r, k) is not None)
@@ -306,7 +322,7 @@ def main() -> int:
     cal = DEFAULT_CALIBRATION
     if args.fit:
         cal = fit(rows, sweeps=args.sweeps, trials=args.trials, verbose=True)
-        print(calibration_source(cal))
+        print(calibration_source(cal, rows))
         print("fitted constants:")
         for name, _, _ in FITTED + release_factors(rows):
             if "." not in name or name.split(".")[0] in dict(cal.per_arch) or name.startswith("release."):

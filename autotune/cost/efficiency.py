@@ -36,6 +36,8 @@ __all__ = [
     "gemm_cost",
     "attention_time_s",
     "memory_bound_time_s",
+    "fit_group",
+    "MIN_GROUP_ROWS",
 ]
 
 
@@ -73,6 +75,14 @@ class ReleaseFactors:
 
     dense: float | None = None
     moe: float | None = None
+
+
+MIN_GROUP_ROWS = 3  # a group fewer fitted rows inform counts as unfitted (`Calibration.fitted_groups`)
+
+
+def fit_group(arch: str, precision: str, moe: bool) -> str:
+    """The name of one group of `Calibration.fitted_groups`: "hopper bf16 dense", "blackwell fp8 MoE"."""
+    return f"{arch} {precision} {'MoE' if moe else 'dense'}"
 
 
 REFERENCE_RELEASE = "26.02"  # its factors are 1 by definition: the per-generation fractions describe it
@@ -120,12 +130,34 @@ class Calibration:
     band_dense: tuple[float, float] = (-0.1198, 0.1024)  # measured: 10th / 90th percentile of log(published /
     band_moe: tuple[float, float] = (-0.1857, 0.1497)  #   predicted) leaving each model out of the fit (bench --loo,
     #   2026-12-02)
+    # what the fit saw: "generation precision kind" (kind: dense or MoE) of which at least MIN_GROUP_ROWS fitted rows
+    # came from a software release's published table (bench/bench_throughput.py --fit prints it); a prediction of
+    # any other group rests on fractions no run of its kind informed, so its band widens
+    fitted_groups: tuple[str, ...] = ()
+    unfitted_band_factor: float = 2.0  # assumed: an unfitted group's band is this many times the fitted one's (the
+    #   release factors alone move one layout 0.8x-1.5x between releases, beyond the fitted band)
     # --- software releases --------------------------------------------------------------
     per_release: tuple[tuple[str, ReleaseFactors], ...] = ()  # fitted per release (search_spaces.releases)
 
     def band(self, moe: bool) -> tuple[float, float]:
         """(low, high) log-ratio band around a prediction: tokens/s * exp(low) .. tokens/s * exp(high)."""
         return self.band_moe if moe else self.band_dense
+
+    def unfitted(self, gpu: GPUSpec, precision: str, moe: bool) -> str | None:
+        """Why a prediction of this group is less sure than the band says (None when the fit saw its kind): no
+        fitted release row is a run of this GPU generation, precision and kind."""
+        group = fit_group(gpu.arch, precision, moe)
+        if group in self.fitted_groups:
+            return None
+        return (f"the fit holds no {group} run of a release's published table (it holds "
+                f"{', '.join(self.fitted_groups) or 'none'}), so the band is {self.unfitted_band_factor:g}x as wide")
+
+    def band_for(self, gpu: GPUSpec, precision: str, moe: bool) -> tuple[float, float]:
+        """`band(moe)`, widened by `unfitted_band_factor` where `unfitted` says the fit never saw the group."""
+        low, high = self.band(moe)
+        if self.unfitted(gpu, precision, moe) is None:
+            return low, high
+        return low * self.unfitted_band_factor, high * self.unfitted_band_factor
 
     def release_factor(self, release: str, kind: str) -> tuple[float, str]:
         """(factor, the release it was fitted on) of `kind` ("dense" or "moe") for `release`: its own where fitted,
@@ -173,6 +205,8 @@ DEFAULT_CALIBRATION = Calibration(  # bench/bench_throughput.py --fit --sweeps 6
     pp_p2p_exposed=0.002043,
     pp_step_host_s=0.0009449,
     step_overhead_s=0.0108,
+    fitted_groups=('blackwell bf16 MoE', 'blackwell fp8 MoE', 'blackwell fp8 dense', 'hopper bf16 MoE',
+                   'hopper fp8 MoE', 'hopper fp8 dense'),
     per_release=(
         ('24.07', ReleaseFactors(dense=0.9607)),
         ('25.02', ReleaseFactors(dense=0.861)),

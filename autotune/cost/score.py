@@ -359,7 +359,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     flops = model_flops_per_step(job.model, training)
     peak = job.cluster.gpu.peak_flops(training.precision)
     tokens = training.global_batch_size * training.seq_length / step / world
-    low, high = cal.band(job.model.is_moe)
+    low, high = cal.band_for(job.cluster.gpu, training.precision, job.model.is_moe)
     others = np.stack([breakdown[k] for k in TIME_KEYS[1:]], axis=1)
     top = np.argmax(others, axis=1)
     dominant = np.where(others[rows, top] > 0, top + 1, 0)

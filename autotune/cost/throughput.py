@@ -361,7 +361,7 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     flops = model_flops_per_step(model, training)
     peak = job.cluster.gpu.peak_flops(training.precision)
     tokens = training.global_batch_size * training.seq_length / step_s / world
-    low, high = cal.band(model.is_moe)
+    low, high = cal.band_for(job.cluster.gpu, training.precision, model.is_moe)
     return TimeEstimate(
         step_time_s=step_s,
         breakdown=breakdown,

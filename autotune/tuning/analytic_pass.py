@@ -134,7 +134,9 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
     t2 = time.perf_counter()
     eligible = scores.fits & ~equivalent_to_simpler(table, space.options.dist_opt)
     decision = decide(scores.tokens_per_s_per_gpu, scores.capacity_bytes - scores.total_bytes, complexity(table),
-                      eligible=eligible, tolerance=tolerance, band=cal.band(job.model.is_moe),
+                      eligible=eligible, tolerance=tolerance,
+                      band=cal.band_for(job.cluster.gpu, job.training.precision, job.model.is_moe),
+                      band_note=cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
                       labels=_Labels(table), memory_bytes=scores.total_bytes,
                       kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes))
     t3 = time.perf_counter()

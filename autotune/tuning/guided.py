@@ -43,7 +43,8 @@ class GuidedStrategy:
             s = a.scores
             breakdown = {k: v[self.pool] for k, v in s.breakdown.items()}
             features = layout_features(a.table.take(self.pool), breakdown, s.step_time_s[self.pool])
-            low, high = DEFAULT_CALIBRATION.band(context.job.model.is_moe)
+            job = context.job
+            low, high = DEFAULT_CALIBRATION.band_for(job.cluster.gpu, job.training.precision, job.model.is_moe)
             self.model = ResidualModel(features, np.log(s.tokens_per_s_per_gpu[self.pool]), (high - low) / BAND_TO_SD)
         self.spent = 0
         for layout, m in context.measured.items():

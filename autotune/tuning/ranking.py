@@ -135,14 +135,14 @@ class Decision:
 def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *, eligible: np.ndarray | None = None,
            tolerance: float = TIE_TOLERANCE, band: tuple[float, float] | None = None, measured: bool = False,
            labels: Sequence[str] | None = None, memory_bytes: np.ndarray | None = None,
-           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0) -> Decision:
+           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0, band_note: str | None = None) -> Decision:
     """Rank the eligible rows (fitting, not an equivalent of a simpler one) and pick one (module docstring).
 
     `memory_bytes`: each row's peak (for the resolution and the error margin; without it memory is compared exactly,
     by free memory). `kept_bytes`: the headroom the search keeps beyond `free_bytes`, which counts toward the margin
     against the memory model's error (a row is inside the error when free + kept < resolution x peak). `band` is
-    the (low, high) log-ratio band of a prediction (None for measurements); `labels` name rows in the reason
-    (layout texts), by index."""
+    the (low, high) log-ratio band of a prediction (None for measurements), `band_note` why it is wider than the
+    fitted one (`Calibration.unfitted`); `labels` name rows in the reason (layout texts), by index."""
     tokens = np.asarray(tokens, dtype=np.float64)
     free_bytes = np.asarray(free_bytes, dtype=np.float64)
     simplicity = np.asarray(simplicity)
@@ -188,11 +188,11 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         confidence = "within the model's uncertainty"
         low, high = band  # type: ignore[misc]
         reason += (f"; {in_band:,} other layouts lie within the model's band ({math.exp(low) - 1:+.0%} / "
-                   f"{math.exp(high) - 1:+.0%} of tokens/s, held-out residuals): measure the top ones to settle it "
-                   f"(--backend megatron)")
+                   f"{math.exp(high) - 1:+.0%} of tokens/s, held-out residuals"
+                   f"{'; ' + band_note if band_note else ''}): measure the top ones to settle it (--backend megatron)")
     else:
         confidence = "clear"
-        reason += "; no other layout lies within the model's band"
+        reason += "; no other layout lies within the model's band" + (f" ({band_note})" if band_note else "")
     return Decision(pick=pick, fastest=fastest, order=order, tied=tied, in_band=in_band, tolerance=tolerance,
                     band=band, reason=reason, confidence=confidence, candidates=candidates, resolution=resolution,
                     details=details)

@@ -103,10 +103,20 @@ def _print_rich(job, m, headroom: float) -> None:
         band = f" ({low:,.0f}-{high:,.0f})" if low and high else ""
         console.print(f"[bold]step time[/bold] {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f}{band} tokens/s "
                       f"per GPU, {m.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {m.mfu:.1%}")
+        note = _band_note(job)
+        if note:
+            console.print(f"  band: {note}", markup=False, highlight=False)
         console.print(breakdown_table("seconds", m.time, m.step_time_s, ".4f", ".1%"))
         from autotune.outputs.terms import bound_cell
 
         console.print(f"largest term beyond compute: {bound_cell(m)} of the step", markup=False, highlight=False)
+
+
+def _band_note(job) -> str | None:
+    """Why the tokens/s band is wider than the fitted one (`Calibration.unfitted`), or None."""
+    from autotune.cost.efficiency import DEFAULT_CALIBRATION
+
+    return DEFAULT_CALIBRATION.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom,
                                             headroom=headroom), "release": job.training.release,
-                          "nearest": nearest}, indent=2))
+                          "band_note": _band_note(job), "nearest": nearest}, indent=2))
     else:
         from autotune.ui.commands.check import print_nearest
 
