@@ -50,7 +50,7 @@ FITTED: tuple[tuple[str, float, float], ...] = (
     ("hopper.gemm_bf16", 0.3, 0.85), ("hopper.fp8.tensorwise", 0.2, 0.95), ("hopper.attention", 0.2, 0.95),
     ("hopper.host_op_s", 2e-6, 2e-4),
     ("blackwell.gemm_bf16", 0.3, 0.85), ("blackwell.fp8.mxfp8", 0.2, 0.95), ("blackwell.fp8.tensorwise", 0.2, 0.95),
-    ("blackwell.attention", 0.2, 0.95), ("blackwell.host_op_s", 2e-6, 2e-4),
+    ("blackwell.attention", 0.2, 0.95), ("blackwell.host_op_s", 2e-6, 2e-4), ("blackwell.gemm_fp4", 0.1, 0.95),
     ("ampere.gemm_bf16", 0.3, 0.95), ("ampere.attention", 0.05, 0.95),
     ("sfu_fraction", 0.1, 1.0), ("softmax_serial", 0.0, 1.0), ("gemm_dim_half", 16.0, 512.0),
     ("grouped_gemm_fraction", 0.2, 1.0), ("tp_overlap_exposed", 0.0, 1.0),
@@ -211,7 +211,8 @@ def calibration_source(cal: Calibration, rows: list[Row] | None = None) -> str:
         fp8 = ", ".join(f"({r!r}, {g(v)})" for r, v in f.gemm_fp8)
         comma = "," if len(f.gemm_fp8) == 1 else ""
         lines.append(f"        ({name!r}, _arch(gemm_bf16={g(f.gemm_bf16)}, gemm_fp8=({fp8}{comma}),")
-        lines.append(f"                        attention={g(f.attention)}, host_op_s={g(f.host_op_s)})),")
+        fp4 = "" if f.gemm_fp4 is None else f"gemm_fp4={g(f.gemm_fp4)}, "
+        lines.append(f"                        {fp4}attention={g(f.attention)}, host_op_s={g(f.host_op_s)})),")
     lines.append("    ),")
     for name, _, _ in FITTED:
         if "." not in name:

@@ -21,6 +21,9 @@ class Job:
         """The precision recipe must run on the GPU (Megatron-Bridge `training/mixed_precision.py`:
         MXFP8 is Blackwell only, blockwise (sub-channel) FP8 Hopper only; A100 has no FP8 at all)."""
         gpu, t = self.cluster.gpu, self.training
+        if t.fp4 and gpu.fp4_flops is None:
+            raise ValueError(f"NVFP4 training (--precision fp4) needs FP4 tensor cores, a Blackwell GPU (B200, GB200, "
+                             f"B300, GB300), but the cluster has {gpu.name} ({gpu.arch}); use --precision fp8 or bf16.")
         if not t.fp8:
             return
         if gpu.fp8_flops is None:
@@ -36,6 +39,12 @@ class Job:
     @property
     def world_size(self) -> int:
         return self.cluster.world_size
+
+    @property
+    def gemm_recipe(self) -> str | None:
+        """The low-precision GEMM recipe the cost models follow: the FP8 recipe in effect, "nvfp4" for FP4, None for
+        bf16."""
+        return "nvfp4" if self.training.fp4 else self.fp8_recipe
 
     @property
     def fp8_recipe(self) -> str | None:

@@ -117,6 +117,9 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     _n("fp8", _T, "str", "--fp8-format", "mixed_precision:fp8"),
     _n("fp8_recipe", _T, "str", "--fp8-recipe", "mixed_precision:fp8_recipe"),
     _n("fp8_param_gather", _D, "bool", "--fp8-param-gather", "mixed_precision:fp8_param_gather"),
+    # NVFP4 (megatron-core 0.19 `TransformerConfig.fp4` / `fp4_recipe`; Bridge `bf16_with_nvfp4_mixed`)
+    _n("fp4", _T, "str", "--fp4-format", "mixed_precision:fp4"),
+    _n("fp4_recipe", _T, "str", "--fp4-recipe", "mixed_precision:fp4_recipe"),
     # Megatron-LM has no flag for it ("no CLI argument exists for these", arguments.py `_add_network_size_args`,
     # core_v0.16.1 and 0.19.2): its line says so (`autotune.outputs.launch.megatron_lm_notes`)
     _n("fp8_dot_product_attention", _T, "bool", None, "mixed_precision:fp8_dot_product_attention"),
@@ -205,7 +208,7 @@ LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
 TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "seq_length": ("seq_length",),
     "global_batch_size": ("global_batch_size",),
-    "precision": ("bf16", "fp8"),
+    "precision": ("bf16", "fp8", "fp4", "fp4_recipe"),
     "fp8_recipe": ("fp8_recipe",),
     "fp8_param_gather": ("fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"),
     "fp8_dot_product_attention": ("fp8_dot_product_attention",),
@@ -321,6 +324,8 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     recipe = job.fp8_recipe
     out["fp8"] = None if recipe is None else fp8_format(recipe)
     out["fp8_recipe"] = recipe
+    out["fp4"] = "e2m1" if t.fp4 else None  # Bridge's `bf16_with_nvfp4_mixed`; FP4 primary weights stay off
+    out["fp4_recipe"] = "nvfp4"  # megatron-core's and Bridge's default, set or not
     # FP8 primary weights need the distributed optimizer (arguments.py: "--fp8-param-gather only supported with
     # distributed optimizer ...")
     out["fp8_param_gather"] = recipe is not None and t.fp8_param_gather and layout.dist_opt

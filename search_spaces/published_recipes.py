@@ -3,7 +3,7 @@
 `data/published_recipes.csv` (written by tests/data/make_published_recipes.py from the benchmark's rows,
 `bench/recipe_rows.py`) holds the layout of every scored row of Megatron-Bridge's performance tables, releases 25.09 to
 26.08: the table's TP, PP, CP, VP, EP and micro-batch with the switches its recipe sets. `published_recipe(job)` is
-the row of the job's model, GPU, GPU count and precision (`fp8_recipe`, or bf16) from the newest release not newer
+the row of the job's model, GPU, GPU count and precision (`Job.gemm_recipe`, or bf16) from the newest release not newer
 than the job's, the same sequence length and global batch first, a table variant (token dropping) last.
 """
 
@@ -30,7 +30,7 @@ class PublishedRecipe:
     gpu: str  # the catalog GPU name
     model: str
     table_model: str  # the table's name, variant included
-    precision: str  # fp8_recipe, or bf16
+    precision: str  # Job.gemm_recipe (the FP8 recipe, nvfp4), or bf16
     num_gpus: int
     seq_length: int
     global_batch_size: int
@@ -65,7 +65,7 @@ def published_recipe(job: Job) -> tuple[PublishedRecipe, Layout] | None:
 
     order = release_names()
     newest = order.index(job.training.release)
-    precision, t = job.fp8_recipe or "bf16", job.training
+    precision, t = job.gemm_recipe or "bf16", job.training
     rows = [r for r in published_recipes() if r.model == job.model.name and r.gpu == job.cluster.gpu.name
             and r.num_gpus == job.world_size and r.release in order and order.index(r.release) <= newest]
 

@@ -10,7 +10,10 @@ performance tables, `scripts/performance/`:
   FP8 attention (`fp8_dot_product_attention`) is off, as in those configs; Bridge 0.5+'s MoE full-iteration
   recipes turn it on (`perf_recipes/qwen/common.py`);
   `training/mixed_precision.py` defines both. `fp8_recipe=None` takes the GPU's own: tensorwise on Hopper,
-  MXFP8 on Blackwell (the published H100 "FP8" rows are FP8-CS, the B200/GB200 "MXFP8" rows fp8_mx).
+  MXFP8 on Blackwell (the published H100 "FP8" rows are FP8-CS, the B200/GB200 "MXFP8" rows fp8_mx). `fp4` is
+  `bf16_with_nvfp4_mixed` (`fp4="e2m1"`, `fp4_recipe="nvfp4"`: Transformer Engine's NVFP4BlockScaling, every
+  linear layer's three GEMMs in FP4, Blackwell only, TE >= 2.7), with FP4 primary weights off (the preset turns
+  `fp4_param_gather` on; the launch lines leave it off, as the memory and DP terms assume).
 - `grad_reduce_in_fp32=False`: every perf config sets `mixed_precision.grad_reduce_in_fp32=False` and
   `ddp.grad_reduce_in_fp32=False` (`configs/llama/llama3_llm_pretrain.py`, `qwen3_llm_pretrain.py`,
   `deepseek_llm_pretrain.py`); the library recipes (`recipes/common.py`) keep True, Megatron-LM turns it on for bf16.
@@ -57,13 +60,13 @@ __all__ = ["TrainingSpec", "training_spec", "default_cuda_graph_modules", "TRAIN
            "CUDA_GRAPH_MODULES",
            "RECOMPUTE_MODULES"]
 
-Precision = Literal["bf16", "fp8"]
+Precision = Literal["bf16", "fp8", "fp4"]
 FP8Recipe = Literal["delayed", "tensorwise", "mxfp8", "blockwise"]
 Dispatcher = Literal["alltoall", "allgather", "flex"]
 FlexBackend = Literal["deepep", "hybridep", "ncclep"]
 CrossEntropyFusion = Literal["te", "native", "none"]
 MomentDtype = Literal["fp32", "bf16"]
-PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8")
+PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8", "fp4")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
 FLEX_BACKENDS: tuple[str, ...] = ("deepep", "hybridep", "ncclep")  # megatron-core `moe_flex_dispatcher_backend`
@@ -163,6 +166,11 @@ class TrainingSpec:
     @property
     def fp8(self) -> bool:
         return self.precision == "fp8"
+
+    @property
+    def fp4(self) -> bool:
+        """NVFP4 training (`bf16_with_nvfp4_mixed`)."""
+        return self.precision == "fp4"
 
     def precision_aware(self, dist_opt: bool) -> bool:
         """Whether the precision-aware optimizer runs: megatron-core supports it with the distributed optimizer

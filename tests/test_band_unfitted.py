@@ -63,3 +63,16 @@ def test_the_search_reason_names_why_its_band_is_wide() -> None:
     d = decide(tokens, np.ones(3) * 1e9, np.zeros(3), band=(-0.3, 0.2), band_note="the fit holds no x run")
     assert d.in_band == 2 and "the fit holds no x run" in d.reason
     assert "the fit holds no" not in decide(tokens, np.ones(3) * 1e9, np.zeros(3), band=(-0.3, 0.2)).reason
+
+
+def test_nvfp4_is_refused_off_blackwell_and_costs_fp4_gemms_on_it() -> None:
+    from search_spaces.megatron_names import job_settings
+
+    with pytest.raises(ValueError, match="NVFP4 training .* needs FP4 tensor cores"):
+        _estimate("fp4", gpu="h100")
+    fp8_job, fp8 = _estimate("fp8", gpu="gb200")
+    fp4_job, fp4 = _estimate("fp4", gpu="gb200")
+    assert fp4_job.gemm_recipe == "nvfp4" and fp4_job.fp8_recipe is None
+    assert fp4.breakdown["compute"] < fp8.breakdown["compute"]  # FP4 GEMMs, the attention core still bf16
+    settings = job_settings(fp4_job, Layout(tp=8, pp=4, vpp=5, dp=2, mbs=1, sp=True, dist_opt=True))
+    assert (settings["fp4"], settings["fp4_recipe"], settings["fp8"]) == ("e2m1", "nvfp4", None)

@@ -49,8 +49,18 @@ def test_skipped_rows_name_what_autotune_cannot_express(recipes) -> None:
     skipped = [r for r in recipes if r.skip]
     assert all(r.job is None for r in skipped)
     reasons = " ".join(r.skip for r in skipped)
-    for word in ("hybrid Mamba", "NVFP4", "Megatron-FSDP", "CPU offloading"):
+    for word in ("hybrid Mamba", "Megatron-FSDP", "CPU offloading"):
         assert word in reasons
+
+
+def test_nvfp4_recipes_are_scored_and_predicted_on_the_gpus_held_out(recipes, errors) -> None:
+    # NVFP4 (issue 20, item 3): Llama3-70B / 405B on GB200 are fitted (`blackwell.gemm_fp4`), GB300 held out;
+    # measured 2026-12-02 (bench/bench_throughput.py): GB300 NVFP4 rows +18% to +24% (the fit's one FP4 fraction
+    # over-predicts 70B by ~20% where it fits 405B within 6%), held within 30% here
+    fp4 = [r for r in recipes if not r.skip and r.job.training.fp4]
+    assert len(fp4) >= 16 and {r.gpu for r in fp4} == {"gb200", "gb300"}
+    held = [e for r, e in errors if r.job.training.fp4 and r.held_out]
+    assert len(held) >= 8 and all(abs(e) <= 0.30 for e in held)
 
 
 def test_recipes_carry_the_blackwell_moe_bundle(recipes) -> None:

@@ -101,10 +101,11 @@ def saved_gemm_input_bytes(fp8_recipe: str | None, transformer_engine: bool) -> 
     bf16: the input itself (2 B, often a view of a tensor saved anyway). FP8 (TE v2.11 `module/linear.py`,
     `module/layernorm_linear.py`: `update_usage(rowwise_usage=False)` before `prepare_for_saving`): one FP8
     copy of 1 B per element (the transpose on Hopper, the rowwise data on Blackwell); MXFP8 adds an E8M0 scale
-    per 32 elements (`MXFP8Quantizer`), blockwise (1 x 128 tiles) an fp32 scale per 128 elements."""
+    per 32 elements (`MXFP8Quantizer`), blockwise (1 x 128 tiles) an fp32 scale per 128 elements; NVFP4 one 4-bit
+    copy with an E4M3 scale per 16 elements (`NVFP4Quantizer`, `tensor/nvfp4_tensor.py`)."""
     if fp8_recipe is None or not transformer_engine:
         return float(BF16)
-    return {"mxfp8": 1.0 + 1.0 / 32, "blockwise": 1.0 + FP32 / 128}.get(fp8_recipe, 1.0)
+    return {"mxfp8": 1.0 + 1.0 / 32, "blockwise": 1.0 + FP32 / 128, "nvfp4": 0.5 + 1.0 / 16}.get(fp8_recipe, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,7 @@ def shape_of(job: Job, layout: Layout, assumptions: ActivationAssumptions) -> Sh
         flash=assumptions.flash_attention, te=te, score_bytes=assumptions.attention_score_bytes,
         norm_bytes=8.0 if assumptions.torch_rmsnorm and model.normalization == "RMSNorm" else BF16,
         stat_bytes=2 * FP32 if model.normalization == "LayerNorm" else FP32,
-        gemm_in=saved_gemm_input_bytes(job.fp8_recipe, te),
+        gemm_in=saved_gemm_input_bytes(job.gemm_recipe, te),
         fused_swiglu=assumptions.fused_swiglu,
         ce_fused=te and training.cross_entropy_fusion == "te",
     )

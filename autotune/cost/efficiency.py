@@ -52,11 +52,16 @@ class ArchFractions:
 
     gemm_bf16: float  # fitted: a large, square BF16 GEMM, fraction of dense BF16 peak
     gemm_fp8: tuple[tuple[str, float], ...] = ()  # fitted: (FP8 recipe, fraction of dense FP8 peak) pairs
+    gemm_fp4: float | None = None  # fitted: an NVFP4 GEMM (TE NVFP4BlockScaling), fraction of dense FP4 peak
     attention: float  # fitted: the fused attention core (QK^T, softmax, PV), fraction of dense BF16 peak
     host_op_s: float  # fitted: host time of one framework-level op in a layer's forward (Python + dispatch + launch)
 
     def gemm(self, precision: str, recipe: str | None) -> float:
         """The fraction of the precision's dense peak a large GEMM reaches."""
+        if precision == "fp4":
+            if self.gemm_fp4 is None:
+                raise ValueError("no calibrated NVFP4 GEMM fraction for this GPU generation (Blackwell's is fitted)")
+            return self.gemm_fp4
         if precision != "fp8":
             return self.gemm_bf16
         for name, fraction in self.gemm_fp8:
@@ -190,23 +195,23 @@ DEFAULT_CALIBRATION = Calibration(  # bench/bench_throughput.py --fit --sweeps 6
         ('ampere', _arch(gemm_bf16=0.8283, gemm_fp8=(), attention=0.1015, host_op_s=1.2e-05)),
         ('hopper', _arch(gemm_bf16=0.7013, gemm_fp8=(('delayed', 0.5785), ('tensorwise', 0.5785),
                                                      ('blockwise', 0.5785)),
-                         attention=0.6914, host_op_s=0.0001072)),
+                         attention=0.624, host_op_s=0.0001072)),
         ('blackwell', _arch(gemm_bf16=0.3978, gemm_fp8=(('delayed', 0.5949), ('tensorwise', 0.5949),
                                                         ('mxfp8', 0.5671), ('blockwise', 0.5949)),
-                            attention=0.5551, host_op_s=6.368e-05)),
+                            gemm_fp4=0.7387, attention=0.5551, host_op_s=6.368e-05)),
     ),
     sfu_fraction=0.2476,
     softmax_serial=0.2704,
     gemm_dim_half=170.7,
     grouped_gemm_fraction=0.6482,
-    tp_overlap_exposed=0.01983,
+    tp_overlap_exposed=0.01852,
     ep_overlap_exposed=0.2197,
     cp_overlap_fraction=0.3666,
-    pp_p2p_exposed=0.002043,
-    pp_step_host_s=0.0009449,
-    step_overhead_s=0.0108,
-    fitted_groups=('blackwell bf16 MoE', 'blackwell fp8 MoE', 'blackwell fp8 dense', 'hopper bf16 MoE',
-                   'hopper fp8 MoE', 'hopper fp8 dense'),
+    pp_p2p_exposed=0.0003575,
+    pp_step_host_s=0.0008977,
+    step_overhead_s=0.01995,
+    fitted_groups=('blackwell bf16 MoE', 'blackwell fp4 dense', 'blackwell fp8 MoE', 'blackwell fp8 dense',
+                   'hopper bf16 MoE', 'hopper fp8 MoE', 'hopper fp8 dense'),
     per_release=(
         ('24.07', ReleaseFactors(dense=0.9607)),
         ('25.02', ReleaseFactors(dense=0.861)),
@@ -230,7 +235,8 @@ def _for_release(cal: Calibration, release: str) -> Calibration:
     if dense == 1.0 and moe == 1.0:
         return cal
     per_arch = tuple((name, replace(f, gemm_bf16=f.gemm_bf16 * dense, attention=f.attention * dense,
-                                    gemm_fp8=tuple((r, v * dense) for r, v in f.gemm_fp8)))
+                                    gemm_fp8=tuple((r, v * dense) for r, v in f.gemm_fp8),
+                                    gemm_fp4=None if f.gemm_fp4 is None else f.gemm_fp4 * dense))
                      for name, f in cal.per_arch)
     return replace(cal, per_arch=per_arch, grouped_gemm_fraction=cal.grouped_gemm_fraction * moe, per_release=())
 
@@ -296,13 +302,18 @@ def power_factor(gpu: GPUSpec) -> float:
     return (gpu.tdp_watts / low.tdp_watts) ** k * low.bf16_flops / gpu.bf16_flops
 
 
+# bytes per GEMM operand element: FP8 1; NVFP4 a 4-bit E2M1 value plus one E4M3 scale per 16 (TE
+# `tensor/nvfp4_tensor.py`, NVFP4BlockScaling's 1 x 16 blocks)
+OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
+
+
 @lru_cache(maxsize=256)
 def gemm_cost(gpu: GPUSpec, precision: str, recipe: str | None, cal: Calibration) -> GemmCost:
     """The GemmCost of `gpu` at `precision` (FP8: the recipe's fraction of the FP8 peak, 1-byte operands)."""
     fraction = cal.arch(gpu).gemm(precision, recipe)
     return GemmCost(flops_per_s=gpu.peak_flops(precision) * fraction * power_factor(gpu),
                     bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_fraction,
-                    element_bytes=1.0 if precision == "fp8" else 2.0,
+                    element_bytes=OPERAND_BYTES.get(precision, 2.0),
                     dim_half=cal.gemm_dim_half, gap_s=cal.kernel_gap_s)
 
 

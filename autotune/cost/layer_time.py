@@ -19,7 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.cost.comm import group_collective_s
-from autotune.cost.efficiency import Calibration, GemmCost, attention_time_s, gemm_cost, memory_bound_time_s
+from autotune.cost.efficiency import (
+    OPERAND_BYTES,
+    Calibration,
+    GemmCost,
+    attention_time_s,
+    gemm_cost,
+    memory_bound_time_s,
+)
 from search_spaces.job import Job
 from search_spaces.model import ModelSpec
 
@@ -31,6 +38,9 @@ BF16 = 2.0
 # bf16 tensor (2 B) and writes the FP8 copy and its transpose, or MXFP8's row- and column-wise copies (1 + 1 B);
 # `transformer_engine/pytorch/tensor/float8_tensor.py`, `mxfp8_tensor.py` (usage: rowwise + columnwise).
 FP8_CAST_BYTES = 4.0
+# NVFP4 (TE `tensor/nvfp4_tensor.py`, NVFP4Quantizer): reads the bf16 tensor (2 B), writes row- and column-wise
+# 4-bit copies with an E4M3 scale per 16 elements (2 x (0.5 + 1/16) B)
+FP4_CAST_BYTES = 2.0 + 2 * (0.5 + 1.0 / 16)
 # Framework-level ops launched per forward of one block, counted on megatron-core 0.16.1's TE code path
 # (`transformer/transformer_layer.py`, `attention.py`, `mlp.py` with TE LayerNormLinear / Linear, fused RoPE,
 # fused attention, bias-dropout-add): norm+QKV, 2 RoPE, reshapes and splits (~6), attention, projection, BDA, and
@@ -92,14 +102,15 @@ class Shape:
 
     @property
     def fp8(self) -> bool:
-        return self.job.training.fp8
+        """GEMM inputs are quantised (FP8 or NVFP4): casts, and TE's per-expert quantisation kernels."""
+        return self.job.training.precision in ("fp8", "fp4")
 
 
 def shape_of(job: Job, cal: Calibration, tp: int, cp: int, ep: int, etp: int, mbs: int, sp: bool,
              cuda_graphs: str = "none", ep_overlap: bool = False) -> Shape:
     s = job.training.seq_length
     rows = mbs * s / cp
-    return Shape(job=job, cal=cal, gemm=gemm_cost(job.cluster.gpu, job.training.precision, job.fp8_recipe, cal),
+    return Shape(job=job, cal=cal, gemm=gemm_cost(job.cluster.gpu, job.training.precision, job.gemm_recipe, cal),
                  tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, sp=sp, cuda_graphs=cuda_graphs, ep_overlap=ep_overlap,
                  rows=rows, tokens=rows / tp if sp else rows, host_op_s=cal.arch(job.cluster.gpu).host_op_s)
 
@@ -129,10 +140,11 @@ def host_s(x: Shape, ops: float, part: str) -> float:
 
 
 def fp8_cast_s(x: Shape, elements: float) -> float:
-    """FP8 quantisation of GEMM inputs of `elements` values (0 in BF16 runs)."""
+    """FP8 (or NVFP4) quantisation of GEMM inputs of `elements` values (0 in BF16 runs)."""
     if not x.fp8:
         return 0.0
-    return memory_bound_time_s(FP8_CAST_BYTES * elements, gpu=x.job.cluster.gpu, cal=x.cal)
+    per = FP4_CAST_BYTES if x.job.training.fp4 else FP8_CAST_BYTES
+    return memory_bound_time_s(per * elements, gpu=x.job.cluster.gpu, cal=x.cal)
 
 
 def tp_exposed_s(x: Shape, comm_s: float, overlap_gemm_s: float) -> float:
@@ -155,9 +167,15 @@ def _tp_collectives_s(x: Shape) -> float:
 
 
 def _tp_passes(x: Shape) -> tuple[float, float]:
-    """(forward, backward) collectives of one block: SP 2 + 3 (the backward all-gathers the input again for the
-    weight gradient), plain TP one all-reduce each way (2 + 2 ring passes)."""
-    return (2.0, 3.0) if x.sp else (2.0, 2.0)
+    """(forward, backward) collectives of one block, in bf16 block-input units: SP 2 + 3 (the backward all-gathers
+    the input again for the weight gradient), plain TP one all-reduce each way (2 + 2 ring passes). With SP in an
+    FP8 or NVFP4 run, Transformer Engine quantises the GEMM input before it all-gathers it (`module/layernorm_linear.py`
+    with `distributed.py::gather_along_first_dim` and the input quantizer), so the forward's all-gather and the
+    backward's re-gather move `OPERAND_BYTES` per element instead of 2; the reduce-scatters stay bf16."""
+    if not x.sp:
+        return (2.0, 2.0)
+    q = OPERAND_BYTES.get(x.job.training.precision, BF16) / BF16
+    return (1.0 + q, 2.0 + q)
 
 
 def _elementwise_s(x: Shape, nbytes: float) -> float:

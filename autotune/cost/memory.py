@@ -89,9 +89,13 @@ def gemm_weight_bytes_per_param(training: TrainingSpec, fp8_recipe: str | None, 
     - with `fp8_param_gather` (FP8 primary weights, `fp8_model_init`; megatron-core's DDP keeps them in a uint8
       buffer, `distributed_data_parallel.py`): 1 byte, plus the transpose on Hopper (1), plus MXFP8's second copy
       and scales (1 + 2/32). No bf16 copy exists.
+    NVFP4 (`nvfp4`, TE `tensor/nvfp4_tensor.py`): the bf16 primary weight (2) plus row- and column-wise 4-bit copies
+    with an E4M3 scale per 16 (2 x (0.5 + 1/16)); FP4 primary weights (`fp4_param_gather`) are not modelled.
     Embeddings, norms and routers stay bf16 (2)."""
     if fp8_recipe is None:
         return 2.0
+    if fp8_recipe == "nvfp4":
+        return 2.0 + 2 * (0.5 + 1.0 / 16)
     mx = fp8_recipe == "mxfp8"
     if training.fp8_param_gather and fp8_recipe != "blockwise":
         if mx:
@@ -186,7 +190,7 @@ def _state_bytes(job: Job, sp: StageParams, layout: Layout) -> tuple[float, floa
     dense, expert = sp.dense_params_per_gpu, sp.expert_params_per_gpu
     gemm = sp.gemm_params_per_gpu
     weights = 2.0 * (dense + expert - gemm)
-    weights += gemm_weight_bytes_per_param(training, job.fp8_recipe, job.cluster.gpu.arch) * gemm
+    weights += gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch) * gemm
     grads = gradient_bytes_per_param(training) * (dense + expert)
     optim = optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp) * dense
     optim += optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=max(1, layout.expert_dp)) * expert

@@ -4,10 +4,10 @@ read from that release's Megatron-Bridge, with its switches).
 
     .venv/bin/python tests/data/make_published_recipes.py [--check]
 
-One line per scored row (skipped rows, e.g. NVFP4 or Megatron-FSDP ones, are left out): the release, the GPU, the
-catalog model and the table's name for it, the precision (`fp8_recipe`, or bf16), the GPU count, sequence length and
-global batch, the published tokens/s per GPU and the layout as `str(Layout)`. `--check` compares instead of writing
-(tests/test_answer.py runs it).
+One line per scored row (skipped rows, e.g. Megatron-FSDP ones, are left out): the release, the GPU, the
+catalog model and the table's name for it, the precision (`Job.gemm_recipe`: the FP8 recipe, nvfp4, or bf16), the
+GPU count, sequence length and global batch, the published tokens/s per GPU and the layout as `str(Layout)`.
+`--check` compares instead of writing (tests/test_answer.py runs it).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def rows() -> list[dict[str, object]]:
         if r.skip or r.job is None or r.layout is None or "w/o MTP" in r.model:  # the layout of another model
             continue
         out.append({"release": r.release, "gpu": r.gpu, "model": MODELS[r.model.split(" (")[0]],
-                    "table_model": r.model, "precision": r.job.fp8_recipe or "bf16", "num_gpus": r.num_gpus,
+                    "table_model": r.model, "precision": r.job.gemm_recipe or "bf16", "num_gpus": r.num_gpus,
                     "seq_length": r.job.training.seq_length, "global_batch_size": r.job.training.global_batch_size,
                     "published_tokens_per_s_per_gpu": "" if r.published is None else f"{r.published:g}",
                     "layout": str(r.layout)})
