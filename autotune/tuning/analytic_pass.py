@@ -72,6 +72,7 @@ class AnalyticAnswer:
     eligible: np.ndarray
     decision: Decision
     seconds: dict[str, float] = field(default_factory=dict)
+    cal: Calibration = DEFAULT_CALIBRATION  # what the space was scored with
 
     @property
     def size(self) -> int:
@@ -91,7 +92,7 @@ class AnalyticAnswer:
             from autotune.cost.analytic import AnalyticBackend
 
             headroom = self.job.cluster.gpu.memory_bytes - self.scores.capacity_bytes
-            return AnalyticBackend(headroom_bytes=headroom).evaluate(self.job, self.layout(i))
+            return AnalyticBackend(headroom_bytes=headroom, calibration=self.cal).evaluate(self.job, self.layout(i))
         return self.scores.measurement(int(i))
 
     def index_of(self, layout: Layout) -> int | None:
@@ -141,6 +142,7 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
                       kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes))
     t3 = time.perf_counter()
     return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, decision=decision,
+                          cal=cal,
                           seconds={"table_s": t1 - t0, "score_s": t2 - t1, "rank_s": t3 - t2})
 
 

@@ -90,7 +90,7 @@ def analytic_measurements(answer: AnalyticAnswer, *, top: int, user: Sequence[La
     from autotune.cost.analytic import AnalyticBackend
 
     out = [(answer.measurement(int(i)), "analytic") for i in answer.rows_to_keep(top)]
-    backend = AnalyticBackend(headroom_bytes=headroom_bytes)
+    backend = AnalyticBackend(headroom_bytes=headroom_bytes, calibration=answer.cal)
     out += [(backend.evaluate(answer.job, layout), "user") for layout in dict.fromkeys(user)]
     return out
 

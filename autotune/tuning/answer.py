@@ -150,6 +150,7 @@ class Answer:
     space: dict[str, Any] = field(default_factory=dict)
     capacity_bytes: float = 0.0
     raw_decision: dict[str, Any] = field(default_factory=dict)
+    calibration: Any = None  # the Calibration the model's figures use (None: DEFAULT_CALIBRATION)
 
     @property
     def pick(self) -> TrialRecord | None:
@@ -181,7 +182,7 @@ class Answer:
             if r.measurement.source == "analytic":
                 out.append(r)
                 continue
-            made = _model_record_of(self.job, self.capacity_bytes, r)
+            made = _model_record_of(self.job, self.capacity_bytes, r, self.calibration)
             out.append(made if made is not None else r)
         return out
 
@@ -224,8 +225,8 @@ def answer_of(result: SearchResult) -> Answer:
     front = pareto_front(pool)
     front = sorted(front, key=lambda r: (r is not pick, -_tokens_of(r), str(r.layout)))
     yours = tuple(Verdict.from_dict(v) for v in d.get("yours") or ())
-    return Answer(job=result.job, records=tuple(result.records), ranked=tuple(ranked), pareto=tuple(front),
-                  decision=decision, yours=yours, space=dict(d.get("space") or {}),
+    return Answer(job=result.job, calibration=result.calibration, records=tuple(result.records), ranked=tuple(ranked),
+                  pareto=tuple(front), decision=decision, yours=yours, space=dict(d.get("space") or {}),
                   capacity_bytes=result.capacity_bytes, raw_decision=dict(d))
 
 
@@ -273,21 +274,24 @@ def _model_record(result: SearchResult, layout_text: str, *, number: int, proxy:
         layout = parse_layout(layout_text)
     except ValueError:
         return None
-    return _scored(result.job, result.capacity_bytes, layout, number=number, origin=origin, proxy=proxy)
+    return _scored(result.job, result.capacity_bytes, layout, number=number, origin=origin, proxy=proxy,
+                   cal=result.calibration)
 
 
-def _model_record_of(job: Any, capacity_bytes: float, r: TrialRecord) -> TrialRecord | None:
+def _model_record_of(job: Any, capacity_bytes: float, r: TrialRecord, cal: Any = None) -> TrialRecord | None:
     proxy = r.measurement.extra.get("proxy")
     return _scored(job, capacity_bytes, r.layout, number=r.number, origin=r.origin,
-                   proxy=proxy if isinstance(proxy, dict) else None)
+                   proxy=proxy if isinstance(proxy, dict) else None, cal=cal)
 
 
 def _scored(job: Any, capacity_bytes: float, layout: Layout, *, number: int, origin: str,
-            proxy: dict[str, Any] | None) -> TrialRecord:
+            proxy: dict[str, Any] | None, cal: Any = None) -> TrialRecord:
     from autotune.cost.analytic import AnalyticBackend
+    from autotune.cost.efficiency import DEFAULT_CALIBRATION
     from autotune.tuning.results import TrialRecord
 
-    m = AnalyticBackend(headroom_bytes=job.cluster.gpu.memory_bytes - capacity_bytes).evaluate(job, layout)
+    m = AnalyticBackend(headroom_bytes=job.cluster.gpu.memory_bytes - capacity_bytes,
+                        calibration=cal or DEFAULT_CALIBRATION).evaluate(job, layout)
     if proxy is not None:
         m = replace(m, extra={**m.extra, "proxy": proxy})
     feasible = m.ok and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes

@@ -45,7 +45,7 @@ def _at_batch(answer: AnalyticAnswer, row: int, gbs: int) -> Any:
     job = answer.job
     bigger = replace(job, training=replace(job.training, global_batch_size=gbs))
     headroom = job.cluster.gpu.memory_bytes - answer.scores.capacity_bytes
-    return AnalyticBackend(headroom_bytes=headroom).evaluate(bigger, answer.layout(row))
+    return AnalyticBackend(headroom_bytes=headroom, calibration=answer.cal).evaluate(bigger, answer.layout(row))
 
 
 def pipeline_warning(answer: AnalyticAnswer) -> dict[str, Any] | None:

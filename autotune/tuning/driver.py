@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.tuning.results import (
     META_JSON,
     STUDY_DB,
@@ -248,6 +249,7 @@ def run_search(
     status: Callable[[str], None] | None = None,
     notice: Callable[[str], None] | None = None,
     baseline: bool = True,
+    calibration: Any = None,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
 
@@ -272,6 +274,10 @@ def run_search(
     `status(text)` is told each phase ("scoring 33,768 layouts with the cost models", "starting Ray") for a
     status line; `notice(text)` gets one line per trial the cluster lost (an infrastructure failure: a worker,
     raylet or node died; default: stderr). `seed`: 0 <= seed < 2**32.
+    `calibration`: a `CalibrationFile` (`autotune.cost.calibration_file`, `--calibration FILE`) whose factors the cost
+    model applies (to the space's scores, the user's layouts and the measured trials' predictions); None: the
+    published fit, `DEFAULT_CALIBRATION`. search.json and the result's `stats["calibration"]` name it, and a resume
+    must give the same one.
     `finish(result)` runs while the folder is still locked, before search.json says `completed` (the UI writes
     best.json, the launch files and the report there). Raises ValueError for bad input and `OutputError` (an
     OSError) when a result file cannot be written; either way nothing already in the folder is lost.
@@ -290,6 +296,10 @@ def run_search(
     say("building the feasible space")
     space = feasible_space(job, options)
     backend_obj, backend_name = _resolve_backend(backend, headroom)
+    cal = DEFAULT_CALIBRATION if calibration is None else calibration.calibration(job.cluster.gpu)
+    if calibration is not None:  # the analytic backend's figures, or the measuring backend's predictions
+        backend_obj = _with_backend_option(backend_obj, "calibration", cal)
+    calibration_summary = None if calibration is None else calibration.summary()
     if options.expert_within_node:  # the measured trials keep each EP group on one node too (trainers/placement.py)
         backend_obj = _with_backend_option(backend_obj, "experts_within_node", True)
     user = parse_user_layouts(job, compare)
@@ -302,6 +312,10 @@ def run_search(
     analytic_only = _analytic_only(backend_obj, address) and not measured_stage
     with claim(folder, resume=resume is not None, force=force):
         meta = _check_resume(folder, job, read_meta(folder)) if resume is not None else None
+        if meta is not None and meta.get("calibration") != calibration_summary:
+            raise ValueError(f"--resume {folder}: that search used calibration {_calibration_text(meta)}, this one "
+                             f"{_calibration_text({'calibration': calibration_summary})}; give the same --calibration "
+                             f"to resume it.")
         if meta is not None:
             trials, seed, naming = int(meta["trials"]), int(meta.get("seed", seed)), meta.get("naming", naming)
             headroom = float(meta["headroom_bytes"])
@@ -313,7 +327,7 @@ def run_search(
         say(f"scoring {space.size:,} layouts with the cost models")
         from autotune.tuning.analytic_pass import analytic_pass
 
-        answer = analytic_pass(job, space, capacity_bytes=capacity)
+        answer = analytic_pass(job, space, capacity_bytes=capacity, cal=cal)
         t_analytic = time.perf_counter() - t_analytic
         if meta:
             mode = meta["mode"]
@@ -332,13 +346,15 @@ def run_search(
                 "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
                 "mode": mode, "completed": False, "strategy": plan.strategy if mode == "search" else None,
                 "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}",
-                "recipe": None if recipe is None else {"layout": str(recipe[1]), "label": recipe[0].label}}
+                "recipe": None if recipe is None else {"layout": str(recipe[1]), "label": recipe[0].label},
+                "calibration": calibration_summary}
         write_meta(folder, meta)
         stats: dict[str, Any] = {"timings": {"setup_s": time.perf_counter() - t_start - t_analytic,
                                              "analytic_s": t_analytic,
                                              "started_at_s": _since_process_start() - (time.perf_counter() - t_start)},
                                  "analytic": {"space_size": answer.size, "fits": int(answer.scores.fits.sum()),
-                                              **{k: round(v, 4) for k, v in answer.seconds.items()}}}
+                                              **{k: round(v, 4) for k, v in answer.seconds.items()}},
+                                 "calibration": calibration_summary}
         meta["stats"] = stats
         try:
             if mode == "analytic":
@@ -358,7 +374,8 @@ def run_search(
                 _mark_recipe(decision, *recipe)
             result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
                                   mode=mode, backend=backend_name, seed=seed, space_size=space.size,
-                                  stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision)
+                                  stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision,
+                                  calibration=cal)
             if finish is not None:
                 say("writing best.json, the launch files and report.html")
                 finish(result)  # best.json, launch files, report: still under the lock, before `completed`
@@ -372,6 +389,13 @@ def run_search(
                                                  or _remaining(plan, records) <= 0)
         write_meta(folder, meta)
     return result
+
+
+def _calibration_text(meta: dict[str, Any]) -> str:
+    c = meta.get("calibration")
+    if not isinstance(c, dict):
+        return "none (the published fit)"
+    return f"{c.get('file')} ({c.get('factors')})"[:300]
 
 
 def _mark_recipe(decision: dict[str, Any], row: PublishedRecipe, layout: Layout) -> None:

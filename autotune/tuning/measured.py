@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.cost.analytic import AnalyticBackend
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions, estimate_memory, estimate_memory_per_stage
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
@@ -35,10 +36,10 @@ MEASURED_TERMS = ("weights", "gradients", "optimizer", "activations")  # what th
 CORRECTION_RANGE = (0.5, 2.0)  # measured / predicted on the proxy, per term
 
 
-def analytic_prediction(job: Job, layout: Layout) -> dict[str, Any]:
+def analytic_prediction(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION) -> dict[str, Any]:
     """The analytic backend's figures for the real model and layout, to show beside the measured ones."""
     try:
-        a = AnalyticBackend().evaluate(job, layout)
+        a = AnalyticBackend(calibration=cal).evaluate(job, layout)
     except Exception as e:  # noqa: BLE001 - the comparison is optional
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     return {"status": a.status, "memory_bytes": a.memory_bytes, "memory": dict(a.memory),
@@ -89,6 +90,7 @@ class Predicted:
     """`inner` (a measuring backend), refused on a broken rule and judged by the real model (module docstring)."""
 
     inner: Backend
+    calibration: Calibration = DEFAULT_CALIBRATION  # the analytic prediction's
 
     @property
     def name(self) -> str:
@@ -100,12 +102,13 @@ class Predicted:
             return Measurement(layout=layout, status="invalid", source="analytic",
                                reason="; ".join(str(v) for v in violations),
                                violations=tuple(v.message for v in violations),
-                               extra={"analytic_prediction": analytic_prediction(job, layout), "failure": "layout"})
+                               extra={"analytic_prediction": analytic_prediction(job, layout, self.calibration),
+                                      "failure": "layout"})
         m = self.inner.evaluate(job, layout)
         if not isinstance(m, Measurement):
             return m  # the search records a backend that returned nothing as a failed trial
         plan = m.extra.pop("proxy_plan", None)
-        prediction = analytic_prediction(job, layout)
+        prediction = analytic_prediction(job, layout, self.calibration)
         m.extra["analytic_prediction"] = prediction
         proxy_terms = None
         if plan is not None and m.status == "ok":

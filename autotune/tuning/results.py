@@ -380,6 +380,7 @@ class SearchResult:
     interrupted: bool = False
     output_dir: str | None = None
     decision: dict[str, Any] = field(default_factory=dict)
+    calibration: Any = None  # the Calibration the cost model used (None: DEFAULT_CALIBRATION)
 
     @functools.cached_property
     def answer(self) -> Answer:

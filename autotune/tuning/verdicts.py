@@ -88,7 +88,8 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> dict[str, Any]:
     capacity = float(answer.scores.capacity_bytes)
     row = answer.index_of(layout)
     m = answer.measurement(row) if row is not None else AnalyticBackend(
-        headroom_bytes=answer.job.cluster.gpu.memory_bytes - capacity).evaluate(answer.job, layout)
+        headroom_bytes=answer.job.cluster.gpu.memory_bytes - capacity, calibration=answer.cal).evaluate(answer.job,
+                                                                                                       layout)
     out: dict[str, Any] = {"layout": str(layout), "status": m.status, "in_space": row is not None,
                            "violations": list(m.violations), "memory_gib": m.memory_gib,
                            "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu, "mfu": m.mfu,
@@ -155,12 +156,13 @@ def gain_vs_pick(pick: Any, yours: Any) -> dict[str, Any]:
     return out
 
 
-def nearest_variant(job: Any, layout: Layout, headroom_bytes: float) -> dict[str, Any] | None:
+def nearest_variant(job: Any, layout: Layout, headroom_bytes: float, cal: Any = None) -> dict[str, Any] | None:
     """For `check` and `estimate` of a layout that breaks a rule or does not fit: the nearest layout of the default
     search space that fits, as `nearest_fitting` finds it over the whole space scored (the same row), with its
     figures; None when none does. Scores the space one distance at a time, nearest first, and stops at the first
     distance where a layout fits (DeepSeek-V3 on 128 nodes: 1.3 million layouts, 12 s to score them all, a few
-    hundred here)."""
+    hundred here). `cal`: the Calibration to score with (None: DEFAULT_CALIBRATION)."""
+    from autotune.cost.efficiency import DEFAULT_CALIBRATION
     from autotune.cost.layout_table import LayoutTable
     from autotune.cost.score import score_layouts
     from autotune.tuning.driver import DEFAULT_SPACE
@@ -173,7 +175,7 @@ def nearest_variant(job: Any, layout: Layout, headroom_bytes: float) -> dict[str
     for d in np.unique(far):
         rows = np.flatnonzero(far == d)
         sub = table.take(rows)
-        s = score_layouts(job, sub, headroom_bytes=headroom_bytes, time_for="fits")
+        s = score_layouts(job, sub, cal=cal or DEFAULT_CALIBRATION, headroom_bytes=headroom_bytes, time_for="fits")
         ok = np.flatnonzero(s.fits & ~equivalent_to_simpler(sub, space.options.dist_opt))
         if len(ok) == 0:
             continue

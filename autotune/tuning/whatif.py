@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from search_spaces.job import Job
 from search_spaces.space import SpaceOptions
 
@@ -93,12 +94,13 @@ class WhatIfRow:
 
 
 def _answer_row(job: Job, *, headroom_bytes: float, options: SpaceOptions, tokens: float | None,
-                found: bool = False) -> WhatIfRow:
+                found: bool = False, calibration: Any = None) -> WhatIfRow:
     from autotune.tuning.analytic_pass import analytic_pass
     from search_spaces.space import feasible_space
 
     space = feasible_space(job, options)
-    answer = analytic_pass(job, space, capacity_bytes=job.cluster.gpu.memory_bytes - headroom_bytes)
+    cal = DEFAULT_CALIBRATION if calibration is None else calibration.calibration(job.cluster.gpu)
+    answer = analytic_pass(job, space, capacity_bytes=job.cluster.gpu.memory_bytes - headroom_bytes, cal=cal)
     s, d = answer.scores, answer.decision
     fits = int(s.fits.sum())
     if d.pick is None:
@@ -118,13 +120,16 @@ def _with_nodes(job: Job, nodes: int) -> Job:
 
 
 def what_if(jobs: Sequence[Job], *, headroom_bytes: float = 0.0, tokens: float | None = None,
-            options: SpaceOptions | None = None, find_smallest: bool = True) -> list[WhatIfRow]:
+            options: SpaceOptions | None = None, find_smallest: bool = True,
+            calibration: Any = None) -> list[WhatIfRow]:
     """One row per job (module docstring), in the order given; with `find_smallest` and nothing fitting any of
-    them, a last row for the smallest node count that fits (per GPU type), marked `found`."""
+    them, a last row for the smallest node count that fits (per GPU type), marked `found`. `calibration`: a
+    `CalibrationFile` applied to every job (ValueError for a job on another GPU generation than its own)."""
     from autotune.tuning.driver import DEFAULT_SPACE
 
     opts = options or DEFAULT_SPACE
-    rows = [_answer_row(job, headroom_bytes=headroom_bytes, options=opts, tokens=tokens) for job in jobs]
+    rows = [_answer_row(job, headroom_bytes=headroom_bytes, options=opts, tokens=tokens, calibration=calibration)
+            for job in jobs]
     if find_smallest and rows and all(r.pick is None for r in rows):
         by_gpu: dict[str, Job] = {}
         for job in jobs:  # the largest cluster asked for, per GPU type
@@ -132,14 +137,15 @@ def what_if(jobs: Sequence[Job], *, headroom_bytes: float = 0.0, tokens: float |
             if name not in by_gpu or job.cluster.nodes > by_gpu[name].cluster.nodes:
                 by_gpu[name] = job
         for job in by_gpu.values():
-            found = smallest_fitting(job, headroom_bytes=headroom_bytes, options=opts, tokens=tokens)
+            found = smallest_fitting(job, headroom_bytes=headroom_bytes, options=opts, tokens=tokens,
+                                     calibration=calibration)
             if found is not None:
                 rows.append(found)
     return rows
 
 
 def smallest_fitting(job: Job, *, headroom_bytes: float = 0.0, options: SpaceOptions | None = None,
-                     tokens: float | None = None) -> WhatIfRow | None:
+                     tokens: float | None = None, calibration: Any = None) -> WhatIfRow | None:
     """The smallest node count above `job`'s at which a layout fits (module docstring), or None within
     `MAX_DOUBLINGS` doublings."""
     from autotune.tuning.driver import DEFAULT_SPACE
@@ -151,7 +157,8 @@ def smallest_fitting(job: Job, *, headroom_bytes: float = 0.0, options: SpaceOpt
             bigger = _with_nodes(job, miss * 2)
         except ValueError:  # beyond the largest cluster a ClusterSpec takes
             break
-        row = _answer_row(bigger, headroom_bytes=headroom_bytes, options=opts, tokens=tokens, found=True)
+        row = _answer_row(bigger, headroom_bytes=headroom_bytes, options=opts, tokens=tokens, found=True,
+                          calibration=calibration)
         if row.pick is not None:
             hit = row
             break
@@ -162,7 +169,7 @@ def smallest_fitting(job: Job, *, headroom_bytes: float = 0.0, options: SpaceOpt
     while high - low > 1:
         mid = (low + high) // 2
         row = _answer_row(_with_nodes(job, mid), headroom_bytes=headroom_bytes, options=opts, tokens=tokens,
-                          found=True)
+                          found=True, calibration=calibration)
         if row.pick is not None:
             high, hit = mid, row
         else:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.cost.calibration_file import CalibrationFile, read_calibration
 from autotune.outputs.view import Result
 from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH  # the CLI's defaults, not copies
 from search_spaces.cluster import ClusterSpec
@@ -102,6 +103,7 @@ def search(
     headroom_gib: float | None = None,
     output_dir: str | Path | None = None,
     dashboard: bool | Dashboard = False,
+    calibration: str | Path | CalibrationFile | None = None,
     **options: Any,
 ) -> Result:
     """Search the layouts of `model` on a cluster and return a `Result`.
@@ -114,6 +116,9 @@ def search(
     (`tempfile.mkdtemp`, kept after the call; `result.output_dir` says where), never into the notebook's or
     script's own folder. `force=True` moves a non-empty `output_dir` aside; `resume=DIR` continues one.
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
+
+    `calibration`: a calibration file (`python -m autotune calibrate`'s YAML, or a `CalibrationFile`) whose factors
+    the cost model applies, as the CLI's `--calibration`; `result.stats["calibration"]` names it.
 
     `dashboard=True` starts a local Ray with its dashboard on 127.0.0.1 first (see `autotune.ui.dashboard`);
     the URL is in `result.dashboard_url`. It changes where the progress shows, not the search: the analytic search
@@ -147,11 +152,18 @@ def search(
     # search.json says `completed`
     options.setdefault("finish", lambda r: write_outputs(r, r.output_dir))
     raw = driver.run_search(job, trials=trials, backend=backend_used, seed=seed, headroom_bytes=headroom_bytes,
-                            output_dir=output_dir, **options)
+                            output_dir=output_dir, calibration=_calibration(calibration), **options)
     from autotune.ui.dashboard import report_result
 
     report_result(raw)  # an analytic search with the dashboard: its records shown there too
     return Result(raw, dashboard_url=None if dash is None else dash.url)
+
+
+def _calibration(calibration: str | Path | CalibrationFile | None) -> CalibrationFile | None:
+    """A `CalibrationFile` from a path (read and validated), a `CalibrationFile` as it is, None for none."""
+    if calibration is None or isinstance(calibration, CalibrationFile):
+        return calibration
+    return read_calibration(calibration)
 
 
 def _driver():
@@ -186,13 +198,15 @@ def estimate(
     precision: str | None = None,
     training: Mapping[str, Any] | None = None,
     headroom_gib: float | None = None,
+    calibration: str | Path | CalibrationFile | None = None,
 ) -> Measurement:
     """The analytic estimate of one layout: memory and time breakdowns, tokens/s per GPU, MFU, status.
 
     `layout` is a `Layout` or its text form (`"tp=2,pp=4,ep=8,sp=true"`, dp derived from the world size).
     A layout that breaks a rule or does not fit comes back with `status` "invalid" or "oom" and the
     reasons, never as an exception. `headroom_gib` is kept free on each GPU when judging out-of-memory
-    (the CLI's `estimate --headroom-gib`; default the search's, 0).
+    (the CLI's `estimate --headroom-gib`; default the search's, 0). `calibration`: a calibration file or
+    `CalibrationFile` (the CLI's `--calibration`); the measurement's `extra["calibration"]` names it.
 
         >>> m = estimate("mixtral", "tp=2,pp=2,ep=8,sp=true", nodes=4)   # doctest: +SKIP
         >>> m.status, round(m.memory_gib, 1), m.time["pp_bubble"]        # doctest: +SKIP
@@ -207,7 +221,13 @@ def estimate(
     from autotune.cost.analytic import AnalyticBackend
 
     headroom = _driver().default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
-    return AnalyticBackend(headroom_bytes=headroom).evaluate(job, parsed)
+    cal_file = _calibration(calibration)
+    if cal_file is None:
+        return AnalyticBackend(headroom_bytes=headroom).evaluate(job, parsed)
+    cal = cal_file.calibration(job.cluster.gpu)
+    m = AnalyticBackend(headroom_bytes=headroom, calibration=cal).evaluate(job, parsed)
+    m.extra["calibration"] = cal_file.summary()
+    return m
 
 
 class RaySession:

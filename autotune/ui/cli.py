@@ -1,7 +1,7 @@
 """`python -m autotune`: the command line.
 
 Verbs: `search` (the default: `python -m autotune --model mixtral --nodes 4`), `space`, `check`,
-`estimate`, `smoke`. Each verb's work lives in `autotune/commands/<verb>.py` and is imported only
+`estimate`, `smoke`, `calibrate`. Each verb's work lives in `autotune/commands/<verb>.py` and is imported only
 when that verb runs, so `--help` imports nothing heavy (no torch, ray or megatron).
 
 Bad input ends with one line on stderr and exit code 2 (argparse's own errors too), never a traceback: so
@@ -28,6 +28,7 @@ VERBS = {
     "check": "check one layout against every validity rule",
     "estimate": "memory and throughput estimate of one layout (analytic models)",
     "smoke": "run one layout as a short real megatron-core job (CPU proxy here, GPU where present)",
+    "calibrate": "fit the throughput model's compute, network and host factors to your own training logs",
 }
 
 DEFAULT_SEQ_LENGTH = 4096
@@ -86,7 +87,8 @@ def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True)
                    help=f"sequence length (default {DEFAULT_SEQ_LENGTH})")
     g.add_argument("--global-batch-size", type=_positive_int, default=DEFAULT_GLOBAL_BATCH_SIZE,
                    help=f"global batch size in sequences (default {DEFAULT_GLOBAL_BATCH_SIZE})")
-    g.add_argument("--precision", choices=("bf16", "fp8"), default="bf16", help="training precision (default bf16)")
+    g.add_argument("--precision", choices=("bf16", "fp8", "fp4"), default="bf16",
+                   help="training precision (default bf16; fp4: NVFP4, Blackwell only)")
     _add_training_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

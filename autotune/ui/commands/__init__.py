@@ -13,7 +13,35 @@ from typing import Any
 from search_spaces.job import Job
 from search_spaces.training import TRAINING_FIELDS, ReleaseFallback, training_spec
 
-__all__ = ["job_from_args", "add_layout_argument", "layout_from_args"]
+__all__ = ["job_from_args", "add_layout_argument", "layout_from_args", "add_calibration_argument",
+           "calibration_from_args", "calibration_line"]
+
+
+def add_calibration_argument(parser: Any) -> None:
+    """`--calibration FILE`: the factors `python -m autotune calibrate` fitted on your logs (search, estimate,
+    check)."""
+    parser.add_argument("--calibration", default=None, metavar="YAML",
+                        help="a calibration file written by `python -m autotune calibrate` (the throughput model's "
+                             "compute, network and host factors fitted on your cluster's logs); default: the "
+                             "published fit")
+
+
+def calibration_from_args(args: argparse.Namespace) -> Any:
+    """The `CalibrationFile` of `--calibration`, read and validated (None without the flag); ValueError of one line
+    for a file that is not one."""
+    path = getattr(args, "calibration", None)
+    if path is None:
+        return None
+    from autotune.cost.calibration_file import read_calibration
+
+    return read_calibration(path)
+
+
+def calibration_line(calibration: Any) -> str:
+    """The line naming the calibration a prediction used."""
+    if calibration is None:
+        return "calibration: the published fit (no --calibration)"
+    return f"calibration: {calibration.describe()}"
 
 
 def add_layout_argument(parser: argparse.ArgumentParser) -> None:

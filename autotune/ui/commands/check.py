@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.ui.commands import add_layout_argument
+from autotune.ui.commands import add_calibration_argument, add_layout_argument
 from autotune.ui.commands.estimate import add_headroom_argument, headroom_bytes
 
 GIB = 1024**3
@@ -30,6 +30,7 @@ __all__ = ["add_arguments", "run", "check_object", "notes", "megatron_fields"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_layout_argument(parser)
     add_headroom_argument(parser)
+    add_calibration_argument(parser)
 
 
 def stage_layers_text(layout, num_layers: int) -> str:
@@ -87,10 +88,12 @@ def memory_fit(job, layout, headroom: float) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.ui.commands import job_from_args, layout_from_args
+    from autotune.ui.commands import calibration_from_args, job_from_args, layout_from_args
     from search_spaces.rules import check
 
     job = job_from_args(args)
+    calibration = calibration_from_args(args)  # the nearest variant's tokens/s: the one figure check predicts
+    cal = None if calibration is None else calibration.calibration(job.cluster.gpu)
     headroom = headroom_bytes(args, job)
     layout = layout_from_args(args, job)
     violations = check(job, layout)
@@ -100,12 +103,17 @@ def run(args: argparse.Namespace) -> int:
     if not good:
         from autotune.tuning.verdicts import nearest_variant
 
-        nearest = nearest_variant(job, layout, headroom)
+        nearest = nearest_variant(job, layout, headroom, cal)
     if args.json:
-        print(json.dumps({**check_object(job, layout, violations, memory), "nearest": nearest}, default=str))
+        print(json.dumps({**check_object(job, layout, violations, memory), "nearest": nearest,
+                          "calibration": None if calibration is None else calibration.summary()}, default=str))
         return 0 if good else 1
     _print_rich(job, layout, violations, memory)
     if not good:
+        if calibration is not None:
+            from autotune.ui.commands import calibration_line
+
+            print(calibration_line(calibration))
         print_nearest(nearest)
     return 0 if good else 1
 

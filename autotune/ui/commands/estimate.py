@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.ui.commands import add_layout_argument
+from autotune.ui.commands import add_calibration_argument, add_layout_argument
 
 __all__ = ["add_arguments", "add_headroom_argument", "headroom_bytes", "run", "estimate_object"]
 
@@ -27,6 +27,7 @@ GIB = 1024**3
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_layout_argument(parser)
     add_headroom_argument(parser)
+    add_calibration_argument(parser)
 
 
 def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def estimate_object(measurement, *, usable_bytes: float | None = None,
     }
 
 
-def _print_rich(job, m, headroom: float) -> None:
+def _print_rich(job, m, headroom: float, calibration=None) -> None:
     from autotune.outputs.tables import breakdown_table, make_console
 
     console = make_console()
@@ -84,6 +85,9 @@ def _print_rich(job, m, headroom: float) -> None:
                   f"{gpu.name}, seq {job.training.seq_length}, GBS {job.training.global_batch_size}, "
                   f"{job.training.precision}, release {job.training.release}")
     console.print(f"layout: {m.layout}", markup=False)
+    from autotune.ui.commands import calibration_line
+
+    console.print(calibration_line(calibration), markup=False, highlight=False)
     verdict = {"ok": "[green]feasible[/green]", "oom": "[red]out of memory[/red]",
                "invalid": "[red]invalid[/red]"}.get(m.status, m.status)
     console.print(f"verdict: {verdict}")
@@ -121,25 +125,29 @@ def _band_note(job) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.cost.analytic import AnalyticBackend
-    from autotune.ui.commands import job_from_args, layout_from_args
+    from autotune.cost.efficiency import DEFAULT_CALIBRATION
+    from autotune.ui.commands import calibration_from_args, job_from_args, layout_from_args
 
     job = job_from_args(args)
+    calibration = calibration_from_args(args)
+    cal = DEFAULT_CALIBRATION if calibration is None else calibration.calibration(job.cluster.gpu)
     headroom = headroom_bytes(args, job)
     layout = layout_from_args(args, job)
-    m = AnalyticBackend(headroom_bytes=headroom).evaluate(job, layout)
+    m = AnalyticBackend(headroom_bytes=headroom, calibration=cal).evaluate(job, layout)
     nearest = None
     if m.status != "ok":
         from autotune.tuning.verdicts import nearest_variant
 
-        nearest = nearest_variant(job, layout, headroom)
+        nearest = nearest_variant(job, layout, headroom, cal)
     if args.json:
         print(json.dumps({**estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom,
                                             headroom=headroom), "release": job.training.release,
-                          "band_note": _band_note(job), "nearest": nearest}, indent=2))
+                          "band_note": _band_note(job), "nearest": nearest,
+                          "calibration": None if calibration is None else calibration.summary()}, indent=2))
     else:
         from autotune.ui.commands.check import print_nearest
 
-        _print_rich(job, m, headroom)
+        _print_rich(job, m, headroom, calibration)
         if m.status != "ok":
             print_nearest(nearest)
     return 0 if m.status == "ok" else 1

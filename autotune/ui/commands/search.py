@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exhaustive-threshold", type=int, default=None, metavar="N",
                    help="evaluate the whole feasible space when it has at most N layouts (default: the trial budget)")
     g.add_argument("--top", type=int, default=10, help="rows of the ranked table (default 10)")
+    from autotune.ui.commands import add_calibration_argument
+
+    add_calibration_argument(g)
     g.add_argument("--wide", action="store_true",
                    help="every column of the tables, however wide (default: the columns that fit COLUMNS)")
     g.add_argument("--tokens", metavar="N", default=None,
@@ -113,6 +116,9 @@ def _search(args: argparse.Namespace, status: Any) -> int:
             raise ValueError("--model is required (a catalog name or a config.json path), or --resume FOLDER.")
         _job_flags_from_folder(args)
     job = job_from_args(args)
+    from autotune.ui.commands import calibration_from_args
+
+    calibration = calibration_from_args(args)
     headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
     result = run_search(
         job, trials=args.trials, seed=args.seed, headroom_bytes=headroom_bytes, force=args.force,
@@ -125,6 +131,7 @@ def _search(args: argparse.Namespace, status: Any) -> int:
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
         progress=_after_status(status, progress_factory(False if (args.no_progress or args.json) else None)),
         status=status.update, strategy=args.strategy, measured_stage=args.measured_stage or None,
+        calibration=calibration,
     )
     status.stop()
     dashboard.report_result(result)  # --dashboard with the analytic search: its records shown there too
@@ -336,6 +343,11 @@ def _summary_line(console: Any, result: Any) -> None:
                 f"{s.get('strategy', 'guided')}: the analytic front corrected by the measurements{halving}); "
                 f"{feasible} fit in memory; backend {result.backend}, seed {result.seed}")
     console.print(what, markup=False, highlight=False)
+    c = s.get("calibration")
+    if isinstance(c, dict):
+        from autotune.cost.calibration_file import describe_summary
+
+        console.print(f"calibration: {describe_summary(c)}", markup=False, highlight=False)
 
 
 def _decision_lines(console: Any, result: Any) -> None:

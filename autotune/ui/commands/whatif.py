@@ -45,19 +45,26 @@ def run_what_if(args: argparse.Namespace, status: Any) -> int:
     jobs = what_if_jobs(args)
     tokens = None if args.tokens is None else parse_tokens(args.tokens)
     headroom = 0.0 if args.headroom_gib is None else args.headroom_gib * GIB
-    rows = what_if(jobs, headroom_bytes=headroom, tokens=tokens, options=_space_options(args))
+    from autotune.ui.commands import calibration_from_args, calibration_line
+
+    calibration = calibration_from_args(args)
+    rows = what_if(jobs, headroom_bytes=headroom, tokens=tokens, options=_space_options(args),
+                   calibration=calibration)
     status.stop()
     if args.json:
         j = jobs[0]
         print(json.dumps({"job": {"model": j.model.name, "seq_length": j.training.seq_length,
                                   "global_batch_size": j.training.global_batch_size,
                                   "precision": j.training.precision}, "tokens": tokens,
-                          "headroom_gib": headroom / GIB, "rows": [r.as_dict() for r in rows]}, default=str))
+                          "headroom_gib": headroom / GIB, "rows": [r.as_dict() for r in rows],
+                          "calibration": None if calibration is None else calibration.summary()}, default=str))
     else:
         from autotune.outputs.tables import make_console
 
         console = make_console(wide=args.wide)
         console.print(what_if_table(rows, width=console.width, wide=args.wide))
+        if calibration is not None:
+            console.print(calibration_line(calibration), markup=False, highlight=False)
         _notes(console, rows, tokens)
     asked = [r for r in rows if not r.found]
     return 0 if any(r.pick is not None for r in asked) else 1

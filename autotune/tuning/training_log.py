@@ -1,0 +1,158 @@
+"""Megatron-LM and Megatron-Bridge training logs: the iteration lines, the arguments block, the memory reports.
+
+Both print one line per `log_interval` iterations (Megatron-LM `megatron/training/training.py::training_log`,
+Megatron-Bridge `src/megatron/bridge/training/utils/train_utils.py::training_log`):
+
+     [2026-01-02 10:11:12.123456] iteration       20/     100 | consumed samples:         5120 | elapsed time per
+     iteration (ms): 8123.4 | throughput per GPU (TFLOP/s/GPU): 412.3 | learning rate: 1.000000E-04 | global batch
+     size:   256 | lm loss: 7.123456E+00 | loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 |
+     number of nan iterations:   0 |
+
+(one line each; the time is the mean over the iterations since the previous line; the throughput only with
+`--log-throughput`). Megatron-LM prints its arguments first (`megatron/training/arguments.py::_print_args`):
+
+    ------------------------ arguments ------------------------
+      tensor_model_parallel_size ...................... 2
+    -------------------- end of arguments ---------------------
+
+and `megatron/training/utils/common_utils.py::report_memory` the memory of a rank
+(`[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved:
+...`). Lines may carry a launcher's prefix (`0: `, `[default0]:`): the patterns are searched, not anchored.
+
+`read_log(path)` reads one; `steady_step_s(log)` is the median step time once the warm-up is dropped (the first
+line, every line up to iteration `WARMUP_ITERATIONS`, then any line more than `OUTLIER` from the median of the
+rest: a checkpoint save, an evaluation). A log that cannot calibrate (missing, no iteration line, truncated, a
+NaN or inf time) is a ValueError of one line naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["TrainingLog", "read_log", "parse_log", "steady_step_s", "WARMUP_ITERATIONS", "OUTLIER"]
+
+WARMUP_ITERATIONS = 3  # lines up to this iteration include compilation, allocator growth, NCCL setup
+OUTLIER = 0.25  # a line more than 25% from the median of the steady lines is an outlier (checkpoint, eval)
+MAX_LOG_BYTES = 1 << 30
+
+_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_ELAPSED = re.compile(r"elapsed time per iteration \(ms\):\s*([^\s|]+)\s*\|")
+_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([^\s|]+)\s*\|")
+_BATCH = re.compile(r"global batch size:\s*(\d+)\s*\|")
+_MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([\d.]+)\s*\|\s*max allocated:\s*([\d.]+)\s*\|\s*"
+                     r"reserved:\s*([\d.]+)\s*\|\s*max reserved:\s*([\d.]+)")
+_ARGS_START = re.compile(r"-{3,} arguments -{3,}")
+_ARGS_END = re.compile(r"-{3,} end of arguments -{3,}")
+_ARG = re.compile(r"(?:^|\s)([A-Za-z_]\w*) \.+ (.*?)\s*$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingLog:
+    """What one log says: its iteration lines, its arguments (Megatron-LM), its memory reports."""
+
+    path: str
+    iterations: tuple[tuple[int, float], ...]  # (iteration, elapsed ms per iteration), in log order
+    tflops_per_gpu: tuple[float, ...] = ()  # what the log printed, where it did (`--log-throughput`)
+    global_batch_size: int | None = None  # the iteration lines' `global batch size`
+    arguments: tuple[tuple[str, str], ...] = ()  # Megatron-LM's arguments block, as printed
+    max_allocated_mb: float | None = None  # the largest `max allocated` of the memory reports
+    max_reserved_mb: float | None = None
+    cut_line: bool = False  # the last iteration line was cut off (and left out)
+
+    def argument(self, name: str) -> str | None:
+        return dict(self.arguments).get(name)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def read_log(path: str | Path) -> TrainingLog:
+    """Read and parse the log at `path` (ValueError of one line when it cannot calibrate; module docstring)."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--log {path}: no such file.")
+    if not p.is_file():
+        raise ValueError(f"--log {path}: not a file; give the training job's log file.")
+    try:
+        if p.stat().st_size > MAX_LOG_BYTES:
+            raise ValueError(f"--log {path}: larger than {MAX_LOG_BYTES >> 30} GiB; give the log of one run.")
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ValueError(f"--log {path}: cannot be read ({e.strerror or e}).") from None
+    return parse_log(text, path=str(path))
+
+
+def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
+    """The log's text, parsed (module docstring); ValueError names `path`."""
+    iterations: list[tuple[int, float]] = []
+    tflops: list[float] = []
+    arguments: dict[str, str] = {}
+    allocated: list[float] = []
+    reserved: list[float] = []
+    batch: int | None = None
+    in_args = args_seen = cut = False
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        if in_args:
+            if _ARGS_END.search(line):
+                in_args = False
+                continue
+            m = _ARG.search(line)
+            if m:
+                arguments.setdefault(m.group(1), m.group(2))
+            continue
+        if not args_seen and _ARGS_START.search(line):
+            in_args = args_seen = True
+            continue
+        if (mem := _MEMORY.search(line)) is not None:
+            allocated.append(float(mem.group(2)))
+            reserved.append(float(mem.group(4)))
+            continue
+        it = _ITERATION.search(line)
+        if it is None or "consumed samples" not in line and "elapsed time" not in line:
+            continue
+        elapsed = _ELAPSED.search(line)
+        if elapsed is None:
+            if not any(s.strip() for s in lines[n + 1:]):
+                cut = True  # the file ends inside this line
+                continue
+            raise ValueError(f"--log {path}: line {n + 1} is an iteration line without `elapsed time per iteration "
+                             f"(ms): T |`; give the log Megatron-LM or Megatron-Bridge printed, unedited.")
+        ms = _number(elapsed.group(1))
+        if not math.isfinite(ms) or ms <= 0:
+            raise ValueError(f"--log {path}: iteration {it.group(1)}'s elapsed time is {elapsed.group(1)} ms (line "
+                             f"{n + 1}); a log with NaN, inf or non-positive step times cannot calibrate.")
+        iterations.append((int(it.group(1)), ms))
+        if (tf := _TFLOPS.search(line)) is not None and math.isfinite(_number(tf.group(1))):
+            tflops.append(_number(tf.group(1)))
+        if (b := _BATCH.search(line)) is not None:
+            batch = int(b.group(1))
+    if in_args:
+        raise ValueError(f"--log {path}: ends inside its arguments block (truncated); give the whole log.")
+    if not iterations:
+        what = ("ends before its first complete iteration line (truncated)" if cut else
+                "has no Megatron iteration line (`iteration N/ M | ... elapsed time per iteration (ms): T |`)")
+        raise ValueError(f"--log {path}: {what}; give the stdout log of a Megatron-LM or Megatron-Bridge training "
+                         f"run that logged some iterations.")
+    return TrainingLog(path=path, iterations=tuple(iterations), tflops_per_gpu=tuple(tflops), global_batch_size=batch,
+                       arguments=tuple(arguments.items()), max_allocated_mb=max(allocated, default=None),
+                       max_reserved_mb=max(reserved, default=None), cut_line=cut)
+
+
+def steady_step_s(log: TrainingLog) -> tuple[float, int]:
+    """(median step time in seconds, iteration lines it is the median of), warm-up and outliers left out."""
+    lines = list(log.iterations)
+    steady = [ms for i, (it, ms) in enumerate(lines) if i > 0 and it > WARMUP_ITERATIONS]
+    if not steady:  # a log of warm-up lines only: the last line is the best there is
+        steady = [lines[-1][1]]
+    mid = statistics.median(steady)
+    kept = [ms for ms in steady if abs(ms / mid - 1.0) <= OUTLIER] or steady
+    return statistics.median(kept) / 1000.0, len(kept)

@@ -1,0 +1,251 @@
+"""`python -m autotune calibrate --log run.log --model llama3-70b --nodes 8 --output my-cluster.yaml`: fit the
+throughput model's compute, network and host factors to your own training logs.
+
+Each `--log` is a Megatron-LM or Megatron-Bridge stdout log (`autotune/tuning/training_log.py`); its steady step time
+is the median of its iteration lines, warm-up and outliers left out. The job and layout each log ran come from its
+arguments block where it prints one (Megatron-LM), else from the flags `estimate` takes (`--model`, `--nodes`,
+`--gpu`, `--layout`, `--seq-length`, ...; `--layout` once for every log or once per log, in order); a flag the block
+contradicts (another model's log, another layout) is refused. The fit (`autotune/tuning/calibrate.py`) is bounded and
+MAP: with fewer logs than factors the prior picks the smallest move that explains them. It prints each log's
+error before and after and the factors it moved, and writes the calibration file (`--output`) every verb reads with
+`--calibration FILE`. A log that cannot calibrate is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+GIB = 1024**3
+
+# Megatron-LM's argument names (its arguments block) -> our layout fields
+LAYOUT_ARGS = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+               "virtual_pipeline_model_parallel_size": "vpp", "context_parallel_size": "cp",
+               "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp", "micro_batch_size": "mbs",
+               "sequence_parallel": "sp", "use_distributed_optimizer": "dist_opt"}
+MODEL_ARGS = ("num_layers", "hidden_size", "num_attention_heads")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log", action="append", required=True, metavar="FILE",
+                        help="a Megatron-LM or Megatron-Bridge training log (stdout); repeat for several runs")
+    parser.add_argument("--layout", action="append", default=None, metavar="LAYOUT",
+                        help="the layout the log ran, as `estimate` takes it (once for every log, or once per --log in "
+                             "order); default: the log's arguments block")
+    parser.add_argument("--output", default=None, metavar="YAML",
+                        help="write the calibration file here (default: print the fit, write nothing)")
+    # unset: the log's arguments block says, else the defaults every verb has
+    parser.set_defaults(seq_length=None, global_batch_size=None, precision=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Logged:
+    log: Any  # TrainingLog
+    job: Any  # Job
+    layout: Any  # Layout
+    step_time_s: float
+    lines: int  # iteration lines the median is of
+
+
+def _value(text: str | None) -> Any:
+    """An arguments-block value: None, a bool, an int, a float or the text."""
+    if text is None or text == "None":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _disagree(path: str, what: str, logged: Any, given: Any, flag: str) -> ValueError:
+    return ValueError(f"--log {path}: its arguments block says {what} {logged}, but {flag} says {given}: the log is "
+                      f"of another run; give the flags of the run that wrote it.")
+
+
+def _job_args(args: argparse.Namespace, log: Any) -> argparse.Namespace:
+    """`args` with the job settings the log's arguments block gives filled in (and checked against the flags)."""
+    from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
+
+    out = argparse.Namespace(**vars(args))
+    for name, default in (("seq_length", DEFAULT_SEQ_LENGTH), ("global_batch_size", DEFAULT_GLOBAL_BATCH_SIZE)):
+        logged = _value(log.argument(name))
+        if name == "global_batch_size" and logged is None:
+            logged = log.global_batch_size
+        given = getattr(args, name)
+        if given is not None and logged is not None and logged != given:
+            raise _disagree(log.path, name, logged, given, f"--{name.replace('_', '-')}")
+        setattr(out, name, given if given is not None else logged if logged is not None else default)
+    fp8 = log.argument("fp8")
+    logged_precision = None if fp8 is None else "bf16" if _value(fp8) is None else "fp8"
+    if args.precision is not None and logged_precision is not None and args.precision != logged_precision:
+        raise _disagree(log.path, "fp8", fp8, args.precision, "--precision")
+    out.precision = args.precision or logged_precision or "bf16"
+    if out.precision == "fp8" and args.fp8_recipe is None and _value(log.argument("fp8_recipe")) is not None:
+        out.fp8_recipe = log.argument("fp8_recipe")
+    world = _value(log.argument("world_size"))
+    if isinstance(world, int) and args.nodes is None and args.cluster is None:
+        gpn = args.gpus_per_node or 8
+        if world % gpn:
+            raise ValueError(f"--log {log.path}: its world size {world} is not a whole number of {gpn}-GPU nodes; "
+                             f"give --nodes and --gpus-per-node.")
+        out.nodes, out.gpus_per_node = world // gpn, gpn
+    return out
+
+
+def _layout_text(log: Any) -> str | None:
+    """The log's layout as `parse_layout` text, from its arguments block (None without one)."""
+    items = []
+    values = {name: _value(log.argument(arg)) for arg, name in LAYOUT_ARGS.items()}
+    if values["etp"] == values["tp"]:
+        values["etp"] = None  # megatron-core's default (ETP = TP), which a dense model's layout leaves unset
+    for name, v in values.items():
+        if v is not None:
+            items.append(f"{name}={str(v).lower()}")
+    granularity = _value(log.argument("recompute_granularity"))
+    if granularity is not None:
+        items.append(f"recompute={granularity}")
+    return ",".join(items) or None
+
+
+def _check_against_log(log: Any, job: Any, layout: Any) -> None:
+    """Refuse a log whose arguments block describes another model, cluster or layout than the flags."""
+    for name in MODEL_ARGS:
+        logged = _value(log.argument(name))
+        if logged is not None and logged != getattr(job.model, name):
+            raise ValueError(f"--log {log.path}: its arguments block says {name} {logged}, but --model "
+                             f"{job.model.name} has {getattr(job.model, name)}: the log is of another model.")
+    experts = _value(log.argument("num_experts"))
+    ours = job.model.moe.num_experts if job.model.moe is not None else None
+    if log.argument("num_experts") is not None and experts != ours:
+        raise ValueError(f"--log {log.path}: its arguments block says num_experts {experts}, but --model "
+                         f"{job.model.name} has {ours}: the log is of another model.")
+    world = _value(log.argument("world_size"))
+    if isinstance(world, int) and world != job.world_size:
+        raise _disagree(log.path, "world_size", world, job.world_size, "--nodes x --gpus-per-node")
+    for arg, name in LAYOUT_ARGS.items():
+        logged = _value(log.argument(arg))
+        mine = layout.expert_tp if name == "etp" else getattr(layout, name)
+        if logged is not None and logged != mine:
+            raise _disagree(log.path, arg, logged, mine, "--layout")
+
+
+def _logged_runs(args: argparse.Namespace) -> list[_Logged]:
+    from autotune.tuning.training_log import read_log, steady_step_s
+    from autotune.ui.commands import job_from_args, layout_from_args
+    from search_spaces.rules import check
+
+    layouts = args.layout or []
+    if len(layouts) not in (0, 1, len(args.log)):
+        raise ValueError(f"give --layout once (for every log) or once per --log ({len(args.log)}), not "
+                         f"{len(layouts)} times.")
+    out = []
+    for i, path in enumerate(args.log):
+        log = read_log(path)
+        job_args = _job_args(args, log)
+        job = job_from_args(job_args)
+        text = layouts[i] if len(layouts) > 1 else layouts[0] if layouts else _layout_text(log)
+        if text is None:
+            raise ValueError(f"--log {path}: it prints no arguments block, so give the layout it ran with --layout.")
+        job_args.layout = text
+        layout = layout_from_args(job_args, job)
+        _check_against_log(log, job, layout)
+        broken = check(job, layout)
+        if broken:
+            raise ValueError(f"--log {path}: layout {layout} breaks {broken[0].rule}: {broken[0].message}")
+        step, lines = steady_step_s(log)
+        out.append(_Logged(log=log, job=job, layout=layout, step_time_s=step, lines=lines))
+    return out
+
+
+def _provenance(logged: list[_Logged], fit: Any) -> dict[str, Any]:
+    import datetime
+
+    import autotune
+
+    logs = []
+    for r, before, after in zip(logged, fit.before, fit.after, strict=True):
+        t = r.job.training
+        logs.append({"path": r.log.path, "model": r.job.model.name, "gpu": r.job.cluster.gpu.name,
+                     "nodes": r.job.cluster.nodes, "gpus_per_node": r.job.cluster.gpus_per_node,
+                     "layout": str(r.layout), "seq_length": t.seq_length, "global_batch_size": t.global_batch_size,
+                     "precision": t.precision, "release": t.release, "iteration_lines": r.lines,
+                     "step_time_s": round(r.step_time_s, 6), "predicted_before_s": round(before, 6),
+                     "predicted_after_s": round(after, 6), "error_before": round(before / r.step_time_s - 1, 5),
+                     "error_after": round(after / r.step_time_s - 1, 5),
+                     "logged_tflops_per_gpu": (sorted(r.log.tflops_per_gpu)[len(r.log.tflops_per_gpu) // 2]
+                                               if r.log.tflops_per_gpu else None),
+                     "logged_max_allocated_gib": (None if r.log.max_allocated_mb is None
+                                                  else round(r.log.max_allocated_mb * 2**20 / GIB, 3))})
+    return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "autotune_version": autotune.__version__, "relative_to": "DEFAULT_CALIBRATION of that version",
+            "bounds": {n: [round(lo, 4), round(hi, 4)] for n, lo, hi in fit.bounds}, "logs": logs}
+
+
+def _tokens(job: Any, step_s: float) -> float:
+    t = job.training
+    return t.global_batch_size * t.seq_length / step_s / job.world_size
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.cost.calibration_file import FACTORS, CalibrationFile, write_calibration
+    from autotune.cost.memory import estimate_memory
+    from autotune.tuning.calibrate import Run, fit_factors
+
+    logged = _logged_runs(args)
+    fit = fit_factors([Run(job=r.job, layout=r.layout, step_time_s=r.step_time_s, label=r.log.path)
+                       for r in logged])
+    cal = CalibrationFile(gpu_arch=fit.arch, factors=fit.factors, at_bound=fit.at_bound,
+                          provenance=_provenance(logged, fit), path=args.output or "")
+    if args.output:
+        write_calibration(args.output, cal)
+    if args.json:
+        print(json.dumps({"calibration": cal.summary(), "provenance": cal.provenance, "written": bool(args.output)},
+                         indent=2))
+        return 0
+    measured = [r.step_time_s for r in logged]
+    print(f"calibrate: {len(logged)} log{'s' if len(logged) != 1 else ''} of {fit.arch} GPUs, {len(FACTORS)} factors "
+          f"({', '.join(FACTORS)})" + ("; fewer logs than factors: the prior picks the smallest move that explains "
+                                       "them (MAP)" if len(logged) < len(FACTORS) else ""))
+    for r, before, after in zip(logged, fit.before, fit.after, strict=True):
+        t, c = r.job.training, r.job.cluster
+        print(f"{r.log.path}: {r.job.model.name} on {c.nodes} x {c.gpus_per_node} {c.gpu.name}, {r.layout}, seq "
+              f"{t.seq_length}, GBS {t.global_batch_size}, {t.precision}, release {t.release}")
+        extra = ""
+        if r.log.tflops_per_gpu:
+            extra += f"; logged {sorted(r.log.tflops_per_gpu)[len(r.log.tflops_per_gpu) // 2]:.1f} TFLOP/s/GPU"
+        if r.log.max_allocated_mb is not None:
+            predicted = estimate_memory(r.job, r.layout).allocated_bytes / GIB
+            extra += (f"; max allocated {r.log.max_allocated_mb * 2**20 / GIB:.1f} GiB (memory model "
+                      f"{predicted:.1f} GiB)")
+        cut = "; its cut-off last line left out" if r.log.cut_line else ""
+        print(f"  measured step {r.step_time_s:.4g} s ({_tokens(r.job, r.step_time_s):,.0f} tokens/s per GPU; median "
+              f"of {r.lines} iteration line{'s' if r.lines != 1 else ''}, warm-up and outliers left out{cut}){extra}")
+        print(f"  predicted {before:.4g} s ({before / r.step_time_s - 1:+.1%}) before, {after:.4g} s "
+              f"({after / r.step_time_s - 1:+.1%}) calibrated")
+    bounds = {n: (lo, hi) for n, lo, hi in fit.bounds}
+    moved = []
+    for name, value in fit.factors:
+        lo, hi = bounds[name]
+        held = f" (held by its bound {lo:.2f}..{hi:.2f}: the fit wanted further)" if name in fit.at_bound else ""
+        moved.append(f"{name} x{value:.3f}{held}")
+    print(f"factors: {', '.join(moved)}")
+    for name in fit.at_bound:
+        lo, hi = bounds[name]
+        print(f"warning: the fit would push {name} outside {lo:.2f}..{hi:.2f}; it keeps the bound (the logs differ "
+              f"from the model by more than this factor explains)")
+    mean_before = sum(abs(e) for e in fit.errors(measured, after=False)) / len(measured)
+    mean_after = sum(abs(e) for e in fit.errors(measured)) / len(measured)
+    print(f"mean |error| of the step time: {mean_before:.1%} before, {mean_after:.1%} calibrated")
+    if args.output:
+        print(f"wrote {args.output}: give it to any verb with --calibration {args.output}")
+    else:
+        print("nothing written (--output FILE writes the calibration file)")
+    return 0

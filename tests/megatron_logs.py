@@ -1,0 +1,90 @@
+"""Training logs in the exact format Megatron-LM prints them, for the calibrate tests.
+
+The iteration line is `megatron/training/training.py::training_log`'s (megatron-core 0.19.2's Megatron-LM, installed
+with it under `megatron/training/`), field by field with its format specs; the arguments block is
+`megatron/training/arguments.py::_print_args` (dots to column 48, sorted case-insensitively); the memory line is
+`megatron/training/utils/common_utils.py::report_memory`'s. The step times come from the caller: a published
+row's tokens/s per GPU turned back into a step time (GBS x seq / (tokens/s per GPU x GPUs)), so a log built from
+a published row is a reconstruction of that run's steady iterations, not a log NVIDIA published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["arguments_block", "iteration_line", "memory_line", "megatron_lm_log", "published_step_s",
+           "job_arguments"]
+
+
+def arguments_block(arguments: dict[str, Any]) -> str:
+    lines = ["------------------------ arguments ------------------------"]
+    items = ["  {} {} {}".format(name, "." * (48 - len(name)), value) for name, value in arguments.items()]
+    lines += sorted(items, key=lambda x: x.lower())
+    lines.append("-------------------- end of arguments ---------------------")
+    return "\n".join(lines) + "\n"
+
+
+def iteration_line(iteration: int, train_iters: int, step_ms: float, *, global_batch_size: int,
+                   tflops: float | None = 412.3, loss: float = 7.123456) -> str:
+    s = " [2026-12-02 10:11:12.123456]"
+    s += f" iteration {iteration:8d}/{train_iters:8d} |"
+    s += f" consumed samples: {iteration * global_batch_size:12d} |"
+    s += f" elapsed time per iteration (ms): {step_ms:.1f} |"
+    if tflops is not None:
+        s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+    s += f" learning rate: {1e-4:.6E} |"
+    s += f" global batch size: {global_batch_size:5d} |"
+    s += " {}: {:.6E} |".format("lm loss", loss)
+    s += f" loss scale: {1.0:.1f} |"
+    s += f" grad norm: {1.234:.3f} |"
+    s += f" number of skipped iterations: {0:3d} |"
+    s += f" number of nan iterations: {0:3d} |"
+    return s
+
+
+def memory_line(iteration: int, max_allocated_mb: float) -> str:
+    return (f"[Rank 0] (after {iteration} iterations) memory (MB) | allocated: {max_allocated_mb * 0.8:.2f} | max "
+            f"allocated: {max_allocated_mb:.2f} | reserved: {max_allocated_mb * 1.1:.2f} | max reserved: "
+            f"{max_allocated_mb * 1.1:.2f}")
+
+
+def job_arguments(job: Any, layout: Any) -> dict[str, Any]:
+    """Megatron-LM's arguments for `job` and `layout` (the ones calibrate reads, plus a few it does not)."""
+    m, t = job.model, job.training
+    mega = layout.to_megatron()
+    args = {name: mega[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                          "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                          "expert_model_parallel_size", "expert_tensor_parallel_size",
+                                          "sequence_parallel", "micro_batch_size", "use_distributed_optimizer",
+                                          "recompute_granularity")}
+    args.update(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+                num_experts=None if m.moe is None else m.moe.num_experts, seq_length=t.seq_length,
+                global_batch_size=t.global_batch_size, world_size=job.world_size, bf16=True,
+                fp8=("hybrid" if t.precision == "fp8" else None),
+                fp8_recipe=(t.fp8_recipe or "tensorwise"), log_interval=1, lr=1e-4, seed=1234)
+    return args
+
+
+def megatron_lm_log(step_ms: Sequence[float], *, global_batch_size: int, arguments: dict[str, Any] | None = None,
+                    max_allocated_mb: float | None = None, first: int = 1) -> str:
+    """A whole log: the arguments block (when given), then one iteration line per step time (log_interval 1),
+    a memory report after the first."""
+    out = ["using world size: 64, data-parallel size: 2, context-parallel size: 1",
+           "> initializing torch distributed ..."]
+    text = "\n".join(out) + "\n"
+    if arguments is not None:
+        text += arguments_block(arguments)
+    lines = []
+    iters = first + len(step_ms) - 1
+    for k, ms in enumerate(step_ms):
+        lines.append(iteration_line(first + k, iters, ms, global_batch_size=global_batch_size))
+        if k == 0 and max_allocated_mb is not None:
+            lines.append(memory_line(first + k, max_allocated_mb))
+    return text + "\n".join(lines) + "\n"
+
+
+def published_step_s(row: Any) -> float:
+    """The step time a published row's tokens/s per GPU implies: GBS x seq / (tokens/s/GPU x GPUs)."""
+    t = row.job.training
+    return t.global_batch_size * t.seq_length / (row.published * row.job.world_size)
