@@ -181,3 +181,17 @@ def test_search_and_api_name_the_calibration(capsys, tmp_path: Path) -> None:
     plain = autotune.estimate("llama3-8b", "tp=1,pp=1,dist_opt=true")
     assert m.extra["calibration"]["file"] == str(path)
     assert m.tokens_per_s_per_gpu < plain.tokens_per_s_per_gpu
+
+
+def test_compute_scales_only_the_gemms_of_the_logs_precision() -> None:
+    # an FP8 log says nothing of the BF16 GEMMs: its `compute` factor leaves them, and the file keeps the scope
+    from autotune.cost.calibration_file import CalibrationFile, apply_factors
+
+    base = dict(DEFAULT_CALIBRATION.per_arch)["hopper"]
+    fp8 = dict(apply_factors(DEFAULT_CALIBRATION, "hopper", {"compute": 1.2}, ("fp8",)).per_arch)["hopper"]
+    assert fp8.gemm_bf16 == base.gemm_bf16 and fp8.attention == pytest.approx(1.2 * base.attention)
+    assert all(v == pytest.approx(1.2 * dict(base.gemm_fp8)[r]) for r, v in fp8.gemm_fp8)
+    every = dict(apply_factors(DEFAULT_CALIBRATION, "hopper", {"compute": 1.2}).per_arch)["hopper"]
+    assert every.gemm_bf16 == pytest.approx(1.2 * base.gemm_bf16)
+    scoped = CalibrationFile(gpu_arch="hopper", factors=(("compute", 1.2),), precisions=("fp8",))
+    assert "hopper fp8" in scoped.describe()

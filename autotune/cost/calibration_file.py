@@ -4,7 +4,9 @@
 takes the file with `--calibration FILE` and applies it with `apply_factors`. A factor multiplies constants of one
 GPU generation (`gpu_arch`) of the calibration it is applied to:
 
-- `compute`: the generation's GEMM fractions (BF16, every FP8 recipe, NVFP4) and its attention fraction;
+- `compute`: the generation's GEMM fractions of the precisions the logs ran (`precisions`: BF16, FP8 (every
+  recipe), NVFP4; all of them for a file that names none) and its attention fraction: an FP8 log says nothing of
+  the BF16 GEMMs;
 - `network`: `link_fraction`, the share of link bandwidth NCCL reaches (every link, intra- and inter-node);
 - `host`: the generation's `host_op_s`, the host time of one framework-level op.
 
@@ -14,6 +16,7 @@ largest fraction they scale reaches 1). The file (`autotune_calibration: 1`):
     autotune_calibration: 1
     gpu_arch: hopper
     factors: {compute: 0.93, network: 0.81, host: 1.0}
+    precisions: [fp8]             # the GEMM precisions `compute` scales
     at_bound: []                  # factors a bound held
     provenance: {date: ..., autotune_version: ..., logs: [{path, step_time_s, layout, error_before, error_after, ...}]}
 
@@ -27,8 +30,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
+from autotune.cost.efficiency import DEFAULT_CALIBRATION, ArchFractions, Calibration
 from search_spaces.cluster import ARCHES, GPUSpec
+from search_spaces.training import PRECISION_CHOICES
 
 __all__ = ["FACTORS", "FACTOR_BOUNDS", "FORMAT_VERSION", "CalibrationFile", "apply_factors", "describe_summary",
            "factor_bounds",
@@ -46,6 +50,7 @@ class CalibrationFile:
     gpu_arch: str
     factors: tuple[tuple[str, float], ...]  # (name in FACTORS, value), every name once
     at_bound: tuple[str, ...] = ()
+    precisions: tuple[str, ...] = ()  # the GEMM precisions `compute` scales (the logs'); () every precision
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     path: str = ""  # where it was read from ("" for one not read from a file)
 
@@ -59,7 +64,7 @@ class CalibrationFile:
             raise ValueError(f"--calibration {self.name}: it was fitted on {self.gpu_arch} GPUs, but this job runs "
                              f"{gpu.name} ({gpu.arch}); calibrate on a log of a {gpu.arch} run, or leave "
                              f"--calibration out.")
-        return apply_factors(base, self.gpu_arch, dict(self.factors))
+        return apply_factors(base, self.gpu_arch, dict(self.factors), self.precisions)
 
     @property
     def name(self) -> str:
@@ -72,7 +77,8 @@ class CalibrationFile:
     def summary(self) -> dict[str, Any]:
         """What a result records of the calibration it used (best.json, search.json, --json)."""
         logs = self.provenance.get("logs")
-        return {"file": self.path, "gpu_arch": self.gpu_arch, "factors": dict(self.factors),
+        return {"file": self.path, "gpu_arch": self.gpu_arch, "precisions": list(self.precisions),
+                "factors": dict(self.factors),
                 "at_bound": list(self.at_bound), "logs": len(logs) if isinstance(logs, list) else None}
 
 
@@ -85,25 +91,46 @@ def describe_summary(summary: dict[str, Any]) -> str:
     logs = summary.get("logs")
     fitted = f"; fitted on {logs} log{'s' if logs != 1 else ''}" if isinstance(logs, int) else ""
     name = Path(summary["file"]).name if summary.get("file") else "(unsaved)"
-    return f"{name} ({parts}{fitted}; {summary.get('gpu_arch')})"
+    scope = " ".join([str(summary.get("gpu_arch")), *(summary.get("precisions") or [])])
+    return f"{name} ({parts}{fitted}; {scope})"
 
 
-def factor_bounds(base: Calibration, arch: str) -> dict[str, tuple[float, float]]:
+def _scaled(f: ArchFractions, precisions: tuple[str, ...]) -> list[float]:
+    """The fractions `compute` scales: the attention core's and the GEMMs' of `precisions` (() every one)."""
+    every = not precisions
+    out = [f.attention]
+    if every or "bf16" in precisions:
+        out.append(f.gemm_bf16)
+    if every or "fp8" in precisions:
+        out += [v for _, v in f.gemm_fp8]
+    if (every or "fp4" in precisions) and f.gemm_fp4 is not None:
+        out.append(f.gemm_fp4)
+    return out
+
+
+def factor_bounds(base: Calibration, arch: str, precisions: tuple[str, ...] = ()) -> dict[str, tuple[float, float]]:
     """(low, high) of each factor: FACTOR_BOUNDS, and no fraction of peak above 1 (compute, network)."""
     low, high = FACTOR_BOUNDS
-    f = dict(base.per_arch)[arch]
-    compute_top = max([f.gemm_bf16, f.attention, *(v for _, v in f.gemm_fp8), *([f.gemm_fp4] if f.gemm_fp4 else [])])
+    compute_top = max(_scaled(dict(base.per_arch)[arch], precisions))
     return {"compute": (low, min(high, 1.0 / compute_top)), "network": (low, min(high, 1.0 / base.link_fraction)),
             "host": (low, high)}
 
 
-def apply_factors(base: Calibration, arch: str, factors: dict[str, float]) -> Calibration:
-    """`base` with `factors` (FACTORS names, missing ones 1) applied to generation `arch` (module docstring)."""
+def apply_factors(base: Calibration, arch: str, factors: dict[str, float],
+                  precisions: tuple[str, ...] = ()) -> Calibration:
+    """`base` with `factors` (FACTORS names, missing ones 1) applied to generation `arch`, `compute` to the GEMMs of
+    `precisions` only (() every precision; module docstring)."""
     c, n, h = (float(factors.get(name, 1.0)) for name in FACTORS)
-    per_arch = tuple((name, f if name != arch else replace(
-        f, gemm_bf16=f.gemm_bf16 * c, attention=f.attention * c, gemm_fp8=tuple((r, v * c) for r, v in f.gemm_fp8),
-        gemm_fp4=None if f.gemm_fp4 is None else f.gemm_fp4 * c,
-        host_op_s=f.host_op_s * h)) for name, f in base.per_arch)
+
+    def on(p: str) -> float:
+        return c if not precisions or p in precisions else 1.0
+
+    def scaled(f: ArchFractions) -> ArchFractions:
+        return replace(f, gemm_bf16=f.gemm_bf16 * on("bf16"), attention=f.attention * c,
+                       gemm_fp8=tuple((r, v * on("fp8")) for r, v in f.gemm_fp8),
+                       gemm_fp4=None if f.gemm_fp4 is None else f.gemm_fp4 * on("fp4"), host_op_s=f.host_op_s * h)
+
+    per_arch = tuple((name, scaled(f) if name == arch else f) for name, f in base.per_arch)
     return replace(base, per_arch=per_arch, link_fraction=base.link_fraction * n)
 
 
@@ -143,11 +170,15 @@ def read_calibration(path: str | Path) -> CalibrationFile:
     at_bound = data.get("at_bound") or []
     if not isinstance(at_bound, list) or not set(at_bound) <= set(FACTORS):
         raise _fail(path, f"`at_bound` must list some of {', '.join(FACTORS)}, but got {at_bound!r}"[:300])
+    precisions = data.get("precisions") or []
+    if not isinstance(precisions, list) or not set(precisions) <= set(PRECISION_CHOICES):
+        raise _fail(path, f"`precisions` must list some of {', '.join(PRECISION_CHOICES)}, but got "
+                          f"{precisions!r}"[:300])
     provenance = data.get("provenance") or {}
     if not isinstance(provenance, dict):
         raise _fail(path, "`provenance` must be a mapping")
-    return CalibrationFile(gpu_arch=arch, factors=tuple(values), at_bound=tuple(at_bound), provenance=provenance,
-                           path=str(path))
+    return CalibrationFile(gpu_arch=arch, factors=tuple(values), at_bound=tuple(at_bound),
+                           precisions=tuple(sorted(precisions)), provenance=provenance, path=str(path))
 
 
 def write_calibration(path: str | Path, cal: CalibrationFile) -> None:
@@ -157,8 +188,8 @@ def write_calibration(path: str | Path, cal: CalibrationFile) -> None:
     import yaml
 
     data = {"autotune_calibration": FORMAT_VERSION, "gpu_arch": cal.gpu_arch,
-            "factors": {n: round(v, 4) for n, v in cal.factors}, "at_bound": list(cal.at_bound),
-            "provenance": cal.provenance}
+            "factors": {n: round(v, 4) for n, v in cal.factors}, "precisions": list(cal.precisions),
+            "at_bound": list(cal.at_bound), "provenance": cal.provenance}
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")

@@ -52,6 +52,7 @@ class Fit:
     """The fitted factors of one GPU generation and the predictions before and after, in `runs`' order."""
 
     arch: str
+    precisions: tuple[str, ...]  # the runs' GEMM precisions: the ones `compute` scales
     factors: tuple[tuple[str, float], ...]
     at_bound: tuple[str, ...]  # factors a bound held
     bounds: tuple[tuple[str, float, float], ...]  # (factor, low, high)
@@ -82,13 +83,14 @@ def fit_factors(runs: Sequence[Run], base: Calibration = DEFAULT_CALIBRATION, *,
         if not (math.isfinite(r.step_time_s) and r.step_time_s > 0):
             raise ValueError(f"a measured step time must be a positive finite number, but got {r.step_time_s!r}.")
     arch = _arch(runs)
-    bounds = factor_bounds(base, arch)
+    precisions = tuple(sorted({r.job.training.precision for r in runs}))
+    bounds = factor_bounds(base, arch, precisions)
     low = np.log([bounds[n][0] for n in FACTORS])
     high = np.log([bounds[n][1] for n in FACTORS])
     measured = np.log([r.step_time_s for r in runs])
 
     def predict(theta: np.ndarray) -> np.ndarray:
-        cal = apply_factors(base, arch, dict(zip(FACTORS, np.exp(theta).tolist(), strict=True)))
+        cal = apply_factors(base, arch, dict(zip(FACTORS, np.exp(theta).tolist(), strict=True)), precisions)
         return np.log([estimate_time(r.job, r.layout, cal).step_time_s for r in runs])
 
     def objective(theta: np.ndarray, pred: np.ndarray) -> float:
@@ -124,7 +126,7 @@ def fit_factors(runs: Sequence[Run], base: Calibration = DEFAULT_CALIBRATION, *,
     factors = tuple((n, float(v)) for n, v in zip(FACTORS, np.exp(theta), strict=True))
     at_bound = tuple(n for n, v, lo, hi in zip(FACTORS, theta, low, high, strict=True)
                      if v <= lo + 1e-9 or v >= hi - 1e-9)
-    return Fit(arch=arch, factors=factors, at_bound=at_bound,
+    return Fit(arch=arch, precisions=precisions, factors=factors, at_bound=at_bound,
                bounds=tuple((n, *bounds[n]) for n in FACTORS),
                before=tuple(np.exp(pred0).tolist()), after=tuple(np.exp(pred).tolist()),
-               calibration=apply_factors(base, arch, dict(factors)))
+               calibration=apply_factors(base, arch, dict(factors), precisions))
