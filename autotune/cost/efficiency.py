@@ -132,8 +132,8 @@ class Calibration:
     # --- per-step fixed cost ------------------------------------------------------------
     step_overhead_s: float = 0.05  # fitted: data loading, logging, optimizer launch, synchronisation per iteration
     # --- uncertainty --------------------------------------------------------------------
-    band_dense: tuple[float, float] = (-0.1198, 0.1024)  # measured: 10th / 90th percentile of log(published /
-    band_moe: tuple[float, float] = (-0.1857, 0.1497)  #   predicted) leaving each model out of the fit (bench --loo,
+    band_dense: tuple[float, float] = (-0.1416, 0.1220)  # measured: 10th / 90th percentile of log(published /
+    band_moe: tuple[float, float] = (-0.2080, 0.1356)  #   predicted) leaving each model out of the fit (bench --loo,
     #   2026-12-02)
     # what the fit saw: "generation precision kind" (kind: dense or MoE) of which at least MIN_GROUP_ROWS fitted rows
     # came from a software release's published table (bench/bench_throughput.py --fit prints it); a prediction of
