@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -89,7 +90,7 @@ def gains(rows: list[dict[str, Any]]) -> str:
     g = sorted((x["pick_tokens_per_s_per_gpu"] or 0.0) / x["recipe_tokens_per_s_per_gpu"] - 1 for x in rows)
     if not g:
         return "none"
-    median = g[len(g) // 2] if len(g) % 2 else (g[len(g) // 2 - 1] + g[len(g) // 2]) / 2
+    median = statistics.median(g)
     return (f"median {median:+.1%} (target <= {MEDIAN_TARGET:.0%}: {'met' if median <= MEDIAN_TARGET else 'MISSED'}), "
             f"max {g[-1]:+.1%}, {sum(v > UNVERIFIED_GAIN for v in g)} of {len(g)} above {UNVERIFIED_GAIN:.0%} "
             f"(flagged unverified by the search)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from autotune.cost.efficiency import OPERAND_BYTES
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec
@@ -105,7 +106,7 @@ def saved_gemm_input_bytes(fp8_recipe: str | None, transformer_engine: bool) -> 
     copy with an E4M3 scale per 16 elements (`NVFP4Quantizer`, `tensor/nvfp4_tensor.py`)."""
     if fp8_recipe is None or not transformer_engine:
         return float(BF16)
-    return {"mxfp8": 1.0 + 1.0 / 32, "blockwise": 1.0 + FP32 / 128, "nvfp4": 0.5 + 1.0 / 16}.get(fp8_recipe, 1.0)
+    return {"mxfp8": 1.0 + 1.0 / 32, "blockwise": 1.0 + FP32 / 128, "nvfp4": OPERAND_BYTES["fp4"]}.get(fp8_recipe, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,12 +125,8 @@ def apply_factors(base: Calibration, arch: str, factors: dict[str, float],
     def on(p: str) -> float:
         return c if not precisions or p in precisions else 1.0
 
-    def scaled(f: ArchFractions) -> ArchFractions:
-        return replace(f, gemm_bf16=f.gemm_bf16 * on("bf16"), attention=f.attention * c,
-                       gemm_fp8=tuple((r, v * on("fp8")) for r, v in f.gemm_fp8),
-                       gemm_fp4=None if f.gemm_fp4 is None else f.gemm_fp4 * on("fp4"), host_op_s=f.host_op_s * h)
-
-    per_arch = tuple((name, scaled(f) if name == arch else f) for name, f in base.per_arch)
+    per_arch = tuple((name, f.scaled(bf16=on("bf16"), fp8=on("fp8"), fp4=on("fp4"), attention=c, host=h)
+                      if name == arch else f) for name, f in base.per_arch)
     return replace(base, per_arch=per_arch, link_fraction=base.link_fraction * n)
 
 

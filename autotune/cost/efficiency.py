@@ -56,6 +56,13 @@ class ArchFractions:
     attention: float  # fitted: the fused attention core (QK^T, softmax, PV), fraction of dense BF16 peak
     host_op_s: float  # fitted: host time of one framework-level op in a layer's forward (Python + dispatch + launch)
 
+    def scaled(self, *, bf16: float = 1.0, fp8: float = 1.0, fp4: float = 1.0, attention: float = 1.0,
+               host: float = 1.0) -> ArchFractions:
+        """These fractions with each GEMM precision's, the attention core's and the host op's multiplied."""
+        return replace(self, gemm_bf16=self.gemm_bf16 * bf16, gemm_fp8=tuple((r, v * fp8) for r, v in self.gemm_fp8),
+                       gemm_fp4=None if self.gemm_fp4 is None else self.gemm_fp4 * fp4,
+                       attention=self.attention * attention, host_op_s=self.host_op_s * host)
+
     def gemm(self, precision: str, recipe: str | None) -> float:
         """The fraction of the precision's dense peak a large GEMM reaches."""
         if precision == "fp4":
@@ -160,7 +167,7 @@ class Calibration:
     def band_for(self, gpu: GPUSpec, precision: str, moe: bool) -> tuple[float, float]:
         """`band(moe)`, widened by `unfitted_band_factor` where `unfitted` says the fit never saw the group."""
         low, high = self.band(moe)
-        if self.unfitted(gpu, precision, moe) is None:
+        if fit_group(gpu.arch, precision, moe) in self.fitted_groups:
             return low, high
         return low * self.unfitted_band_factor, high * self.unfitted_band_factor
 
@@ -234,10 +241,7 @@ def _for_release(cal: Calibration, release: str) -> Calibration:
     moe, _ = cal.release_factor(release, "moe")
     if dense == 1.0 and moe == 1.0:
         return cal
-    per_arch = tuple((name, replace(f, gemm_bf16=f.gemm_bf16 * dense, attention=f.attention * dense,
-                                    gemm_fp8=tuple((r, v * dense) for r, v in f.gemm_fp8),
-                                    gemm_fp4=None if f.gemm_fp4 is None else f.gemm_fp4 * dense))
-                     for name, f in cal.per_arch)
+    per_arch = tuple((name, f.scaled(bf16=dense, fp8=dense, fp4=dense, attention=dense)) for name, f in cal.per_arch)
     return replace(cal, per_arch=per_arch, grouped_gemm_fraction=cal.grouped_gemm_fraction * moe, per_release=())
 
 

@@ -40,7 +40,7 @@ BF16 = 2.0
 FP8_CAST_BYTES = 4.0
 # NVFP4 (TE `tensor/nvfp4_tensor.py`, NVFP4Quantizer): reads the bf16 tensor (2 B), writes row- and column-wise
 # 4-bit copies with an E4M3 scale per 16 elements (2 x (0.5 + 1/16) B)
-FP4_CAST_BYTES = 2.0 + 2 * (0.5 + 1.0 / 16)
+FP4_CAST_BYTES = 2.0 + 2 * OPERAND_BYTES["fp4"]
 # Framework-level ops launched per forward of one block, counted on megatron-core 0.16.1's TE code path
 # (`transformer/transformer_layer.py`, `attention.py`, `mlp.py` with TE LayerNormLinear / Linear, fused RoPE,
 # fused attention, bias-dropout-add): norm+QKV, 2 RoPE, reshapes and splits (~6), attention, projection, BDA, and
@@ -101,7 +101,7 @@ class Shape:
         return self.job.model
 
     @property
-    def fp8(self) -> bool:
+    def quantized(self) -> bool:
         """GEMM inputs are quantised (FP8 or NVFP4): casts, and TE's per-expert quantisation kernels."""
         return self.job.training.precision in ("fp8", "fp4")
 
@@ -141,7 +141,7 @@ def host_s(x: Shape, ops: float, part: str) -> float:
 
 def fp8_cast_s(x: Shape, elements: float) -> float:
     """FP8 (or NVFP4) quantisation of GEMM inputs of `elements` values (0 in BF16 runs)."""
-    if not x.fp8:
+    if not x.quantized:
         return 0.0
     per = FP4_CAST_BYTES if x.job.training.fp4 else FP8_CAST_BYTES
     return memory_bound_time_s(per * elements, gpu=x.job.cluster.gpu, cal=x.cal)

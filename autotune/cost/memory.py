@@ -25,6 +25,7 @@ from autotune.cost.activations import (
     unit_activation_bytes,
 )
 from autotune.cost.allowance import DEFAULT_ALLOWANCE, AllowanceAssumptions, device_terms, workspace_terms
+from autotune.cost.efficiency import OPERAND_BYTES
 from autotune.cost.placement import (
     EVEN,
     Split,
@@ -95,7 +96,7 @@ def gemm_weight_bytes_per_param(training: TrainingSpec, fp8_recipe: str | None, 
     if fp8_recipe is None:
         return 2.0
     if fp8_recipe == "nvfp4":
-        return 2.0 + 2 * (0.5 + 1.0 / 16)
+        return 2.0 + 2 * OPERAND_BYTES["fp4"]
     mx = fp8_recipe == "mxfp8"
     if training.fp8_param_gather and fp8_recipe != "blockwise":
         if mx:

@@ -148,7 +148,7 @@ def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, P
                              experts + act + experts_cast + shared + shared_cast)
 
     full = x.cuda_graphs == "full_iteration"
-    kernels = EXPERT_KERNELS["fp8" if x.fp8 else "bf16"] * local
+    kernels = EXPERT_KERNELS["fp8" if x.quantized else "bf16"] * local
     expert_host = 0.0 if full else kernels * cal.host_kernel_s
     if not training.moe_grouped_gemm and not full:
         expert_host += SEQUENTIAL_EXPERT_HOST_OPS * local * x.host_op_s

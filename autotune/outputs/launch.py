@@ -64,6 +64,11 @@ BRIDGE_RECIPES: dict[str, str] = {
 _OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"})
 # settings that mean nothing unless another is set (their value is the default either way): left out then
 _ONLY_WITH = {"fp4_recipe": "fp4"}
+
+
+def _shown(settings: dict[str, object]) -> dict[str, object]:
+    """`settings` less those `_ONLY_WITH` says mean nothing here (what a launch line spells out)."""
+    return {k: v for k, v in settings.items() if k not in _ONLY_WITH or settings.get(_ONLY_WITH[k]) is not None}
 _GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng", "rerun_state_machine")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted
@@ -109,10 +114,7 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
     out: list[str] = []
     objects: dict[str, dict[str, object]] = {"comm_overlap": {}, "mixed_precision": {}}
     release = LAUNCH_TARGETS[job.training.megatron_core].bridge
-    settings = job_settings(job, layout)
-    for core, value in settings.items():
-        if core in _ONLY_WITH and settings.get(_ONLY_WITH[core]) is None:
-            continue
+    for core, value in _shown(job_settings(job, layout)).items():
         name = NAMES[core]
         for key in name.bridge_keys(release):
             group, sep, field = key.partition(":")
@@ -189,10 +191,10 @@ def megatron_lm_args(job: Job, layout: Layout) -> list[str]:
         settings.pop("virtual_pipeline_model_parallel_size")
     tag = LAUNCH_TARGETS[job.training.megatron_core].megatron_lm
     out: list[str] = []
-    for core, value in settings.items():
+    for core, value in _shown(settings).items():
         name = NAMES[core]
         flag = name.lm_flag(tag)
-        if value is None or (core in _ONLY_WITH and settings.get(_ONLY_WITH[core]) is None):
+        if value is None:
             continue
         if name.kind == "bool":
             chosen = flag if value else name.lm_false
