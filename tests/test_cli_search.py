@@ -168,6 +168,10 @@ def test_megatron_backend_ranks_real_cpu_proxy_trials_beside_the_prediction(tmp_
         assert t["source"] == "megatron-cpu-proxy" and t["status"] == "ok", t
         assert t["tokens_per_s_per_gpu"] > 0 and t["memory_gib"] > 0  # measured on the proxy
         assert t["predicted"]["tokens_per_s_per_gpu"] > 0  # the analytic model's figure for the real model
+    # proxy timings are not GPU times: no calibration.yaml, and the search says why
+    learned = json.loads((tmp_path / "run" / "search.json").read_text())["stats"]["measured_calibration"]
+    assert learned["file"] is None and "CPU proxy" in learned["reason"]
+    assert not (tmp_path / "run" / "calibration.yaml").exists()
 
 
 

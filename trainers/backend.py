@@ -30,7 +30,7 @@ import os
 import statistics
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from search_spaces.job import Job
@@ -202,6 +202,49 @@ class MegatronBackend:
                 kwargs["resources"] = dict(self.worker_resources)
         return runner(cfg, **kwargs)
 
+    def hardware(self) -> dict[str, Any]:
+        """What this cluster at hand runs on: {"use_gpu", "nodes", "gpus_per_node", "workers"} (on CPU: one node of
+        `max_workers` proxy ranks, or what the machine holds)."""
+        ensure_ray(self.ray_temp_dir)
+        import ray
+
+        from trainers.placement import alive_nodes
+
+        gpus = [int(n.get("GPU", 0)) for n in alive_nodes(ray.nodes())]
+        with_gpus = [g for g in gpus if g > 0]
+        if with_gpus:
+            per_node = min(with_gpus)
+            workers = min(sum(with_gpus), self.max_workers or sum(with_gpus))
+            return {"use_gpu": True, "nodes": max(1, workers // per_node), "gpus_per_node": min(per_node, workers),
+                    "workers": workers}
+        workers = self.max_workers or default_max_workers()
+        return {"use_gpu": False, "nodes": 1, "gpus_per_node": workers, "workers": workers}
+
+    def profile_collectives(self, sizes: tuple[int, ...], *, world_size: int, iterations: int = 5) -> dict[str, Any]:
+        """Time all-reduce, all-gather, all-to-all and send/recv of each size over `world_size` ranks
+        (`trainers.collectives`), on the workers the profiling jobs run on (`run_plan`'s: the kept-alive pool, or fresh
+        Ray Train workers). Returns {"status", "reason", "timings": [...], "source"}."""
+        from trainers.collectives import CollectivesConfig
+        from trainers.worker_pool import run_fresh, run_pooled
+
+        ensure_ray(self.ray_temp_dir)
+        use_gpu = bool(self.hardware()["use_gpu"])
+        cfg = CollectivesConfig(sizes=tuple(int(s) for s in sizes), iterations=iterations)
+        kwargs: dict[str, Any] = {"world_size": world_size, "use_gpu": use_gpu, "timeout_s": self.timeout_s}
+        if self.reuse_workers:
+            kwargs.update(cpus_per_worker=self.cpus_per_worker, placement_timeout_s=self.placement_timeout_s)
+            if self.worker_resources:
+                kwargs["resources"] = dict(self.worker_resources)
+        outcome = (run_pooled if self.reuse_workers else run_fresh)(cfg, **kwargs)
+        source = "megatron-gpu" if use_gpu else "megatron-cpu-proxy"
+        if outcome.status != "ok" or not outcome.ranks:
+            return {"status": outcome.status if outcome.status != "ok" else "failed",
+                    "reason": outcome.reason or "no rank reported", "timings": [], "source": source}
+        # every rank timed the same calls between barriers: the slowest rank's figure is the collective's
+        by_rank = [r["timings"] for r in outcome.ranks]
+        timings = [{**calls[0], "seconds": max(c["seconds"] for c in calls)} for calls in zip(*by_rank, strict=True)]
+        return {"status": "ok", "reason": "", "timings": timings, "source": source}
+
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """The search's worker pool for the duration of the block (`trainers.worker_pool.open_pool`): owned by the
@@ -209,6 +252,7 @@ class MegatronBackend:
         from trainers.worker_pool import open_pool, shutdown_pool
 
         if self.reuse_workers:
+            ensure_ray(self.ray_temp_dir)  # autotune's own local Ray (quiet, loopback only) unless one runs already
             open_pool()
         try:
             yield
@@ -250,6 +294,7 @@ def measurement_from_outcome(layout: Layout, plan: ProxyPlan, outcome: Any, *, s
         "trial_wall_s": outcome.wall_s, "worker_nodes": list(getattr(outcome, "nodes", ()) or ()),
         "timing_note": "CPU proxy (gloo) figures; not a GPU prediction" if source == "megatron-cpu-proxy" else "",
         "proxy_plan": plan,  # what ran (model, layout, batch): the caller compares the analytic model with it
+        "ran_training": asdict(plan.training),  # the same batch and switches, as plain data
     }
     if outcome.status != "ok":
         extra["failure"] = getattr(outcome, "failure", "") or "layout"

@@ -87,11 +87,13 @@ def _classify(exc: BaseException) -> str:
 
 
 def _run_on_rank(cfg: Any) -> dict[str, Any]:
-    """Run one job on this rank; never raises (the error comes back as data)."""
-    from trainers.megatron_job import run_job
+    """Run one job on this rank: a megatron-core job (`trainers.megatron_job.JobConfig`), or any config with a
+    `run() -> dict` of its own (`trainers.collectives.CollectivesConfig`); never raises (the error comes back as
+    data)."""
+    from trainers.megatron_job import JobConfig, run_job
 
     try:
-        return {"status": "ok", **run_job(cfg)}
+        return {"status": "ok", **(run_job(cfg) if isinstance(cfg, JobConfig) else cfg.run())}
     except BaseException as e:  # noqa: BLE001 - a crash is a trial outcome
         tail = traceback.format_exc(limit=4)
         return {"status": _classify(e), "reason": f"{type(e).__name__}: {e}"[:2000], "traceback": tail[-3000:]}

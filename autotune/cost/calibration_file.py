@@ -18,9 +18,12 @@ largest fraction they scale reaches 1). The file (`autotune_calibration: 1`):
     factors: {compute: 0.93, network: 0.81, host: 1.0}
     precisions: [fp8]             # the GEMM precisions `compute` scales
     at_bound: []                  # factors a bound held
+    source: logs                  # logs | megatron-gpu (a search's or a profile's GPU runs) | megatron-cpu-proxy
     provenance: {date: ..., autotune_version: ..., logs: [{path, step_time_s, layout, error_before, error_after, ...}]}
 
-`read_calibration` validates it (a ValueError of one line naming the file and the field).
+`read_calibration` validates it (a ValueError of one line naming the file and the field). A file measured on the CPU
+proxy (`source: megatron-cpu-proxy`, what `calibrate --profile` writes on a machine without GPUs) is readable but no
+verb applies it: its factors describe gloo and CPU kernels, not a GPU cluster.
 """
 
 from __future__ import annotations
@@ -34,13 +37,16 @@ from autotune.cost.efficiency import DEFAULT_CALIBRATION, ArchFractions, Calibra
 from search_spaces.cluster import ARCHES, GPUSpec
 from search_spaces.training import PRECISION_CHOICES
 
-__all__ = ["FACTORS", "FACTOR_BOUNDS", "FORMAT_VERSION", "CalibrationFile", "apply_factors", "describe_summary",
+__all__ = ["FACTORS", "FACTOR_BOUNDS", "FORMAT_VERSION", "PROXY_SOURCE", "SOURCES", "CalibrationFile", "apply_factors",
+           "describe_summary",
            "factor_bounds",
            "read_calibration", "write_calibration"]
 
 FACTORS = ("compute", "network", "host")
 FACTOR_BOUNDS = (0.5, 2.0)  # each factor stays within these (x DEFAULT_CALIBRATION's constant)
 FORMAT_VERSION = 1
+SOURCES = ("logs", "megatron-gpu", "megatron-cpu-proxy")  # what the factors were fitted on
+PROXY_SOURCE = "megatron-cpu-proxy"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +57,7 @@ class CalibrationFile:
     factors: tuple[tuple[str, float], ...]  # (name in FACTORS, value), every name once
     at_bound: tuple[str, ...] = ()
     precisions: tuple[str, ...] = ()  # the GEMM precisions `compute` scales (the logs'); () every precision
+    source: str = "logs"  # one of SOURCES
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     path: str = ""  # where it was read from ("" for one not read from a file)
 
@@ -59,7 +66,11 @@ class CalibrationFile:
 
     def calibration(self, gpu: GPUSpec, base: Calibration = DEFAULT_CALIBRATION) -> Calibration:
         """`base` with the factors applied, for a job on `gpu`; ValueError when `gpu` is of another generation (the
-        factors describe this generation's kernels and links only)."""
+        factors describe this generation's kernels and links only) or when the file was measured on the CPU proxy."""
+        if self.source == PROXY_SOURCE:
+            raise ValueError(f"--calibration {self.name}: it was profiled on the CPU proxy (gloo, CPU kernels), whose "
+                             f"timings are not a GPU cluster's; it shows the profile ran, but no verb applies it. "
+                             f"Profile on GPUs (`calibrate --profile` where Ray sees GPUs), or calibrate from a log.")
         if gpu.arch != self.gpu_arch:
             raise ValueError(f"--calibration {self.name}: it was fitted on {self.gpu_arch} GPUs, but this job runs "
                              f"{gpu.name} ({gpu.arch}); calibrate on a log of a {gpu.arch} run, or leave "
@@ -78,7 +89,7 @@ class CalibrationFile:
         """What a result records of the calibration it used (best.json, search.json, --json)."""
         logs = self.provenance.get("logs")
         return {"file": self.path, "gpu_arch": self.gpu_arch, "precisions": list(self.precisions),
-                "factors": dict(self.factors),
+                "source": self.source, "factors": dict(self.factors),
                 "at_bound": list(self.at_bound), "logs": len(logs) if isinstance(logs, list) else None}
 
 
@@ -170,11 +181,14 @@ def read_calibration(path: str | Path) -> CalibrationFile:
     if not isinstance(precisions, list) or not set(precisions) <= set(PRECISION_CHOICES):
         raise _fail(path, f"`precisions` must list some of {', '.join(PRECISION_CHOICES)}, but got "
                           f"{precisions!r}"[:300])
+    source = data.get("source", "logs")
+    if source not in SOURCES:
+        raise _fail(path, f"`source` must be one of {', '.join(SOURCES)}, but got {source!r}"[:300])
     provenance = data.get("provenance") or {}
     if not isinstance(provenance, dict):
         raise _fail(path, "`provenance` must be a mapping")
     return CalibrationFile(gpu_arch=arch, factors=tuple(values), at_bound=tuple(at_bound),
-                           precisions=tuple(sorted(precisions)), provenance=provenance, path=str(path))
+                           precisions=tuple(sorted(precisions)), source=source, provenance=provenance, path=str(path))
 
 
 def write_calibration(path: str | Path, cal: CalibrationFile) -> None:
@@ -185,7 +199,7 @@ def write_calibration(path: str | Path, cal: CalibrationFile) -> None:
 
     data = {"autotune_calibration": FORMAT_VERSION, "gpu_arch": cal.gpu_arch,
             "factors": {n: round(v, 4) for n, v in cal.factors}, "precisions": list(cal.precisions),
-            "at_bound": list(cal.at_bound), "provenance": cal.provenance}
+            "at_bound": list(cal.at_bound), "source": cal.source, "provenance": cal.provenance}
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")

@@ -4,6 +4,9 @@
     fit.factors                 # {"compute": 0.93, "network": 0.98, "host": 1.01}
     fit.after[0] / 8.12 - 1     # the calibrated prediction's error on that run
 
+Besides whole steps (`Run`), any timed piece the cost model predicts can join the fit as a `Timing` (a measured
+collective: `autotune/tuning/profile_node.py`); it counts in the objective like a run.
+
 A maximum a posteriori fit in the log-factors theta = log(factor): with r_i(theta) = log(predicted_i / measured_i),
 
     minimise   sum_i r_i^2 / NOISE_SD^2  +  sum_k theta_k^2 / PRIOR_SD^2     subject to  low_k <= theta_k <= high_k
@@ -19,7 +22,7 @@ Jacobian and a halving line search; a few dozen model evaluations, numpy only. T
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +33,7 @@ from autotune.cost.throughput import estimate_time
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
-__all__ = ["Run", "Fit", "fit_factors", "NOISE_SD", "PRIOR_SD"]
+__all__ = ["Run", "Timing", "Fit", "fit_factors", "NOISE_SD", "PRIOR_SD"]
 
 NOISE_SD = 0.02  # log step time: run-to-run jitter of a steady median (~2%)
 PRIOR_SD = 0.2  # log-factor: a cluster's kernels, links or host within about +-20% of the published fit's
@@ -48,6 +51,16 @@ class Run:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Timing:
+    """One measured piece other than a whole step (a collective) and the cost model's time of it under a
+    calibration."""
+
+    label: str
+    seconds: float
+    predict: Callable[[Calibration], float]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Fit:
     """The fitted factors of one GPU generation and the predictions before and after, in `runs`' order."""
 
@@ -59,6 +72,8 @@ class Fit:
     before: tuple[float, ...]  # predicted step seconds, uncalibrated
     after: tuple[float, ...]  # predicted step seconds, calibrated
     calibration: Calibration  # the base with the factors applied
+    timings_before: tuple[float, ...] = ()  # predicted seconds of each `Timing`, uncalibrated
+    timings_after: tuple[float, ...] = ()  # and calibrated
 
     def errors(self, measured: Sequence[float], after: bool = True) -> list[float]:
         """predicted / measured - 1 of each run."""
@@ -74,24 +89,25 @@ def _arch(runs: Sequence[Run]) -> str:
 
 
 def fit_factors(runs: Sequence[Run], base: Calibration = DEFAULT_CALIBRATION, *, prior_sd: float = PRIOR_SD,
-                noise_sd: float = NOISE_SD) -> Fit:
-    """Fit the factors to `runs` (module docstring). ValueError when there is no run or a step time is not a
-    positive finite number."""
-    if not runs:
+                noise_sd: float = NOISE_SD, timings: Sequence[Timing] = (), arch: str | None = None) -> Fit:
+    """Fit the factors to `runs` and `timings` (module docstring); `arch`: the GPU generation when there are
+    timings only. ValueError when there is nothing to fit or a measured time is not a positive finite number."""
+    if not runs and not (timings and arch):
         raise ValueError("calibrate needs at least one run (a --log).")
-    for r in runs:
-        if not (math.isfinite(r.step_time_s) and r.step_time_s > 0):
-            raise ValueError(f"a measured step time must be a positive finite number, but got {r.step_time_s!r}.")
-    arch = _arch(runs)
+    for seconds in [r.step_time_s for r in runs] + [t.seconds for t in timings]:
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"a measured step time must be a positive finite number, but got {seconds!r}.")
+    arch = _arch(runs) if runs else str(arch)
     precisions = tuple(sorted({r.job.training.precision for r in runs}))
     bounds = factor_bounds(base, arch, precisions)
     low = np.log([bounds[n][0] for n in FACTORS])
     high = np.log([bounds[n][1] for n in FACTORS])
-    measured = np.log([r.step_time_s for r in runs])
+    measured = np.log([r.step_time_s for r in runs] + [t.seconds for t in timings])
 
     def predict(theta: np.ndarray) -> np.ndarray:
         cal = apply_factors(base, arch, dict(zip(FACTORS, np.exp(theta).tolist(), strict=True)), precisions)
-        return np.log([estimate_time(r.job, r.layout, cal).step_time_s for r in runs])
+        return np.log([estimate_time(r.job, r.layout, cal).step_time_s for r in runs]
+                      + [t.predict(cal) for t in timings])
 
     def objective(theta: np.ndarray, pred: np.ndarray) -> float:
         return float(np.sum((pred - measured) ** 2) / noise_sd**2 + np.sum(theta**2) / prior_sd**2)
@@ -126,7 +142,9 @@ def fit_factors(runs: Sequence[Run], base: Calibration = DEFAULT_CALIBRATION, *,
     factors = tuple((n, float(v)) for n, v in zip(FACTORS, np.exp(theta), strict=True))
     at_bound = tuple(n for n, v, lo, hi in zip(FACTORS, theta, low, high, strict=True)
                      if v <= lo + 1e-9 or v >= hi - 1e-9)
+    k = len(runs)
     return Fit(arch=arch, precisions=precisions, factors=factors, at_bound=at_bound,
                bounds=tuple((n, *bounds[n]) for n in FACTORS),
-               before=tuple(np.exp(pred0).tolist()), after=tuple(np.exp(pred).tolist()),
-               calibration=apply_factors(base, arch, dict(factors), precisions))
+               before=tuple(np.exp(pred0[:k]).tolist()), after=tuple(np.exp(pred[:k]).tolist()),
+               calibration=apply_factors(base, arch, dict(factors), precisions),
+               timings_before=tuple(np.exp(pred0[k:]).tolist()), timings_after=tuple(np.exp(pred[k:]).tolist()))

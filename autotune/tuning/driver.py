@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.tuning.results import (
+    CALIBRATION_YAML,
     META_JSON,
     STUDY_DB,
     SearchResult,
@@ -370,6 +371,8 @@ def run_search(
                 write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity, verbose=verbose)
             stats["timings"]["study_write_s"] = time.perf_counter() - t_write
             decision = _decision(mode, records, capacity, answer, [s.layout for s in user])
+            if mode != "analytic" and backend_name != "analytic":  # what the GPUs measured, for the next search
+                stats["measured_calibration"] = write_measured_calibration(job, records, folder)
             if recipe is not None:
                 _mark_recipe(decision, *recipe)
             result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
@@ -389,6 +392,35 @@ def run_search(
                                                  or _remaining(plan, records) <= 0)
         write_meta(folder, meta)
     return result
+
+
+def write_measured_calibration(job: Job, records: Sequence[TrialRecord], folder: Path) -> dict[str, Any]:
+    """Fit the calibration factors on a measured search's GPU trials and write `calibration.yaml` in its folder
+    (`autotune.tuning.measured_calibration`). Returns {"file", "describe", "reason"}: the file written, or None and
+    why not (a CPU proxy search, no GPU trial). A fit that fails is a reason, never an error: the search's own
+    results are already written."""
+    from autotune.cost.calibration_file import write_calibration
+    from autotune.tuning.calibrate import fit_factors
+    from autotune.tuning.measured_calibration import MEASURED_GPU, calibration_file, search_runs
+
+    runs, reason = search_runs(job, records)
+    if not runs:
+        return {"file": None, "describe": "", "reason": reason}
+    try:
+        fit = fit_factors(runs)
+    except ValueError as e:
+        return {"file": None, "describe": "", "reason": f"no calibration written: {e}"}
+    provenance = {"from": "measured search", "folder": str(folder),
+                  "trials": [{"label": r.label, "layout": str(r.layout), "step_time_s": round(r.step_time_s, 6),
+                              "predicted_before_s": round(b, 6), "predicted_after_s": round(a, 6)}
+                             for r, b, a in zip(runs, fit.before, fit.after, strict=True)]}
+    path = folder / CALIBRATION_YAML
+    cal = calibration_file(fit, source=MEASURED_GPU, provenance=provenance, path=str(path))
+    try:
+        write_calibration(path, cal)
+    except OSError as e:
+        return {"file": None, "describe": "", "reason": f"cannot write {path}: {e.strerror or e}"}
+    return {"file": str(path), "describe": cal.describe(), "reason": ""}
 
 
 def _calibration_text(meta: dict[str, Any]) -> str:

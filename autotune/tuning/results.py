@@ -38,10 +38,11 @@ if TYPE_CHECKING:
     from autotune.tuning.answer import Answer
 
 __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
-           "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CSV_COLUMNS"]
+           "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CALIBRATION_YAML", "CSV_COLUMNS"]
 
 GIB = 1024**3
 TRIALS_CSV, META_JSON, STUDY_DB = "trials.csv", "search.json", "study.db"
+CALIBRATION_YAML = "calibration.yaml"  # what a measured search on GPUs learned (`autotune.tuning.measured_calibration`)
 LAYOUT_COLUMNS = tuple(f.name for f in fields(Layout))  # tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, ...
 CSV_COLUMNS = ("number", "job", "origin", "layout", *LAYOUT_COLUMNS, "status", "feasible", "reason",
                "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "memory_gib", "headroom_gib", "step_time_s",

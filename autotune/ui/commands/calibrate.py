@@ -9,6 +9,13 @@ contradicts (another model's log, another layout) is refused. The fit (`autotune
 MAP: with fewer logs than factors the prior picks the smallest move that explains them. It prints each log's
 error before and after and the factors it moved, and writes the calibration file (`--output`) every verb reads with
 `--calibration FILE`. A log that cannot calibrate is one line on stderr and exit code 2.
+
+`calibrate --profile --model deepseek-v3 --nodes 128 --output cluster.yaml` needs no log: it profiles the model's
+best candidates for the target cluster (`--top K` of the analytic ranking, or the `--layout`s given) on the GPUs at
+hand, one node per candidate (each rank's exact shape: one pipeline stage's layers with the layout's TP, CP and local
+experts), times the cluster's collectives, and fits the same factors
+(`autotune/tuning/measured_calibration.py`). Without GPUs the same path runs on the CPU proxy and the file is marked
+`source: megatron-cpu-proxy` (no verb applies it).
 """
 
 from __future__ import annotations
@@ -31,8 +38,17 @@ MODEL_ARGS = ("num_layers", "hidden_size", "num_attention_heads")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log", action="append", required=True, metavar="FILE",
+    parser.add_argument("--log", action="append", default=None, metavar="FILE",
                         help="a Megatron-LM or Megatron-Bridge training log (stdout); repeat for several runs")
+    parser.add_argument("--profile", action="store_true",
+                        help="no log: profile the best candidates for the target cluster on the GPUs at hand (one "
+                             "node each, the exact per-rank shapes) and time the collectives, then fit (CPU proxy "
+                             "without GPUs)")
+    parser.add_argument("--top", type=int, default=3, metavar="K",
+                        help="--profile: how many of the analytic ranking's best layouts to profile (default 3; "
+                             "--layout instead names them)")
+    parser.add_argument("--max-workers", type=int, default=None, metavar="N",
+                        help="--profile: ranks at most (default: the cluster's GPUs, or what this machine holds)")
     parser.add_argument("--layout", action="append", default=None, metavar="LAYOUT",
                         help="the layout the log ran, as `estimate` takes it (once for every log, or once per --log in "
                              "order); default: the log's arguments block")
@@ -199,6 +215,14 @@ def run(args: argparse.Namespace) -> int:
     from autotune.cost.memory import estimate_memory
     from autotune.tuning.calibrate import Run, fit_factors
 
+    if args.profile:
+        if args.log:
+            raise ValueError("give --log FILE (calibrate from your logs) or --profile (profile the GPUs at hand), "
+                             "not both.")
+        return _run_profile(args)
+    if not args.log:
+        raise ValueError("calibrate needs --log FILE (a training log of your cluster) or --profile (profile the GPUs "
+                         "at hand).")
     logged = _logged_runs(args)
     fit = fit_factors([Run(job=r.job, layout=r.layout, step_time_s=r.step_time_s, label=r.log.path)
                        for r in logged])
@@ -249,3 +273,136 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("nothing written (--output FILE writes the calibration file)")
     return 0
+
+
+def _candidates(args: argparse.Namespace, job: Any) -> list[Any]:
+    """The layouts to profile: the `--layout`s given (each checked), else the analytic ranking's best `--top`."""
+    from autotune.tuning.analytic_pass import analytic_pass
+    from autotune.tuning.driver import DEFAULT_SPACE
+    from autotune.ui.commands import layout_from_args
+    from search_spaces.rules import check
+    from search_spaces.space import feasible_space
+
+    if args.layout:
+        out = []
+        for text in args.layout:
+            layout = layout_from_args(argparse.Namespace(**{**vars(args), "layout": text}), job)
+            broken = check(job, layout)
+            if broken:
+                raise ValueError(f"--layout {layout} breaks {broken[0].rule}: {broken[0].message}")
+            out.append(layout)
+        return out
+    if args.top < 1:
+        raise ValueError(f"--top must be at least 1, but got {args.top}.")
+    answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
+    rows = answer.ranked_rows(args.top)
+    if not len(rows):
+        raise ValueError(f"no layout of {job.model.name} fits {job.world_size} x {job.cluster.gpu.name} by the model: "
+                         f"nothing to profile.")
+    return [answer.layout(int(i)) for i in rows]
+
+
+def _run_profile(args: argparse.Namespace) -> int:
+    import datetime
+    import sys
+
+    import autotune
+    from autotune.cost.calibration_file import PROXY_SOURCE, write_calibration
+    from autotune.tuning.backends import get_backend
+    from autotune.tuning.measured_calibration import calibration_file, profile_node
+    from autotune.ui.commands import job_from_args
+
+    job_args = argparse.Namespace(**vars(args))
+    from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
+
+    job_args.seq_length = args.seq_length or DEFAULT_SEQ_LENGTH
+    job_args.global_batch_size = args.global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
+    job_args.precision = args.precision or "bf16"
+    job = job_from_args(job_args)
+    candidates = _candidates(args, job)
+    if args.max_workers is not None and args.max_workers < 1:
+        raise ValueError(f"--max-workers must be at least 1, but got {args.max_workers}.")
+    backend: Any = get_backend("megatron")
+    backend = backend.inner  # the measuring backend itself (`Predicted` would judge memory by the model)
+    if args.max_workers:
+        backend = backend.with_options(max_workers=args.max_workers)
+
+    def say(text: str) -> None:
+        print(f"calibrate: {text}", file=sys.stderr, flush=True)
+
+    say(f"profiling {len(candidates)} candidate{'s' if len(candidates) != 1 else ''} of {job.model.name} on "
+        f"{job.cluster.nodes} x {job.cluster.gpus_per_node} {job.cluster.gpu.name} on the hardware at hand")
+    with backend.session():
+        profile = profile_node(job, candidates, backend, say=say)
+    proxy = profile.source == PROXY_SOURCE
+    summary = _profile_summary(profile)
+    written = False
+    if profile.fit is not None and args.output:
+        provenance = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                      "autotune_version": autotune.__version__, "relative_to": "DEFAULT_CALIBRATION of that version",
+                      "from": "calibrate --profile", "target": {"model": job.model.name, "gpu": job.cluster.gpu.name,
+                                                                "nodes": job.cluster.nodes,
+                                                                "gpus_per_node": job.cluster.gpus_per_node},
+                      **summary}
+        write_calibration(args.output, calibration_file(profile.fit, source=profile.source, provenance=provenance,
+                                                        path=args.output))
+        written = True
+    if args.json:
+        print(json.dumps({"source": profile.source, "written": written, "output": args.output,
+                          "factors": dict(profile.fit.factors) if profile.fit else None,
+                          "at_bound": list(profile.fit.at_bound) if profile.fit else [], "reason": profile.reason,
+                          **summary}, indent=2))
+        return 0 if profile.fit is not None else 2
+    hw = profile.hardware
+    print(f"calibrate --profile: {hw['nodes']} node(s) x {hw['gpus_per_node']} "
+          f"{'GPUs' if hw['use_gpu'] else 'CPU proxy ranks (gloo)'} at hand, for {job.model.name} on "
+          f"{job.world_size} {job.cluster.gpu.name}")
+    for row in summary["probes"]:
+        if row.get("step_time_s"):
+            print(f"  {row['candidate']}: probe {row['probe']} ({row['layers']} layers{row['note']}): measured "
+                  f"{row['step_time_s']:.4g} s, predicted {row['predicted_before_s']:.4g} s before, "
+                  f"{row['predicted_after_s']:.4g} s calibrated")
+        else:
+            print(f"  {row['candidate']}: not profiled: {row['reason']}")
+    for row in summary["collectives"]:
+        print(f"  {row['label']}: measured {row['seconds'] * 1e3:.3g} ms, predicted "
+              f"{row['predicted_before_s'] * 1e3:.3g} ms before, {row['predicted_after_s'] * 1e3:.3g} ms calibrated")
+    if profile.fit is None:
+        print(f"nothing fitted: {profile.reason}")
+        return 2
+    print("factors: " + ", ".join(f"{n} x{v:.3f}{' (held by its bound)' if n in profile.fit.at_bound else ''}"
+                                  for n, v in profile.fit.factors))
+    if proxy:
+        print("CPU proxy: these are gloo and CPU-kernel timings of a scaled-down model, so the factors say nothing of a"
+              " GPU cluster; the path ran end to end, and the file (if written) is marked source: megatron-cpu-proxy, "
+              "which no verb applies. Run it where Ray sees GPUs.")
+    if written:
+        print(f"wrote {args.output}" + ("" if proxy else f": give it to any verb with --calibration {args.output}"))
+    else:
+        print("nothing written (--output FILE writes the calibration file)")
+    return 0
+
+
+def _profile_summary(profile: Any) -> dict[str, Any]:
+    """What the profile measured, as plain data (the file's provenance and --json)."""
+    fit = profile.fit
+    fitted = {r.label: (b, a) for r, b, a in zip(profile.runs, fit.before, fit.after, strict=True)} if fit else {}
+    probes = []
+    for probe, m in profile.probes:
+        before_after = fitted.get(str(probe.candidate))
+        row: dict[str, Any] = {"candidate": str(probe.candidate), "probe": str(probe.layout),
+                               "layers": probe.job.model.num_layers, "note": f"; {probe.note}" if probe.note else "",
+                               "status": m.status, "reason": m.reason}
+        if before_after:
+            row.update(step_time_s=round(float(m.step_time_s), 6), predicted_before_s=round(before_after[0], 6),
+                       predicted_after_s=round(before_after[1], 6))
+        probes.append(row)
+    probed = {str(p.candidate) for p, _ in profile.probes}
+    probes += [{"candidate": str(c), "reason": why} for c, why in profile.skipped if str(c) not in probed]
+    collectives = [{"label": t.label, "seconds": round(t.seconds, 9),
+                    "predicted_before_s": round(b, 9), "predicted_after_s": round(a, 9)}
+                   for t, b, a in zip(profile.timings, fit.timings_before if fit else (), fit.timings_after if fit
+                                      else (), strict=False)]
+    return {"hardware": profile.hardware, "probes": probes, "collectives": collectives,
+            "collectives_status": profile.collectives.get("status"), "collectives_reason":
+                profile.collectives.get("reason", "")}

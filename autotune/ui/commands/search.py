@@ -116,6 +116,10 @@ def _search(args: argparse.Namespace, status: Any) -> int:
             raise ValueError("--model is required (a catalog name or a config.json path), or --resume FOLDER.")
         _job_flags_from_folder(args)
     job = job_from_args(args)
+    if args.backend == "megatron" and job.model.is_hybrid:
+        from autotune.tuning.backends import trainer_entry
+
+        trainer_entry("trainers.proxy", "refuse_hybrid")(job.model)
     from autotune.ui.commands import calibration_from_args
 
     calibration = calibration_from_args(args)
@@ -348,6 +352,11 @@ def _summary_line(console: Any, result: Any) -> None:
         from autotune.cost.calibration_file import describe_summary
 
         console.print(f"calibration: {describe_summary(c)}", markup=False, highlight=False)
+    learned = s.get("measured_calibration")
+    if isinstance(learned, dict):
+        text = (f"learned from this search's GPU trials: {learned['describe']}; the next search starts calibrated "
+                f"with --calibration {learned['file']}" if learned.get("file") else learned.get("reason", ""))
+        console.print(text, markup=False, highlight=False)
 
 
 def _decision_lines(console: Any, result: Any) -> None:
