@@ -6,6 +6,10 @@ with it under `megatron/training/`), field by field with its format specs; the a
 `megatron/training/utils/common_utils.py::report_memory`'s. The step times come from the caller: a published
 row's tokens/s per GPU turned back into a step time (GBS x seq / (tokens/s per GPU x GPUs)), so a log built from
 a published row is a reconstruction of that run's steady iterations, not a log NVIDIA published.
+
+`bridge_summary` is Megatron-Bridge's configuration summary (`src/megatron/bridge/training/config.py::
+ConfigContainer.log_non_default_values`, Megatron-Bridge 0.6): the megatron-core configs' non-default values with
+their defaults, then every value of the other configs, each line behind a launcher's `[default0]:` prefix.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["arguments_block", "iteration_line", "memory_line", "megatron_lm_log", "published_step_s",
-           "job_arguments"]
+           "job_arguments", "bridge_summary"]
 
 
 def arguments_block(arguments: dict[str, Any]) -> str:
@@ -88,3 +92,42 @@ def published_step_s(row: Any) -> float:
     """The step time a published row's tokens/s per GPU implies: GBS x seq / (tokens/s/GPU x GPUs)."""
     t = row.job.training
     return t.global_batch_size * t.seq_length / (row.published * row.job.world_size)
+
+
+# megatron-core's defaults of the fields `bridge_summary` writes (TransformerConfig / DistributedDataParallelConfig)
+_MCORE_DEFAULTS = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                   "virtual_pipeline_model_parallel_size": None, "context_parallel_size": 1,
+                   "expert_model_parallel_size": 1, "expert_tensor_parallel_size": None, "sequence_parallel": False,
+                   "recompute_granularity": None, "num_layers": 1, "hidden_size": 0, "num_attention_heads": 0,
+                   "num_moe_experts": None, "fp8": None, "fp8_recipe": "delayed", "use_distributed_optimizer": False}
+
+
+def bridge_summary(job: Any, layout: Any, prefix: str = "[default0]:") -> str:
+    """Megatron-Bridge's configuration summary of `job` and `layout` (module docstring)."""
+    a = job_arguments(job, layout)
+    model = {name: a[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                        "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                                        "expert_model_parallel_size", "expert_tensor_parallel_size",
+                                        "sequence_parallel", "recompute_granularity", "num_layers", "hidden_size",
+                                        "num_attention_heads", "fp8")}
+    model["num_moe_experts"] = a["num_experts"]
+    if a["fp8"] is not None:
+        model["fp8_recipe"] = a["fp8_recipe"]
+    rule = "=" * 70
+    lines = ["", rule, "Configuration Summary (Non-Default Values vs Megatron Core)", rule]
+    for section, mcore, values in (("optimizer", "OptimizerConfig", {"lr": 1e-4}),
+                                   ("ddp", "DistributedDataParallelConfig",
+                                    {"use_distributed_optimizer": a["use_distributed_optimizer"]}),
+                                   ("model", "TransformerConfig", model)):
+        changed = {k: v for k, v in values.items() if v != _MCORE_DEFAULTS.get(k, object())}
+        if changed:
+            lines.append(f"\n[{section}] Non-default values (vs Mcore {mcore}):")
+            lines += [f"  {k}: {v!r}  (Mcore default: {_MCORE_DEFAULTS.get(k)!r})" for k, v in sorted(changed.items())]
+    lines += ["\n" + "-" * 70, "Other Configuration Values:", "-" * 70, "\n[train]:"]
+    lines += [f"  {k}: {v!r}" for k, v in sorted({"global_batch_size": a["global_batch_size"],
+                                                  "micro_batch_size": a["micro_batch_size"],
+                                                  "train_iters": 100}.items())]
+    lines.append("\n[dataset]:")
+    lines += [f"  {k}: {v!r}" for k, v in sorted({"sequence_length": a["seq_length"], "seed": 1234}.items())]
+    lines.append("\n" + rule)
+    return "\n".join(prefix + line for line in "\n".join(lines).split("\n")) + "\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from megatron_logs import job_arguments, megatron_lm_log, published_step_s
+from megatron_logs import bridge_summary, job_arguments, megatron_lm_log, published_step_s
 
 from autotune.cost.calibration_file import FACTOR_BOUNDS, read_calibration
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
@@ -101,6 +101,27 @@ def test_cli_calibrate_then_estimate_reproduces_the_published_run(capsys, tmp_pa
     code, out, _ = _run(capsys, "estimate", *common, "--nodes", "8", "--layout", str(r.layout), "--seq-length",
                         str(r.job.training.seq_length), "--precision", "fp8", "--calibration", str(out_file))
     assert f"calibration: {out_file.name} (compute x" in out and "fitted on 1 log" in out
+
+
+def test_a_megatron_bridge_log_gives_its_layout_in_its_configuration_summary(capsys, tmp_path: Path) -> None:
+    """Bridge prints no arguments block but its config's non-default values (`bridge_summary`): calibrate reads the
+    layout, batch and sequence from them (no --layout), reproduces the run, and refuses the log for another model."""
+    r = _row()
+    log = tmp_path / "bridge.log"
+    log.write_text(bridge_summary(r.job, r.layout) + megatron_lm_log(
+        _steps(published_step_s(r)), global_batch_size=r.job.training.global_batch_size))
+    assert "arguments" not in log.read_text()
+    common = ["--gpu", r.gpu, "--release", r.release, "--nodes", str(r.job.cluster.nodes),
+              "--precision", r.job.training.precision]
+    code, out, err = _run(capsys, "calibrate", "--log", str(log), "--model", r.model, *common, "--json")
+    assert code == 0, err
+    (logged,) = json.loads(out)["provenance"]["logs"]
+    assert logged["layout"] == str(r.layout)
+    assert (logged["seq_length"], logged["global_batch_size"]) == (r.job.training.seq_length,
+                                                                   r.job.training.global_batch_size)
+    assert abs(logged["error_after"]) < 0.03
+    code, _, err = _run(capsys, "calibrate", "--log", str(log), "--model", "llama3-8b", *common)
+    assert code == 2 and "another model" in err and "Traceback" not in err
 
 
 def test_a_bound_holds_and_says_so(capsys, tmp_path: Path) -> None:

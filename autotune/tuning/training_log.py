@@ -19,6 +19,22 @@ and `megatron/training/utils/common_utils.py::report_memory` the memory of a ran
 (`[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved:
 ...`). Lines may carry a launcher's prefix (`0: `, `[default0]:`): the patterns are searched, not anchored.
 
+Megatron-Bridge prints no arguments block; it prints its config's values that differ from megatron-core's defaults
+(`src/megatron/bridge/training/config.py::ConfigContainer.log_non_default_values`, at setup):
+
+    Configuration Summary (Non-Default Values vs Megatron Core)
+    ======================================================================
+    [model] Non-default values (vs Mcore TransformerConfig):
+      tensor_model_parallel_size: 4  (Mcore default: 1)
+    ...
+    [train]:
+      global_batch_size: 256
+    ======================================================================
+
+The values of its `[model]`, `[ddp]`, `[train]` and `[dataset]` sections join the arguments under Megatron-LM's
+names (`num_moe_experts` is `num_experts`, the dataset's `sequence_length` is `seq_length`); a field it leaves out
+is at megatron-core's default, as a layout field left out is.
+
 `read_log(path)` reads one; `steady_step_s(log)` is the median step time once the warm-up is dropped (the first
 line, every line up to iteration `WARMUP_ITERATIONS`, then any line more than `OUTLIER` from the median of the
 rest: a checkpoint save, an evaluation). A log that cannot calibrate (missing, no iteration line, truncated, a
@@ -48,6 +64,14 @@ _MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([\d.]+)\s*\|\s*max all
 _ARGS_START = re.compile(r"-{3,} arguments -{3,}")
 _ARGS_END = re.compile(r"-{3,} end of arguments -{3,}")
 _ARG = re.compile(r"(?:^|\s)([A-Za-z_]\w*) \.+ (.*?)\s*$")
+_BRIDGE_START = re.compile(r"Configuration Summary \(Non-Default Values vs Megatron Core\)")
+_BRIDGE_RULE = re.compile(r"(?:^|[\s:])={10,}\s*$")  # after a launcher's prefix too (`[default0]:====`)
+# the summary's sections (ConfigContainer.log_non_default_values), named so that a launcher's `[default0]:` is none
+_BRIDGE_SECTION = re.compile(r"(?:^|[\s:])\[(optimizer|ddp|model|train|validation|scheduler|dataset|checkpoint|"
+                             r"logger|tokenizer|rng)\](?: Non-default values \(vs Mcore \w+\))?:\s*$")
+_BRIDGE_VALUE = re.compile(r"(?:^|\s)([a-z_][a-z0-9_]*): (.*?)(?:\s{2}\(Mcore default: .*\))?\s*$")
+BRIDGE_SECTIONS = ("model", "ddp", "train", "dataset")  # where the layout, model and batch fields are
+BRIDGE_NAMES = {"num_moe_experts": "num_experts", "sequence_length": "seq_length"}  # Bridge field -> Megatron-LM arg
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,8 +123,26 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
     reserved: list[float] = []
     batch: int | None = None
     in_args = args_seen = cut = False
+    bridge: dict[str, str] = {}
+    section: str | None = None  # inside Bridge's configuration summary: its current section ("" before the first)
+    rules = 0
     lines = text.splitlines()
     for n, line in enumerate(lines):
+        if section is not None:
+            if _BRIDGE_RULE.search(line):
+                rules += 1
+                if rules > 1:  # the title's own rule is the first
+                    section = None
+                continue
+            if (head := _BRIDGE_SECTION.search(line)) is not None:
+                section = head.group(1)
+                continue
+            if section in BRIDGE_SECTIONS and (v := _BRIDGE_VALUE.search(line)) is not None:
+                bridge.setdefault(BRIDGE_NAMES.get(v.group(1), v.group(1)), _bridge_value(v.group(2)))
+            continue
+        if not bridge and _BRIDGE_START.search(line):
+            section, rules = "", 0
+            continue
         if in_args:
             if _ARGS_END.search(line):
                 in_args = False
@@ -135,8 +177,11 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
             tflops.append(_number(tf.group(1)))
         if (b := _BATCH.search(line)) is not None:
             batch = int(b.group(1))
-    if in_args:
-        raise ValueError(f"--log {path}: ends inside its arguments block (truncated); give the whole log.")
+    if in_args or section is not None:
+        what = "its arguments block" if in_args else "Megatron-Bridge's configuration summary"
+        raise ValueError(f"--log {path}: ends inside {what} (truncated); give the whole log.")
+    for name, value in bridge.items():  # Megatron-LM's block, where a log has both, wins
+        arguments.setdefault(name, value)
     if not iterations:
         what = ("ends before its first complete iteration line (truncated)" if cut else
                 "has no Megatron iteration line (`iteration N/ M | ... elapsed time per iteration (ms): T |`)")
@@ -145,6 +190,14 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
     return TrainingLog(path=path, iterations=tuple(iterations), tflops_per_gpu=tuple(tflops), global_batch_size=batch,
                        arguments=tuple(arguments.items()), max_allocated_mb=max(allocated, default=None),
                        max_reserved_mb=max(reserved, default=None), cut_line=cut)
+
+
+def _bridge_value(text: str) -> str:
+    """A Bridge summary value (a Python repr) as Megatron-LM's block prints it: quotes dropped (`'selective'`)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
 
 
 def steady_step_s(log: TrainingLog) -> tuple[float, int]:

@@ -3,7 +3,8 @@ throughput model's compute, network and host factors to your own training logs.
 
 Each `--log` is a Megatron-LM or Megatron-Bridge stdout log (`autotune/tuning/training_log.py`); its steady step time
 is the median of its iteration lines, warm-up and outliers left out. The job and layout each log ran come from its
-arguments block where it prints one (Megatron-LM), else from the flags `estimate` takes (`--model`, `--nodes`,
+arguments block (Megatron-LM) or configuration summary (Megatron-Bridge's non-default values) where it prints one,
+else from the flags `estimate` takes (`--model`, `--nodes`,
 `--gpu`, `--layout`, `--seq-length`, ...; `--layout` once for every log or once per log, in order); a flag the block
 contradicts (another model's log, another layout) is refused. The fit (`autotune/tuning/calibrate.py`) is bounded and
 MAP: with fewer logs than factors the prior picks the smallest move that explains them. It prints each log's
@@ -99,10 +100,13 @@ def _job_args(args: argparse.Namespace, log: Any) -> argparse.Namespace:
         if given is not None and logged is not None and logged != given:
             raise _disagree(log.path, name, logged, given, f"--{name.replace('_', '-')}")
         setattr(out, name, given if given is not None else logged if logged is not None else default)
-    fp8 = log.argument("fp8")
+    fp8, fp4 = log.argument("fp8"), log.argument("fp4")  # Megatron-LM's --fp8-format / --fp4-format, Bridge's too
     logged_precision = None if fp8 is None else "bf16" if _value(fp8) is None else "fp8"
+    if fp4 is not None and _value(fp4) is not None:
+        logged_precision = "fp4"
     if args.precision is not None and logged_precision is not None and args.precision != logged_precision:
-        raise _disagree(log.path, "fp8", fp8, args.precision, "--precision")
+        raise _disagree(log.path, "fp4" if logged_precision == "fp4" else "fp8",
+                        fp4 if logged_precision == "fp4" else fp8, args.precision, "--precision")
     out.precision = args.precision or logged_precision or "bf16"
     if out.precision == "fp8" and args.fp8_recipe is None and _value(log.argument("fp8_recipe")) is not None:
         out.fp8_recipe = log.argument("fp8_recipe")
