@@ -15,10 +15,10 @@ import importlib
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["search", "estimate", "make_job", "ray_session", "Result",
+__all__ = ["search", "estimate", "profile", "make_job", "ray_session", "Result",
            "models", "clusters", "plots", "report", "launch", "dashboard", "api"]
 
-_API = frozenset({"search", "estimate", "make_job", "ray_session", "Result"})
+_API = frozenset({"search", "estimate", "profile", "make_job", "ray_session", "Result"})
 _SUBMODULES = {"models": "autotune.ui.models", "clusters": "autotune.ui.clusters", "plots": "autotune.outputs.plots",
                "report": "autotune.outputs.report", "launch": "autotune.outputs.launch",
                "dashboard": "autotune.ui.dashboard", "api": "autotune.ui.api"}

@@ -179,3 +179,10 @@ def test_profile_runs_end_to_end_on_the_cpu_proxy(tmp_path: Path, capsys) -> Non
     assert cal.source == PROXY_SOURCE
     with pytest.raises(ValueError, match="profiled on the CPU proxy"):
         cal.calibration(build_cluster(nodes=4).gpu)
+    # the same from a notebook: autotune.profile, the analytic ranking's best layout this time
+    import autotune
+
+    result = autotune.profile("mixtral-8x7b", nodes=4, top=1, max_workers=4)
+    summary = result.summary()
+    assert result.fit is not None and summary["source"] == PROXY_SOURCE
+    assert summary["probes"][0]["status"] == "ok" and len(summary["collectives"]) == 8

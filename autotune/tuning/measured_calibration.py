@@ -39,7 +39,7 @@ from search_spaces.rules import check
 from search_spaces.training import TrainingSpec
 
 __all__ = ["StageProbe", "stage_probe", "search_runs", "collective_timings", "profile_node", "Profile",
-           "calibration_file", "PROBE_MICROBATCHES", "COLLECTIVE_BYTES"]
+           "calibration_file", "top_candidates", "PROBE_MICROBATCHES", "COLLECTIVE_BYTES"]
 
 PROBE_MICROBATCHES = 4  # micro-batches per probe step: a stage's steady work, short enough to profile many
 COLLECTIVE_BYTES = {"gpu": (64 * 2**20, 256 * 2**20), "cpu": (1 * 2**20, 4 * 2**20)}  # per collective (module doc)
@@ -171,6 +171,23 @@ def collective_timings(timings: Sequence[dict[str, Any]], cluster: ClusterSpec) 
     return out
 
 
+def top_candidates(job: Job, k: int) -> list[Layout]:
+    """The analytic ranking's best `k` layouts of `job` in the search's default space (what `--profile` profiles
+    without `--layout`); ValueError when none fits."""
+    from autotune.tuning.analytic_pass import analytic_pass
+    from autotune.tuning.driver import DEFAULT_SPACE
+    from search_spaces.space import feasible_space
+
+    if k < 1:
+        raise ValueError(f"--top must be at least 1, but got {k}.")
+    answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
+    rows = answer.ranked_rows(k)
+    if not len(rows):
+        raise ValueError(f"no layout of {job.model.name} fits {job.world_size} x {job.cluster.gpu.name} by the model: "
+                         f"nothing to profile.")
+    return [answer.layout(int(i)) for i in rows]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     """What `profile_node` measured and fitted."""
@@ -184,6 +201,47 @@ class Profile:
     collectives: dict[str, Any]
     fit: Fit | None
     reason: str = ""  # why there is no fit
+
+    def summary(self) -> dict[str, Any]:
+        """What was measured, beside the predictions before and after, as plain data (a file's provenance, --json)."""
+        fit = self.fit
+        fitted = {r.label: (b, a) for r, b, a in zip(self.runs, fit.before, fit.after, strict=True)} if fit else {}
+        probes = []
+        for probe, m in self.probes:
+            before_after = fitted.get(str(probe.candidate))
+            row: dict[str, Any] = {"candidate": str(probe.candidate), "probe": str(probe.layout),
+                                   "layers": probe.job.model.num_layers, "note": probe.note, "status": m.status,
+                                   "reason": m.reason}
+            if before_after:
+                row.update(step_time_s=round(float(m.step_time_s), 6), predicted_before_s=round(before_after[0], 6),
+                           predicted_after_s=round(before_after[1], 6))
+            probes.append(row)
+        probed = {str(p.candidate) for p, _ in self.probes}
+        probes += [{"candidate": str(c), "reason": why} for c, why in self.skipped if str(c) not in probed]
+        before = fit.timings_before if fit else (math.nan,) * len(self.timings)
+        after = fit.timings_after if fit else (math.nan,) * len(self.timings)
+        collectives = [{"label": t.label, "seconds": round(t.seconds, 9), "predicted_before_s": round(b, 9),
+                        "predicted_after_s": round(a, 9)} for t, b, a in zip(self.timings, before, after, strict=True)]
+        return {"source": self.source, "hardware": self.hardware, "probes": probes, "collectives": collectives,
+                "collectives_status": self.collectives.get("status"),
+                "collectives_reason": self.collectives.get("reason", ""),
+                "factors": dict(fit.factors) if fit else None, "at_bound": list(fit.at_bound) if fit else [],
+                "reason": self.reason}
+
+    def calibration(self, job: Job, path: str = "") -> CalibrationFile | None:
+        """The calibration file of the fit (None without one), its provenance the target job and `summary()`."""
+        if self.fit is None:
+            return None
+        import datetime
+
+        import autotune
+
+        provenance = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                      "autotune_version": autotune.__version__, "relative_to": "DEFAULT_CALIBRATION of that version",
+                      "from": "calibrate --profile",
+                      "target": {"model": job.model.name, "gpu": job.cluster.gpu.name, "nodes": job.cluster.nodes,
+                                 "gpus_per_node": job.cluster.gpus_per_node}, **self.summary()}
+        return calibration_file(self.fit, source=self.source, provenance=provenance, path=path)
 
 
 def profile_node(job: Job, candidates: Sequence[Layout], backend: Any, *,

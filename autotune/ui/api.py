@@ -15,7 +15,7 @@ call the same `run_search`, so the same inputs and seed give the same ranking.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from autotune.ui.dashboard import Dashboard
     from search_spaces.measurement import Measurement
 
-__all__ = ["make_job", "search", "estimate", "ray_session", "RaySession", "Result", "DEFAULT_TRIALS", "DEFAULT_SEED"]
+__all__ = ["make_job", "search", "estimate", "profile", "ray_session", "RaySession", "Result", "DEFAULT_TRIALS",
+           "DEFAULT_SEED"]
 
 GIB = 1024**3
 DEFAULT_TRIALS = 64
@@ -228,6 +229,62 @@ def estimate(
     m = AnalyticBackend(headroom_bytes=headroom, calibration=cal).evaluate(job, parsed)
     m.extra["calibration"] = cal_file.summary()
     return m
+
+
+def profile(
+    model: str | Path | ModelSpec | Job,
+    *,
+    layouts: Sequence[str | Layout] = (),
+    top: int = 3,
+    max_workers: int | None = None,
+    output: str | Path | None = None,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    gpu: str | Any | None = None,
+    intra_node: str | Any | None = None,
+    inter_node: str | Any | None = None,
+    cluster: ClusterSpec | str | Path | None = None,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+    precision: str | None = None,
+    training: Mapping[str, Any] | None = None,
+) -> Any:
+    """Profile one node, plan for many: the CLI's `calibrate --profile` (`autotune.tuning.measured_calibration`).
+
+    Each of `layouts` (default: the analytic ranking's best `top` for the job) runs as its one-node stage probe on
+    the megatron backend (GPUs where Ray sees them, else the CPU proxy, `max_workers` ranks at most), the collectives
+    of the hardware at hand are timed, and the calibration factors are fitted. Returns the `Profile`
+    (`.fit.factors`, `.summary()`, `.calibration(job)`); with `output` the calibration file is written there too (a
+    CPU-proxy file says `source: megatron-cpu-proxy`, and no verb applies it).
+
+        >>> p = profile("deepseek-v3", nodes=128, top=2, output="my-cluster.yaml")   # doctest: +SKIP
+        >>> p.summary()["factors"]                                                   # doctest: +SKIP
+    """
+    from autotune.cost.calibration_file import write_calibration
+    from autotune.tuning.backends import get_backend
+    from autotune.tuning.measured_calibration import profile_node, top_candidates
+    from search_spaces.layout import parse_layout
+    from search_spaces.rules import check
+
+    job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
+                                    inter_node=inter_node, cluster=cluster, seq_length=seq_length,
+                                    global_batch_size=global_batch_size, precision=precision,
+                                    training=training))
+    candidates = [x if isinstance(x, Layout) else parse_layout(x, world_size=job.world_size) for x in layouts]
+    for layout in candidates:
+        broken = check(job, layout)
+        if broken:
+            raise ValueError(f"layout {layout} breaks {broken[0].rule}: {broken[0].message}")
+    if max_workers is not None and max_workers < 1:
+        raise ValueError(f"max_workers must be at least 1, but got {max_workers}.")
+    backend: Any = get_backend("megatron")
+    backend = backend.inner if max_workers is None else backend.inner.with_options(max_workers=max_workers)
+    with backend.session():
+        result = profile_node(job, candidates or top_candidates(job, top), backend)
+    cal = result.calibration(job, path=str(output or ""))
+    if output is not None and cal is not None:
+        write_calibration(output, cal)
+    return result
 
 
 class RaySession:

@@ -281,44 +281,32 @@ def run(args: argparse.Namespace) -> int:
 
 def _candidates(args: argparse.Namespace, job: Any) -> list[Any]:
     """The layouts to profile: the `--layout`s given (each checked), else the analytic ranking's best `--top`."""
-    from autotune.tuning.analytic_pass import analytic_pass
-    from autotune.tuning.driver import DEFAULT_SPACE
+    from autotune.tuning.measured_calibration import top_candidates
     from autotune.ui.commands import layout_from_args
     from search_spaces.rules import check
-    from search_spaces.space import feasible_space
 
-    if args.layout:
-        out = []
-        for text in args.layout:
-            layout = layout_from_args(argparse.Namespace(**{**vars(args), "layout": text}), job)
-            broken = check(job, layout)
-            if broken:
-                raise ValueError(f"--layout {layout} breaks {broken[0].rule}: {broken[0].message}")
-            out.append(layout)
-        return out
-    if args.top < 1:
-        raise ValueError(f"--top must be at least 1, but got {args.top}.")
-    answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
-    rows = answer.ranked_rows(args.top)
-    if not len(rows):
-        raise ValueError(f"no layout of {job.model.name} fits {job.world_size} x {job.cluster.gpu.name} by the model: "
-                         f"nothing to profile.")
-    return [answer.layout(int(i)) for i in rows]
+    if not args.layout:
+        return top_candidates(job, args.top)
+    out = []
+    for text in args.layout:
+        layout = layout_from_args(argparse.Namespace(**{**vars(args), "layout": text}), job)
+        broken = check(job, layout)
+        if broken:
+            raise ValueError(f"--layout {layout} breaks {broken[0].rule}: {broken[0].message}")
+        out.append(layout)
+    return out
 
 
 def _run_profile(args: argparse.Namespace) -> int:
-    import datetime
     import sys
 
-    import autotune
     from autotune.cost.calibration_file import PROXY_SOURCE, write_calibration
     from autotune.tuning.backends import get_backend
-    from autotune.tuning.measured_calibration import calibration_file, profile_node
+    from autotune.tuning.measured_calibration import profile_node
+    from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
     from autotune.ui.commands import job_from_args
 
     job_args = argparse.Namespace(**vars(args))
-    from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
-
     job_args.seq_length = args.seq_length or DEFAULT_SEQ_LENGTH
     job_args.global_batch_size = args.global_batch_size or DEFAULT_GLOBAL_BATCH_SIZE
     job_args.precision = args.precision or "bf16"
@@ -339,31 +327,22 @@ def _run_profile(args: argparse.Namespace) -> int:
     with backend.session():
         profile = profile_node(job, candidates, backend, say=say)
     proxy = profile.source == PROXY_SOURCE
-    summary = _profile_summary(profile)
-    written = False
-    if profile.fit is not None and args.output:
-        provenance = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                      "autotune_version": autotune.__version__, "relative_to": "DEFAULT_CALIBRATION of that version",
-                      "from": "calibrate --profile", "target": {"model": job.model.name, "gpu": job.cluster.gpu.name,
-                                                                "nodes": job.cluster.nodes,
-                                                                "gpus_per_node": job.cluster.gpus_per_node},
-                      **summary}
-        write_calibration(args.output, calibration_file(profile.fit, source=profile.source, provenance=provenance,
-                                                        path=args.output))
-        written = True
+    summary = profile.summary()
+    cal = profile.calibration(job, path=args.output or "")
+    if cal is not None and args.output:
+        write_calibration(args.output, cal)
+    written = cal is not None and bool(args.output)
     if args.json:
-        print(json.dumps({"source": profile.source, "written": written, "output": args.output,
-                          "factors": dict(profile.fit.factors) if profile.fit else None,
-                          "at_bound": list(profile.fit.at_bound) if profile.fit else [], "reason": profile.reason,
-                          **summary}, indent=2))
+        print(json.dumps({**summary, "written": written, "output": args.output}, indent=2))
         return 0 if profile.fit is not None else 2
     hw = profile.hardware
     print(f"calibrate --profile: {hw['nodes']} node(s) x {hw['gpus_per_node']} "
           f"{'GPUs' if hw['use_gpu'] else 'CPU proxy ranks (gloo)'} at hand, for {job.model.name} on "
           f"{job.world_size} {job.cluster.gpu.name}")
     for row in summary["probes"]:
+        note = f"; {row['note']}" if row.get("note") else ""
         if row.get("step_time_s"):
-            print(f"  {row['candidate']}: probe {row['probe']} ({row['layers']} layers{row['note']}): measured "
+            print(f"  {row['candidate']}: probe {row['probe']} ({row['layers']} layers{note}): measured "
                   f"{row['step_time_s']:.4g} s, predicted {row['predicted_before_s']:.4g} s before, "
                   f"{row['predicted_after_s']:.4g} s calibrated")
         else:
@@ -385,28 +364,3 @@ def _run_profile(args: argparse.Namespace) -> int:
     else:
         print("nothing written (--output FILE writes the calibration file)")
     return 0
-
-
-def _profile_summary(profile: Any) -> dict[str, Any]:
-    """What the profile measured, as plain data (the file's provenance and --json)."""
-    fit = profile.fit
-    fitted = {r.label: (b, a) for r, b, a in zip(profile.runs, fit.before, fit.after, strict=True)} if fit else {}
-    probes = []
-    for probe, m in profile.probes:
-        before_after = fitted.get(str(probe.candidate))
-        row: dict[str, Any] = {"candidate": str(probe.candidate), "probe": str(probe.layout),
-                               "layers": probe.job.model.num_layers, "note": f"; {probe.note}" if probe.note else "",
-                               "status": m.status, "reason": m.reason}
-        if before_after:
-            row.update(step_time_s=round(float(m.step_time_s), 6), predicted_before_s=round(before_after[0], 6),
-                       predicted_after_s=round(before_after[1], 6))
-        probes.append(row)
-    probed = {str(p.candidate) for p, _ in profile.probes}
-    probes += [{"candidate": str(c), "reason": why} for c, why in profile.skipped if str(c) not in probed]
-    collectives = [{"label": t.label, "seconds": round(t.seconds, 9),
-                    "predicted_before_s": round(b, 9), "predicted_after_s": round(a, 9)}
-                   for t, b, a in zip(profile.timings, fit.timings_before if fit else (), fit.timings_after if fit
-                                      else (), strict=False)]
-    return {"hardware": profile.hardware, "probes": probes, "collectives": collectives,
-            "collectives_status": profile.collectives.get("status"), "collectives_reason":
-                profile.collectives.get("reason", "")}
