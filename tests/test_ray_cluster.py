@@ -4,10 +4,11 @@ GPU resource (`fake_gpu`) that the megatron backend's workers hold as they would
 
 One test, two searches at once on that cluster (`--address`), each in its own driver process as a user's would:
 - A's layouts need 4 workers (more than a raylet has): its ranks land on two raylets, every TP group on one; its
-  TP-4 layout (4 fake GPUs on one node; nodes have 2) is refused with the reason. Once A has a measured row, a
-  worker raylet that holds A's ranks is killed (SIGKILL): no row is lost, nothing but one line per lost attempt
-  reaches either terminal (no traceback, no Ray message), and each lost attempt is a row marked
-  `infrastructure (retried)` followed by its retry on the nodes left.
+  TP-4 layout (4 fake GPUs on one node; nodes have 2) is refused with the reason. Once A has a measured row and
+  its pool runs another trial, a worker raylet that holds A's ranks is killed (SIGKILL): no row is lost, nothing
+  but one line per lost attempt reaches either terminal (no traceback, no Ray message), and each lost attempt is a
+  row marked `infrastructure (retried)` followed by its retry on the nodes left (the worker pools live on the
+  head, the search drivers' node).
 - B runs beside A (2 workers): the searches keep separate Ray namespaces and worker pools (both alive at once, none
   left after), share the fake GPUs through Ray's placement-group scheduler (A's 4 and B's 2 are all 6 the cluster
   has; after the kill a retry waits for what the other holds), and both complete with disjoint rows.
@@ -164,18 +165,48 @@ class _Pools:
 
 
 def _kill_a_rank_node(cluster: Any, search: _Search, pools: _Pools) -> str:
-    """Once `search` has a measured row, kill (SIGKILL) a worker raylet that holds ranks of it; its node id."""
+    """Once `search` has a measured row and its pool runs the next trial, kill (SIGKILL) a worker raylet that holds
+    ranks of its worker group; its node id.
+
+    "Runs the next trial": the pool runs one call at a time, so a ping to it that stays unanswered for a second
+    waits behind a trial in flight, on the group of the measured row (the search keeps one group: one placement
+    shape). Without that wait the kill can land between two trials; the pool then drops the group of the dead node
+    before the next trial and starts fresh workers, so nothing is lost, and the lost attempt this test checks never
+    happens."""
+    from autotune.tuning.driver import search_namespace
+
     deadline = time.monotonic() + 300
+    ping: Any = None
+    sent = 0.0
     while time.monotonic() < deadline and search.running():
         pools.look()
         rows = [r for r in _rows(search.folder) if r["rank_nodes"] and r["status"] == "ok"]
         if rows:
-            ranks = set(json.loads(rows[0]["rank_nodes"]))
-            node = next(n for n in cluster.worker_nodes if n.node_id in ranks)
-            cluster.remove_node(node, allow_graceful=False)
-            return str(node.node_id)
-        time.sleep(0.2)
-    pytest.fail(f"no megatron row to act on: {search.output()[-4000:]}")
+            if ping is None:
+                ping, sent = _pool_of(search_namespace(search.folder)).ping.remote(), time.monotonic()
+            if _answered(ping, 0.2):
+                ping = None  # the pool is idle (between trials): ask again
+            elif time.monotonic() - sent > 1.0:
+                ranks = set(json.loads(rows[0]["rank_nodes"]))
+                node = next(n for n in cluster.worker_nodes if n.node_id in ranks)
+                cluster.remove_node(node, allow_graceful=False)
+                return str(node.node_id)
+        else:
+            time.sleep(0.2)
+    pytest.fail(f"no megatron row and trial in flight to act on: {search.output()[-4000:]}")
+
+
+def _pool_of(namespace: str) -> Any:
+    import ray
+
+    return ray.get_actor("autotune-megatron-pool", namespace=namespace)
+
+
+def _answered(ref: Any, timeout_s: float) -> bool:
+    import ray
+
+    done, _ = ray.wait([ref], timeout=timeout_s)
+    return bool(done)
 
 
 def _quiet(err: str) -> None:

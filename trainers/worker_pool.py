@@ -16,7 +16,12 @@ on every rank while building leaves the group intact. Each failed outcome says w
 (`PoolOutcome.failure`): "layout" (the job's own error, rejection, OOM or hang), "infrastructure" (a worker
 process, its raylet or its node died, the coordinator died, or no placement came within the wait: the cluster's
 failure, worth a retry on fresh workers), or "placement" (the group can never be placed on this cluster's nodes:
-`trainers.placement.refusal`, said before anything starts).
+`trainers.placement.refusal`, said before anything starts). A kept group with a rank on a node Ray no longer counts
+alive is never reused: the next trial drops it (its placement group too, whose bundles Ray would otherwise re-place
+on the nodes left, holding what a retry needs) and starts fresh workers on alive nodes. A coordinator that Ray
+restarted after its process died first removes the placement groups its dead incarnation left (they are the job's,
+not the process's, and would hold their resources until the search ends); a call that lost the coordinator
+returns only once the coordinator answers again, so the retry finds it back.
 
 Fresh path (`run_fresh`): Ray Train V2's `TorchTrainer` started from the caller (a Tune function
 trainable in a search), one new worker group per trial; used when reuse is turned off and as the
@@ -36,7 +41,8 @@ resources held waits in Ray's queue (up to `placement_timeout_s`); first the poo
 
 One pool per search: the coordinator is a named actor in the Ray namespace of the job that opened it
 (`open_pool`, the search driver: a namespace of its own per search), owned by that driver (it and its groups
-end with it, also when the driver is killed) and restarted by Ray if its process dies. Two searches on one
+end with it, also when the driver is killed), pinned to the driver's node (a worker node that leaves never takes
+the coordinator with it) and restarted there by Ray if its process dies. Two searches on one
 cluster therefore never share a pool, and their groups share the GPUs through Ray's placement-group scheduler.
 """
 
@@ -252,6 +258,41 @@ def _is_restarting(exc: BaseException) -> bool:
     return isinstance(exc, rex.ActorUnavailableError) and "restarting" in str(exc)
 
 
+def _actor_id() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_actor_id())
+
+
+def _placement_groups_named(prefix: str) -> list[Any]:
+    """The placement groups of this cluster not yet removed whose names start with `prefix`."""
+    import ray
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+
+    table = ray.util.placement_group_table()
+    return [PlacementGroup(PlacementGroupID.from_hex(pg_id)) for pg_id, info in table.items()
+            if str(info.get("name", "")).startswith(prefix) and info.get("state") != "REMOVED"]
+
+
+def _await_pool(pool: Any, wait_s: float) -> None:
+    """Return once `pool` answers, or it is gone for good, or after `wait_s`: a call that lost the pool (its process
+    died, Ray restarts it) returns only then, so the retry of the lost attempt lands on the restarted pool instead of
+    on one still unreachable ('The actor is temporarily unavailable', lost again)."""
+    import ray
+    from ray import exceptions as rex
+
+    deadline = time.perf_counter() + wait_s
+    while time.perf_counter() < deadline:
+        try:
+            ray.get(pool.ping.remote(), timeout=max(1.0, deadline - time.perf_counter()))
+            return
+        except (rex.ActorUnavailableError, rex.GetTimeoutError):
+            time.sleep(1.0)
+        except rex.RayActorError:  # dead for good (no restart): the next call makes a new one
+            return
+
+
 def _one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
@@ -278,9 +319,23 @@ def _make_pool_class() -> Any:
             self.nodes: dict[tuple[Any, ...], list[str]] = {}
             self.worker_cls = _make_worker_class()
             self.started = 0  # groups started (placement group names)
-            # this incarnation's own names: a pool Ray restarts after its node died counts from 0 again, while the
-            # dead one's placement groups may still exist under the old names
+            # this incarnation's own names: a pool Ray restarts after its process died counts from 0 again, while
+            # the dead one's placement groups may still exist under the old names (same prefix: this actor's id)
             self.incarnation = os.urandom(4).hex()
+            self.prefix = f"{POOL_NAME}-{_actor_id()}-"
+            self._remove_stale_placement_groups()
+
+        def _remove_stale_placement_groups(self) -> None:
+            """Remove the placement groups an earlier incarnation of this pool left: they belong to the job, not to
+            the dead process, so Ray keeps them (and re-places the bundles of a dead node) until the search ends."""
+            from ray.util.placement_group import remove_placement_group
+
+            for pg in _placement_groups_named(self.prefix):
+                remove_placement_group(pg)
+
+        def ping(self) -> str:
+            """This incarnation's id (the pool answers: `run_pooled` waits for it after losing it mid-call)."""
+            return str(self.incarnation)
 
         def _start_group(self, key: tuple[Any, ...], placement: Any, use_gpu: bool, timeout_s: float,
                          placement_timeout_s: float) -> list[Any]:
@@ -302,7 +357,7 @@ def _make_pool_class() -> Any:
                     raise _NoPlacement(f"cannot be placed on this cluster: {why}", "placement")
                 self.started += 1
                 pg = placement_group(placement.bundles, strategy=STRATEGY,
-                                     name=f"{POOL_NAME}-{placement.world}w-{self.started}-{self.incarnation}")
+                                     name=f"{self.prefix}{placement.world}w-{self.started}-{self.incarnation}")
                 if not pg.wait(PLACEMENT_POLL_S):
                     for other in [k for k in self.groups if k != key]:  # idle: this pool runs one trial at a time
                         self._kill_group(other)
@@ -325,6 +380,16 @@ def _make_pool_class() -> Any:
             self.nodes[key] = ray.get([w.node.remote() for w in workers], timeout=timeout_s)
             return workers
 
+        def _drop_lost_groups(self) -> None:
+            """Kill every kept group with a rank on a node Ray no longer counts alive: its workers there are gone,
+            and Ray re-places its placement group's bundles of that node on the nodes left, where they would hold
+            the resources a fresh group (this pool's or another search's) waits for."""
+            if not self.nodes:
+                return
+            lost = [key for key, nodes in self.nodes.items() if _dead_nodes(nodes)]
+            for key in lost:
+                self._kill_group(key)
+
         def _kill_group(self, key: tuple[Any, ...]) -> None:
             import ray
             from ray.util.placement_group import remove_placement_group
@@ -341,6 +406,7 @@ def _make_pool_class() -> Any:
             import ray
 
             t0 = time.perf_counter()
+            self._drop_lost_groups()
             key = (placement.world, use_gpu, placement.per_rank, placement.ranks_per_bundle if placement.bundle else 1)
             fresh = key not in self.groups
             if fresh:
@@ -499,18 +565,20 @@ def _existing_pool() -> Any:
 
 def open_pool() -> Any:
     """The pool of this Ray job's namespace, created by this process when there is none: owned by it (it ends with
-    this process, or at `shutdown_pool`), restarted by Ray if the pool's own process dies, placed on this node where
-    it can be (the search driver's: a node that leaves takes the search with it anyway)."""
+    this process, or at `shutdown_pool`), restarted by Ray if the pool's own process dies, placed on this node (the
+    search driver's: a node that leaves takes the search with it anyway). Pinned hard: Ray places a zero-CPU actor
+    with a soft affinity on other nodes too (seen with Ray 2.60 on a busy head: half of them), and a pool on a worker
+    node that leaves loses the trial it runs and the next one that calls it mid-restart."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     pool = _existing_pool()
     if pool is not None:
         return pool
-    # Pinned (softly) to this node, not in any placement group: a Tune trial's placement group captures child
+    # Pinned to this node, not in any placement group: a Tune trial's placement group captures child
     # actors by default, and removing that group at the trial's end would kill the pool with it.
     pool = _make_pool_class().options(
         name=POOL_NAME, get_if_exists=True, max_restarts=-1, runtime_env=_runtime_env(),
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=_driver_node(), soft=True)).remote()
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=_driver_node(), soft=False)).remote()
     _OPENED[_session()] = pool
     return pool
 
@@ -551,8 +619,9 @@ def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 6
                                per_rank=tuple(sorted((k, float(v)) for k, v in per_rank.items() if v > 0)))
     restarted_by = time.perf_counter() + min(timeout_s, POOL_RESTART_WAIT_S)
     while True:
+        pool = _get_pool()
         try:
-            out = ray.get(_get_pool().run.remote(placement, use_gpu, cfg, timeout_s, placement_timeout_s))
+            out = ray.get(pool.run.remote(placement, use_gpu, cfg, timeout_s, placement_timeout_s))
             break
         except Exception as e:  # noqa: BLE001 - the coordinator's process or node went away mid-trial
             if _is_restarting(e) and time.perf_counter() < restarted_by:
@@ -560,6 +629,7 @@ def run_pooled(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 6
                 continue
             if not _is_lost_worker(e):
                 raise
+            _await_pool(pool, min(timeout_s, POOL_RESTART_WAIT_S))  # the retry finds the pool back
             return PoolOutcome(status="failed", reason=f"the worker pool's process died: {_one_line(e)}", ranks=[],
                                fresh_workers=True, startup_s=0.0, wall_s=time.perf_counter() - t0,
                                failure="infrastructure")
