@@ -43,9 +43,15 @@ def recipe_names() -> dict[str, str]:
     return json.loads(_INDEX.read_text(encoding="utf-8"))["recipes"]
 
 
+# catalog names Bridge spells otherwise: its Nemotron recipes (`perf_recipes/nemotronh/`, `recipes/nemotronh/`)
+_BRIDGE_NAMES = {"nemotron-3-nano-30b-a3b": "nemotron_3_nano", "nemotron-h-8b": "nemotronh_8b",
+                 "nemotron-h-47b": "nemotronh_47b", "nemotron-h-56b": "nemotronh_56b"}
+
+
 def model_prefix(model_name: str) -> str:
-    """Bridge's name of a model in recipe names (`llama3.1-405b` -> `llama31_405b`)."""
-    return model_name.lower().replace(".", "").replace("-", "_")
+    """Bridge's name of a model in recipe names (`llama3.1-405b` -> `llama31_405b`, `nemotron-h-56b` ->
+    `nemotronh_56b`)."""
+    return _BRIDGE_NAMES.get(model_name) or model_name.lower().replace(".", "").replace("-", "_")
 
 
 def bridge_recipe(job: Job) -> BridgeRecipe | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from search_spaces.model import MLASpec, ModelSpec, MoESpec
+from search_spaces.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 
 __all__ = ["PublishedCounts", "PUBLISHED", "get_model", "list_models", "model_names"]
 
@@ -142,9 +142,47 @@ TINY_MLA = ModelSpec(
     mla=MLASpec(q_lora_rank=64, kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16),
 )
 
+# --- hybrid Mamba-Transformer models (megatron-core HybridModel) -------------------------------------------
+# Architectures from Megatron-Bridge 0.6.2's recipes (`megatron/bridge/recipes/nemotronh/h100/nemotronh.py`:
+# nemotronh_{8b,47b,56b}_pretrain_*_config; `h100/nemotron_3_nano.py::
+# nemotron_3_nano_pretrain_8gpu_h100_bf16_config`)
+# and `models/hybrid/hybrid_provider.py`'s defaults (no gated MLP, RMSNorm, no biases, untied, no position
+# embedding); squared-ReLU MLPs (`activation_func=squared_relu`); vocabulary 131072 (the Nemotron-H tokenizer, HF
+# `vocab_size`). Mamba: head dim 64, 8 groups, d_conv 4, chunk 128 (HybridModelProvider / MambaMixer defaults).
+_NEMOTRON_H_SMALL = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+_NEMOTRON_H_47B = "M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---M-M*-M-M-M-M-M-"
+_NEMOTRON_H_56B = ("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
+                   "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-")
+
+
+def _nemotron_h(name: str, pattern: str, h: int, ffn: int, heads: int, mamba_heads: int, state: int,
+                aliases: tuple[str, ...], kv_channels: int | None = None, moe: MoESpec | None = None) -> ModelSpec:
+    return ModelSpec(
+        name=name, aliases=aliases, num_layers=len(pattern), hybrid_pattern=pattern, hidden_size=h,
+        ffn_hidden_size=ffn, num_attention_heads=heads, num_query_groups=8 if moe is None else 2,
+        kv_channels=kv_channels, vocab_size=131072, gated_linear_unit=False, activation="squared_relu", moe=moe,
+        mamba=MambaSpec(num_heads=mamba_heads, head_dim=64, state_dim=state, num_groups=8),
+    )
+
+
+NEMOTRON_H_8B = _nemotron_h("nemotron-h-8b", _NEMOTRON_H_SMALL, 4096, 21504, 32, 128, 128,
+                            ("nemotronh-8b", "nemotron-h-8b-base-8k"))
+NEMOTRON_H_47B = _nemotron_h("nemotron-h-47b", _NEMOTRON_H_47B, 8192, 30720, 64, 256, 256,
+                             ("nemotronh-47b", "nemotron-h-47b-base-8k"))
+NEMOTRON_H_56B = _nemotron_h("nemotron-h-56b", _NEMOTRON_H_56B, 8192, 32768, 64, 256, 256,
+                             ("nemotronh-56b", "nemotron-h-56b-base-8k"))
+# Nemotron 3 Nano 30B-A3B: 128 routed experts of 1856, top-6 (sigmoid, expert bias, scaling 2.5, one group), one
+# shared expert of 3712, 2 KV groups (recipe above)
+NEMOTRON_3_NANO = _nemotron_h(
+    "nemotron-3-nano-30b-a3b", "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 2688, 1856, 32, 64, 128,
+    ("nemotron-3-nano", "nemotron3-nano", "nvidia-nemotron-3-nano-30b-a3b"), kv_channels=128,
+    moe=MoESpec(num_experts=128, topk=6, expert_ffn_hidden_size=1856, shared_expert_ffn_hidden_size=3712,
+                score_function="sigmoid", expert_bias=True, topk_scaling_factor=2.5, num_groups=1, group_topk=1))
+
 _MODELS: tuple[ModelSpec, ...] = (
     LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MISTRAL_7B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_8B, QWEN3_30B_A3B,
-    QWEN3_235B_A22B, DEEPSEEK_V3, GPT_OSS_120B, GPT3_175B, TINY_GPT, TINY_MOE, TINY_MLA,
+    QWEN3_235B_A22B, DEEPSEEK_V3, GPT_OSS_120B, GPT3_175B, NEMOTRON_H_8B, NEMOTRON_H_47B,
+    NEMOTRON_H_56B, NEMOTRON_3_NANO, TINY_GPT, TINY_MOE, TINY_MLA,
 )
 
 PUBLISHED: dict[str, PublishedCounts] = {
@@ -189,6 +227,20 @@ PUBLISHED: dict[str, PublishedCounts] = {
     "gpt3-175b": PublishedCounts(
         total_params=175e9, active_params=None,
         source="Brown et al. 2020, 'Language Models are Few-Shot Learners' arXiv 2005.14165, Table 2.1: 175.0B"),
+    "nemotron-h-8b": PublishedCounts(
+        total_params=8e9, active_params=None, last_digit=1e9,
+        source="NVIDIA, 'Nemotron-H: A Family of Accurate and Efficient Hybrid Mamba-Transformer Models' arXiv "
+               "2504.03624 (Nemotron-H-8B)"),
+    "nemotron-h-47b": PublishedCounts(
+        total_params=47e9, active_params=None, last_digit=1e9,
+        source="NVIDIA, Nemotron-H arXiv 2504.03624 (Nemotron-H-47B, compressed from the 56B)"),
+    "nemotron-h-56b": PublishedCounts(
+        total_params=56e9, active_params=None, last_digit=1e9,
+        source="NVIDIA, Nemotron-H arXiv 2504.03624 (Nemotron-H-56B)"),
+    "nemotron-3-nano-30b-a3b": PublishedCounts(
+        total_params=31.6e9, active_params=3.6e9, last_digit=0.1e9,
+        source="Hugging Face nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total, about 3.6B "
+               "active per token including embeddings (3.2B without)"),
 }
 
 

@@ -49,6 +49,10 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "ep_size": "DeepSeek's inference expert parallelism, not a model dimension",
     "pretraining_tp": "a numerics switch of the HF implementation; 1 in the published configs",
     "max_window_layers": "only read with use_sliding_window (refused when true)",
+    **dict.fromkeys(("layer_norm_epsilon", "residual_in_fp32", "rescale_prenorm_residual", "time_step_min",
+                     "time_step_max", "time_step_floor", "time_step_limit", "use_mamba_kernels",
+                     "mamba_ssm_cache_dtype", "num_logits_to_keep", "moe_shared_expert_overlap", "norm_eps"),
+                    "Nemotron-H numerics, inference settings or an overlap switch, no parameters"),
 }
 
 

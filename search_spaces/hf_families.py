@@ -18,6 +18,11 @@ The mapping of each family follows the `transformers` modelling code and Megatro
   on all but every 2nd (Gemma 2) / 6th (Gemma 3) layer, Gemma 2's logit soft-capping, Gemma 3's q/k norms.
 - GPT-OSS: biases on every linear (router and experts included), attention sinks (`softmax_type learnable`),
   sliding window on every other layer, a clamped SwiGLU (`swiglu_limit`, numerics only).
+- Nemotron-H / Nemotron-3 (`NemotronHForCausalLM`, Bridge 0.6.2 `models/nemotronh/nemotron_h_bridge.py`): a
+  hybrid pattern (`hybrid_override_pattern`, or `layers_block_type` in transformers 5), Mamba-2 mixers
+  (`mamba_num_heads`, `mamba_head_dim`, `ssm_state_size`, `n_groups`, `conv_kernel`, `chunk_size`), squared-ReLU
+  MLPs, and MoE layers routed as the bridge sets them (sigmoid with the expert bias). LatentMoE
+  (`moe_latent_size`, Nemotron-3 Super / Ultra) and MTP layers are refused: autotune does not model them.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from search_spaces.model import MLASpec, MoESpec
+from search_spaces.model import MambaSpec, MLASpec, MoESpec
 
 if TYPE_CHECKING:
     from search_spaces.hf_config import HFConfig
@@ -284,6 +289,82 @@ def _gpt_oss(c: HFConfig) -> dict[str, Any]:
             "add_bias_linear": True, "softmax_type": "learnable", "moe": moe}
 
 
+_BLOCK_SYMBOLS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}  # transformers NemotronHConfig
+
+
+def _nemotron_pattern(c: HFConfig) -> str:
+    """The hybrid pattern: `hybrid_override_pattern` (transformers 4 configs), else `layers_block_type`."""
+    pattern = c.str("hybrid_override_pattern")
+    blocks = c.list("layers_block_type")
+    if pattern is None and blocks is not None:
+        unknown = sorted(set(map(str, blocks)) - set(_BLOCK_SYMBOLS))
+        if unknown:
+            raise ValueError(f"{c.path}: layers_block_type has block types autotune does not model: {unknown}.")
+        pattern = "".join(_BLOCK_SYMBOLS[b] for b in blocks)
+    if not pattern:
+        raise ValueError(f"{c.path}: missing key 'hybrid_override_pattern' (or 'layers_block_type'), which a "
+                         "hybrid model needs.")
+    if "/" in pattern or "|" in pattern:
+        raise ValueError(f"{c.path}: hybrid_override_pattern {pattern!r} carries MTP ('/') or pipeline ('|') "
+                         "separators; give the decoder's layers only (autotune chooses the pipeline split).")
+    return pattern
+
+
+def _nemotron_h(c: HFConfig) -> dict[str, Any]:
+    pattern = _nemotron_pattern(c)
+    layers = c.int("num_hidden_layers", len(pattern), required=False)
+    if layers != len(pattern):
+        raise ValueError(f"{c.path}: num_hidden_layers ({layers}) must equal the hybrid pattern's length "
+                         f"({len(pattern)}).")
+    c.refuse("mamba_proj_bias", False, "megatron-core's MambaMixer builds in_proj and out_proj without bias")
+    c.refuse("use_conv_bias", True, "megatron-core's MambaMixer always has a conv1d bias")
+    c.refuse("use_bias", False, "bias on every linear layer (megatron-core's add_bias_linear) in a hybrid model")
+    _no_bias(c)
+    c.refuse("mlp_hidden_act", "relu2", "Nemotron-H's MLPs are squared ReLU (Bridge's activation_func=squared_relu)")
+    c.refuse("mamba_hidden_act", "silu", "megatron-core's MambaMixer applies SiLU")
+    if c.int("moe_latent_size", required=False) is not None:
+        raise ValueError(f"{c.path}: moe_latent_size is set (LatentMoE, Nemotron-3 Super / Ultra): autotune does "
+                         "not model latent MoE projections yet.")
+    if c.int("num_nextn_predict_layers", 0, minimum=0, required=False):
+        raise ValueError(f"{c.path}: num_nextn_predict_layers > 0 (multi-token prediction in a hybrid model): "
+                         "autotune does not model hybrid MTP layers yet.")
+    c.str("mtp_hybrid_override_pattern")
+    c.list("mtp_layers_block_type")
+    c.refuse("sliding_window", None, "sliding-window attention in a hybrid model")
+    heads = c.int("num_attention_heads")
+    hidden = c.int("hidden_size")
+    head_dim = c.int("head_dim", required=False) or c.int("attention_head_dim", required=False)
+    mamba_head_dim = c.int("mamba_head_dim", 64, required=False)
+    mamba_heads = c.int("mamba_num_heads", required=False)
+    if mamba_heads is None:  # MambaMixer: d_inner = expand * d_model, nheads = d_inner / headdim
+        mamba_heads = c.int("expand", 2, required=False) * hidden // mamba_head_dim
+    else:
+        c.int("expand", 2, required=False)
+    mamba = MambaSpec(num_heads=mamba_heads, head_dim=mamba_head_dim, state_dim=c.int("ssm_state_size", 128,
+                      required=False), num_groups=c.int("n_groups", 8, required=False),
+                      conv_kernel=c.int("conv_kernel", 4, required=False),
+                      chunk_size=c.int("chunk_size", 128, required=False)) if "M" in pattern else None
+    moe = None
+    if "E" in pattern:
+        shared = c.int("moe_shared_expert_intermediate_size", 0, minimum=0, required=False)
+        c.int("n_shared_experts", 1, minimum=0, required=False)
+        groups, group_topk = c.int("n_group", 1, required=False), c.int("topk_group", 1, required=False)
+        c.bool("norm_topk_prob", True)
+        moe = MoESpec(num_experts=c.int("n_routed_experts"), topk=c.int("num_experts_per_tok"),
+                      expert_ffn_hidden_size=c.int("moe_intermediate_size"), shared_expert_ffn_hidden_size=shared,
+                      score_function="sigmoid", expert_bias=True,
+                      topk_scaling_factor=c.number("routed_scaling_factor"), num_groups=groups, group_topk=group_topk)
+    return dict(
+        num_layers=len(pattern), hybrid_pattern=pattern, hidden_size=hidden,
+        ffn_hidden_size=c.int("intermediate_size", c.int("moe_intermediate_size", 1, required=False),
+                              required=False),
+        num_attention_heads=heads, num_query_groups=c.int("num_key_value_heads", heads),
+        kv_channels=head_dim if head_dim is not None and head_dim * heads != hidden else None,
+        vocab_size=c.int("vocab_size"), tied_embeddings=c.bool("tie_word_embeddings", False),
+        gated_linear_unit=False, activation="squared_relu", mamba=mamba, moe=moe,
+    )
+
+
 _BUILDERS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -300,6 +381,7 @@ _BUILDERS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "Gemma3ForCausalLM": _gemma3,
     "Gemma3ForConditionalGeneration": _gemma3_multimodal,
     "GptOssForCausalLM": _gpt_oss,
+    "NemotronHForCausalLM": _nemotron_h,
 }
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
@@ -307,6 +389,7 @@ _MODEL_TYPES = {
     "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration", "gpt_oss": "GptOssForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
 }
 # accepted architectures (Gemma3ForConditionalGeneration is recognised only to be refused with its reason)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(a for a in _BUILDERS if a != "Gemma3ForConditionalGeneration")

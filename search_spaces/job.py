@@ -75,4 +75,4 @@ class Job:
         (`attn`, `moe_router`, `moe_preprocess` for MoE models, `perf_recipes/*/common.py`; the whole layer, an
         empty list, for dense ones)."""
         modules = self.training.cuda_graph_modules
-        return modules if modules is not None else default_cuda_graph_modules(self.model.is_moe)
+        return modules if modules is not None else default_cuda_graph_modules(self.model.is_moe, self.model.is_hybrid)

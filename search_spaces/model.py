@@ -19,6 +19,12 @@ Model features megatron-core builds with its own modules or Megatron-Bridge's, e
   builds `q_layernorm` / `k_layernorm` over all heads instead of one head);
 - GPT-OSS's attention sinks (`softmax_type="learnable"`: `DotProductAttention.softmax_offset`, one value
   per head) and biases on every linear including the router (`add_bias_linear`, `moe/router.py`).
+
+Hybrid Mamba models (Nemotron-H, Nemotron-3; megatron-core `models/hybrid/hybrid_model.py`) set `hybrid_pattern`,
+one symbol per decoder layer (`hybrid_layer_allocation.py::Symbols`): `M` a Mamba-2 layer (`ssm/mamba_layer.py`:
+its norm and `MambaMixer`), `*` an attention-only `TransformerLayer` (input norm + attention, no MLP), `-` an
+`MLPLayer` (pre-MLP norm + MLP) and `E` a MoE-only `TransformerLayer` (pre-MLP norm + router + experts). Each
+layer is one block, so `num_layers == len(hybrid_pattern)` and the per-block counts below apply per symbol.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["MLASpec", "MoESpec", "ModelSpec", "padded_vocab_size", "VOCAB_DIVISOR"]
+__all__ = ["MLASpec", "MambaSpec", "MoESpec", "ModelSpec", "padded_vocab_size", "VOCAB_DIVISOR", "HYBRID_SYMBOLS"]
 
 VOCAB_DIVISOR = 128  # Megatron-LM `--make-vocab-size-divisible-by` default
+# megatron-core `models/hybrid/hybrid_layer_allocation.py::Symbols` that autotune models: Mamba, attention, MLP, MoE
+# (GDN `G`, DSA `D` and MLA `+` layers are not modelled and are refused)
+HYBRID_SYMBOLS = ("M", "*", "-", "E")
 
 
 def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = VOCAB_DIVISOR) -> int:
@@ -89,6 +98,50 @@ class MLASpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class MambaSpec:
+    """The Mamba-2 mixer of a hybrid model (megatron-core `ssm/mamba_mixer.py::MambaMixer`; `TransformerConfig`
+    `mamba_num_heads`, `mamba_head_dim`, `mamba_state_dim`, `mamba_num_groups`; the mixer's `d_conv` and
+    `chunk_size`). Symbols of Dao & Gu 2024 ("Transformers are SSMs", arXiv 2405.21060, Sec. 7-8): H heads of
+    P channels (d_inner = H P), state size N, G groups of B and C, convolution width K, scan chunk Q."""
+
+    num_heads: int  # H, mamba_num_heads
+    head_dim: int  # P, mamba_head_dim
+    state_dim: int  # N, mamba_state_dim
+    num_groups: int  # G, mamba_num_groups
+    conv_kernel: int = 4  # K, MambaMixer d_conv (HF conv_kernel)
+    chunk_size: int = 128  # Q, MambaMixer chunk_size (HF chunk_size)
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "head_dim", "state_dim", "num_groups", "conv_kernel", "chunk_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"`{name} > 0` must hold, but got ({name}={getattr(self, name)}) for the Mamba mixer.")
+        if self.num_heads % self.num_groups:  # mamba_mixer.py:272
+            raise ValueError(f"nheads must be evenly divisible by ngroups, but got (mamba_num_heads={self.num_heads}, "
+                             f"mamba_num_groups={self.num_groups}).")
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal convolution: x, B and C (`conv_dim = d_inner + 2 G N`, mamba_mixer.py:317)."""
+        return self.d_inner + 2 * self.num_groups * self.state_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """Output width of `in_proj`: z, x, B, C and dt (`2 d_inner + 2 G N + H`, mamba_mixer.py:282)."""
+        return 2 * self.d_inner + 2 * self.num_groups * self.state_dim + self.num_heads
+
+    def mixer_params(self, h: int) -> int:
+        """One `MambaMixer` (no layer norm): in_proj h x in_proj_width (no bias), conv1d weight conv_dim x K and
+        bias conv_dim, dt_bias, A_log and D one per head (`D_has_hdim=False`), the gated RMSNorm's weight
+        (d_inner) and out_proj d_inner x h (no bias); mamba_mixer.py:279-443."""
+        return (h * self.in_proj_width + self.conv_dim * (self.conv_kernel + 1) + 3 * self.num_heads
+                + self.d_inner + self.d_inner * h)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     """A GPT-style decoder as megatron-core builds it. Field names follow `TransformerConfig`."""
 
@@ -110,7 +163,8 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     mtp_num_layers: int = 0  # multi-token-prediction layers (DeepSeek-V3's num_nextn_predict_layers)
-    activation: Literal["silu", "gelu"] | None = None  # None is resolved: SiLU when gated (SwiGLU), else GeLU (GPT-3)
+    # None is resolved: SiLU when gated (SwiGLU), else GeLU (GPT-3); "squared_relu": Nemotron-H's relu(x)^2
+    activation: Literal["silu", "gelu", "squared_relu"] | None = None
     qk_layernorm_per_head: bool = True  # False: OLMoE's q/k norms over all heads (Megatron-Bridge OLMoESelfAttention)
     post_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP (post_layernorm)
     softmax_type: Literal["vanilla", "learnable"] = "vanilla"  # "learnable": GPT-OSS's attention sinks
@@ -119,14 +173,18 @@ class ModelSpec:
     window_attn_skip_freq: int | None = None  # megatron-core: every N-th layer full attention; None: all windowed
     attn_logit_softcapping: float | None = None  # Gemma 2: tanh soft-capping of attention logits
     final_logit_softcapping: float | None = None  # Gemma 2: tanh soft-capping of the output logits
+    # hybrid Mamba models (megatron-core HybridModel): one symbol of HYBRID_SYMBOLS per decoder layer, and the mixer
+    hybrid_pattern: str | None = None  # hybrid_layer_pattern without '|' or '/' (HF hybrid_override_pattern)
+    mamba: MambaSpec | None = None
     aliases: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.activation is None:
             object.__setattr__(self, "activation", "silu" if self.gated_linear_unit else "gelu")
-        if self.activation not in ("silu", "gelu"):
-            raise ValueError(f"activation must be 'silu' or 'gelu', but got {self.activation!r} "
+        if self.activation not in ("silu", "gelu", "squared_relu"):
+            raise ValueError(f"activation must be 'silu', 'gelu' or 'squared_relu', but got {self.activation!r} "
                              f"for model {self.name!r}.")
+        self._check_hybrid()
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
             value = getattr(self, name)
             if value <= 0:
@@ -158,10 +216,61 @@ class ModelSpec:
             raise ValueError(f"window_attn_skip_freq ({self.window_attn_skip_freq}) needs a sliding_window and "
                              f"must be > 0, for model {self.name!r}.")
 
+    def _check_hybrid(self) -> None:
+        """A hybrid pattern as megatron-core parses it (`hybrid_layer_allocation.py::_validate_pattern`,
+        `hybrid_model.py`), restricted to what autotune models."""
+        p = self.hybrid_pattern
+        if p is None:
+            if self.mamba is not None:
+                raise ValueError(f"a Mamba mixer needs a hybrid_pattern, for model {self.name!r}.")
+            return
+        bad = sorted(set(p) - set(HYBRID_SYMBOLS))
+        if bad:
+            raise ValueError(f"hybrid_pattern {p!r} has layer symbols autotune does not model: {bad} (it models "
+                             f"M mamba, * attention, - mlp, E moe; pipe '|' and MTP '/' separators are layout, not "
+                             f"model), for model {self.name!r}.")
+        if len(p) != self.num_layers:
+            raise ValueError(f"num_layers ({self.num_layers}) must equal the hybrid pattern's length ({len(p)}), "
+                             f"for model {self.name!r}.")
+        if ("M" in p) != (self.mamba is not None):
+            raise ValueError(f"hybrid_pattern {p!r} has Mamba layers exactly when a Mamba mixer is given, "
+                             f"for model {self.name!r}.")
+        if ("E" in p) != (self.moe is not None):
+            raise ValueError(f"hybrid_pattern {p!r} has MoE layers ('E') exactly when the model has a MoE spec, "
+                             f"for model {self.name!r}.")
+        if self.moe is not None and self.moe.first_dense_layers:
+            raise ValueError(f"a hybrid model places its dense and MoE layers by its pattern, not first_dense_layers, "
+                             f"for model {self.name!r}.")
+        if self.mla is not None or self.mtp_num_layers or self.post_norms or self.sliding_window is not None:
+            raise ValueError(f"autotune models hybrid Mamba models without MLA, multi-token prediction, post-norms or "
+                             f"sliding windows, for model {self.name!r}.")
+
     # --- derived shape facts -------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
         return self.moe is not None
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_pattern is not None
+
+    def layer_symbols(self, start: int = 0, stop: int | None = None) -> str:
+        """The decoder layers' symbols from `start` to `stop`: the hybrid pattern, or a GPT model's layers as
+        'D' (attention + dense MLP) and 'X' (attention + MoE) by `first_dense_layers`."""
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern[start:stop]
+        first = self.moe.first_dense_layers if self.moe is not None else self.num_layers
+        stop = self.num_layers if stop is None else stop
+        return "".join("D" if i < first else "X" for i in range(start, stop))
+
+    @property
+    def num_mamba_layers(self) -> int:
+        return (self.hybrid_pattern or "").count("M")
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with an attention block: every GPT layer, a hybrid model's `*` layers."""
+        return self.num_layers if self.hybrid_pattern is None else self.hybrid_pattern.count("*")
 
     @property
     def query_groups(self) -> int:
@@ -173,11 +282,20 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern.count("E")
         return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
 
     @property
     def num_dense_mlp_layers(self) -> int:
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern.count("-")
         return self.num_layers - self.num_moe_layers
+
+    @property
+    def mamba_layer_params(self) -> int:
+        """One hybrid `M` layer: its norm (`MambaLayer.norm`, fused into in_proj with TE) and the mixer."""
+        return 0 if self.mamba is None else self._norm_params + self.mamba.mixer_params(self.hidden_size)
 
     def is_sliding_window_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` (0-based) uses the sliding window: megatron-core's
@@ -307,7 +425,7 @@ class ModelSpec:
     @property
     def dense_params(self) -> int:
         """Everything except routed experts: what TP/PP/DP shard (the 'dense' part)."""
-        layers = self.num_layers * self.attention_params
+        layers = self.num_attention_layers * self.attention_params + self.num_mamba_layers * self.mamba_layer_params
         layers += self.num_dense_mlp_layers * self.dense_mlp_params
         layers += self.num_moe_layers * self.moe_non_expert_params
         output = self.output_params - (self.vocab_size * self.hidden_size if self.tied_embeddings else 0)

@@ -120,7 +120,8 @@ def _layers_divisible_by_pp(version: str):
     def layers_divisible_by_pp(job: Job, layout: Layout) -> Violation | None:
         """Even split (no split field set): num_layers % PP == 0."""
         layers, pp = job.model.num_layers, layout.pp
-        if _uneven(layout) or layout.embedding_loss_split or not _classic(layout) or layers % pp == 0:
+        if _uneven(layout) or layout.embedding_loss_split or not _classic(layout) or layers % pp == 0 \
+                or job.model.is_hybrid:  # a hybrid model's split: hybrid_rules.hybrid_layers_split
             return None
         return violation("layers_divisible_by_pp", f"{layers_divisible_by_pp_message(version, layers, pp)} "
                          f"(num_layers {layers}, pipeline_model_parallel_size {pp}); an uneven split "
@@ -133,7 +134,7 @@ def layers_divisible_by_vpp(job: Job, layout: Layout) -> Violation | None:
     """Even split: each virtual stage holds an integer number of layers, num_layers % (PP * VPP) == 0."""
     layers, pp, vpp = job.model.num_layers, layout.pp, layout.vpp_size
     if _uneven(layout) or layout.embedding_loss_split or not _classic(layout) or vpp == 1 or layers % pp \
-            or (layers // pp) % vpp == 0:
+            or (layers // pp) % vpp == 0 or job.model.is_hybrid:
         return None  # layers % pp is layers_divisible_by_pp's violation
     return violation("layers_divisible_by_vpp", f"num_layers_per_pipeline_rank {layers // pp} should be divisible "
                      f"by vp_size {vpp} (num_layers {layers}, pipeline_model_parallel_size {pp}, "

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from math import prod
 
+from search_spaces.hybrid_rules import mamba_cp_ok, mamba_tp_ok
 from search_spaces.job import Job
 from search_spaces.layout import (
     CUDA_GRAPH_CHOICES,
@@ -73,7 +74,8 @@ from search_spaces.rules import (
 
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
-           "pipeline_fields", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS", "DEFAULT_CUDA_GRAPHS",
+           "pipeline_fields", "hybrid_split_for", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS",
+           "DEFAULT_CUDA_GRAPHS",
            "cuda_graph_options"]
 
 DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "ep_overlap", "dist_opt",
@@ -207,8 +209,8 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     world_divisors = divisors(world)
     pps = [pp for pp in _capped(world_divisors, options.max_pp) if pp >= 2]
     m = job.model
-    vpps = tuple(sorted({v for pp in pps for v in vpp_values(m.num_layers, pp, mtp_layers=m.mtp_num_layers)
-                         if v is not None}))
+    vpps = tuple(sorted({v for pp in pps for v in vpp_values(m.num_layers, pp, mtp_layers=m.mtp_num_layers,
+                                                             hybrid=m.is_hybrid) if v is not None}))
     return {
         "tp": _capped(world_divisors, options.max_tp),
         "cp": _capped(world_divisors, options.max_cp),
@@ -225,21 +227,44 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     }
 
 
+def hybrid_split_for(num_layers: int, pp: int) -> PipelineSplit | None:
+    """The uneven split of a hybrid model (no VPP; megatron-core's `select_pipeline_segment` takes only first/last
+    stage layers without '|' separators): `pipeline_split_for`'s first/last split at VPP 1, middle stages
+    ceil(L / PP) each, the first and last sharing the rest (the last the smaller half). None when PP divides L."""
+    if pp < 2 or num_layers % pp == 0:
+        return None
+    m = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * m
+    last = rest // 2
+    first = rest - last
+    if last < 1 or first > m:
+        return None
+    return {"first_stage_layers": first, "last_stage_layers": last}
+
+
 @lru_cache(maxsize=4096)
-def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int) -> PipelineSplit:
+def _pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int, hybrid: bool) -> PipelineSplit:
     if num_layers % (pp * (vpp or 1)) == 0:
         return {}
+    if hybrid:
+        return (hybrid_split_for(num_layers, pp) if vpp is None else None) or {}
     return pipeline_split_for(num_layers, pp, vpp or 1, mtp_layers=mtp_layers) or {}
 
 
-def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0) -> PipelineSplit:
+def pipeline_fields(num_layers: int, pp: int, vpp: int | None, mtp_layers: int = 0, *,
+                    hybrid: bool = False) -> PipelineSplit:
     """The split fields of (PP, VPP): {} when num_layers splits evenly (or nothing splits: the rules say
-    why), else the one uneven split `pipeline_split_for` offers."""
-    return _pipeline_fields(num_layers, pp, vpp, mtp_layers).copy()  # a copy: the cached dict is shared
+    why), else the one uneven split `pipeline_split_for` (a hybrid model: `hybrid_split_for`) offers."""
+    return _pipeline_fields(num_layers, pp, vpp, mtp_layers, hybrid).copy()  # a copy: the cached dict is shared
 
 
-def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers: int = 0) -> list[int | None]:
-    """VPP options of one PP whose layers split, evenly or by `pipeline_split_for` (None: no interleaving)."""
+def vpp_values(num_layers: int, pp: int, min_pp_for_vpp: int = 2, *, mtp_layers: int = 0,
+               hybrid: bool = False) -> list[int | None]:
+    """VPP options of one PP whose layers split, evenly or by `pipeline_split_for` (None: no interleaving); a
+    hybrid model has no VPP (`hybrid_rules.hybrid_vpp_needs_pipes`)."""
+    if hybrid:
+        return [None] if num_layers % pp == 0 or hybrid_split_for(num_layers, pp) is not None else []
+
     def splits(v: int) -> bool:
         return num_layers % (pp * v) == 0 or pipeline_split_for(num_layers, pp, v, mtp_layers=mtp_layers) is not None
     out: list[int | None] = [None] if splits(1) else []
@@ -263,6 +288,8 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
             continue
         if m.mtp_num_layers and m.hidden_size % tp:
             continue
+        if not mamba_tp_ok(job, tp):
+            continue
         yield tp
 
 
@@ -273,14 +300,15 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
     overlaps = tuple(v for v in options.ep_overlap if not v or switch_choices(job, options, True))
     for tp in _tp_values(job, options):
         for cp in _capped(divisors(world // tp), options.max_cp):
-            if cp > 1 and seq % (2 * cp):
+            if cp > 1 and seq % (2 * cp) or not mamba_cp_ok(job, tp, cp):
                 continue
             sps = _sp_values(job, tp, cp)
             if not sps:
                 continue
             for pp in _capped(divisors(world // (tp * cp)), options.max_pp):
                 dp = world // (tp * cp * pp)
-                for vpp in _capped_vpp(_vpp_options(layers, pp, options, m.mtp_num_layers), options.max_vpp):
+                for vpp in _capped_vpp(_vpp_options(layers, pp, options, m.mtp_num_layers, m.is_hybrid),
+                                       options.max_vpp):
                     for ep, etp in _expert_values(job, options, tp * cp * dp):
                         eps = tuple(v for v in overlaps if not v or _ep_overlap_fits(job, pp, vpp, ep))
                         if not eps:
@@ -299,14 +327,15 @@ def _ep_overlap_fits(job: Job, pp: int, vpp: int | None, ep: int) -> bool:
     """The EP A2A overlap's shape rules (`rules.ep_overlap_needs_ep`, `_needs_vpp`, `_mtp`): EP > 1, VPP with
     PP > 1, at most one MTP layer, and in 0.16.1 PP > 1 with one."""
     mtp = job.model.mtp_num_layers
-    if ep == 1 or (pp > 1 and vpp is None) or mtp > 1:
+    if ep == 1 or (pp > 1 and vpp is None) or mtp > 1 or job.model.is_hybrid:  # hybrid_rules.hybrid_no_ep_overlap
         return False
     return not (mtp and pp == 1 and job.training.megatron_core < "0.17")
 
 
 @lru_cache(maxsize=256)
-def _vpp_options(layers: int, pp: int, options: SpaceOptions, mtp_layers: int = 0) -> tuple[int | None, ...]:
-    return tuple(vpp_values(layers, pp, options.min_pp_for_vpp, mtp_layers=mtp_layers))
+def _vpp_options(layers: int, pp: int, options: SpaceOptions, mtp_layers: int = 0,
+                 hybrid: bool = False) -> tuple[int | None, ...]:
+    return tuple(vpp_values(layers, pp, options.min_pp_for_vpp, mtp_layers=mtp_layers, hybrid=hybrid))
 
 
 def _capped_vpp(vpps: tuple[int | None, ...], cap: int | None) -> tuple[int | None, ...]:
@@ -431,7 +460,8 @@ def _layout(job: Job, shape: tuple, switch: tuple) -> Layout:
     dist_opt, recompute, cuda_graphs = switch
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
                   dist_opt=dist_opt, recompute=recompute, cuda_graphs=cuda_graphs,
-                  ep_overlap=ep_overlap, **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers))
+                  ep_overlap=ep_overlap, **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers,
+                                                           hybrid=job.model.is_hybrid))
 
 
 @lru_cache(maxsize=32)
@@ -467,8 +497,9 @@ def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool) -> tuple[t
         if ep_overlap and ep_overlap_cuda_graphs_refused(job, cuda_graphs, version):
             continue
         for recompute in options.recompute:
-            if recompute == "full" and (ep_overlap or full_recompute_cuda_graphs_refused(cuda_graphs)):
-                continue
+            if recompute == "full" and (ep_overlap or full_recompute_cuda_graphs_refused(cuda_graphs)
+                                        or (job.model.is_hybrid and t.recompute_num_layers is not None)):
+                continue  # the last: hybrid_rules.hybrid_block_recompute
             if recompute == "selective" and "moe" in t.recompute_modules and (
                     (ep_overlap and version >= "0.17") or te_graphs_moe_recompute_refused(job, cuda_graphs)):
                 continue
@@ -533,7 +564,8 @@ def rejections(job: Job, options: SpaceOptions = SpaceOptions(), *, version: str
                 if name == "vpp":
                     pp = values["pp"]
                     assert isinstance(pp, int) and (value is None or isinstance(value, int))
-                    values.update(pipeline_fields(job.model.num_layers, pp, value, job.model.mtp_num_layers))
+                    values.update(pipeline_fields(job.model.num_layers, pp, value, job.model.mtp_num_layers,
+                                                  hybrid=job.model.is_hybrid))
                 broken = _first_broken(job, due[i], values)
                 if broken is None:
                     survivors.append(values)

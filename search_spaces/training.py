@@ -183,11 +183,14 @@ class TrainingSpec:
         return "bf16" if self.optimizer_moments == "bf16" and dist_opt else "fp32"
 
 
-def default_cuda_graph_modules(is_moe: bool) -> tuple[str, ...]:
+def default_cuda_graph_modules(is_moe: bool, hybrid: bool = False) -> tuple[str, ...]:
     """What per-layer CUDA graphs capture when the training spec does not say: Megatron-Bridge 0.6's perf recipes'
     `attn`, `moe_router`, `moe_preprocess` for MoE models (`perf_recipes/*/common.py`), the whole layer (an empty
-    list) for dense ones."""
-    return ("attn", "moe_router", "moe_preprocess") if is_moe else ()
+    list) for dense ones; hybrid models add `mamba` (Bridge's `perf_recipes/nemotronh/gb200/nemotronh.py`: Nemotron-3
+    `["attn", "mamba", "moe_router", "moe_preprocess"]`, Nemotron-H 56B `["mamba", "attn"]`)."""
+    if is_moe:
+        return ("attn", "mamba", "moe_router", "moe_preprocess") if hybrid else ("attn", "moe_router", "moe_preprocess")
+    return ("attn", "mamba") if hybrid else ()
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:

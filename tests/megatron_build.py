@@ -45,7 +45,8 @@ from search_spaces.training import default_cuda_graph_modules
 __all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank",
            "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "timed_megatron_decisions",
            "flex_dispatcher_decisions",
-           "param_counts", "stage_param_counts", "MEGATRON_ONLY_PARAMS"]
+           "param_counts", "stage_param_counts", "MEGATRON_ONLY_PARAMS", "hybrid_stage_param_counts",
+           "hybrid_stage_layers", "hybrid_parity"]
 
 _FUSIONS_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
                     persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False)
@@ -457,15 +458,25 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
     3. `get_batch_on_this_cp_rank` (the 2*CP split), `_split_along_first_dim` of seq / CP over TP (SP);
     4. the first statement of `MoELayer.forward` in training (MoE with TP > 1 needs SP);
     5. `ConstantNumMicroBatchesCalculator` (GBS vs MBS * DP).
+    A hybrid Mamba model builds megatron-core's `HybridModel` per stage instead (`megatron_hybrid_build`: the
+    stand-ins for TE and mamba_ssm); its schedule is not run (a Mamba layer's forward needs mamba_ssm's kernels).
     Returns (accepted, "") or (False, "<stage>: <exception type>: <message>")."""
     torch = mc.torch
     model, seq, gbs = job.model, job.training.seq_length, job.training.global_batch_size
     where = "config"
     try:
-        config = make_config(model, layout, training=job.training)  # 1
+        if model.is_hybrid:
+            import megatron_hybrid_build
+
+            config = megatron_hybrid_build.hybrid_config(model, layout)
+        else:
+            config = make_config(model, layout, training=job.training)  # 1
         num_microbatches = max(1, gbs // (layout.mbs * max(1, job.world_size // (layout.tp * layout.pp * layout.cp))))
         for stage in range(layout.pp):  # 2
             where = f"pp rank {stage}"
+            if model.is_hybrid:
+                megatron_hybrid_build.build_stage(model, layout, config, stage)
+                continue
             init_rank(layout, stage_first_rank(job.world_size, layout, stage), config, job.world_size)
             _init_rng_tracker(job, layout)
             with meta_device():
@@ -599,3 +610,24 @@ def stage_param_counts(cases: list[tuple[ModelSpec, Layout]]) -> list[list[tuple
                            sum(p.numel() for p in kept if not getattr(p, "allreduce", True)), extra))
         out.append(stages)
     return out
+
+
+def hybrid_stage_param_counts(cases: list[tuple[ModelSpec, Layout]]) -> list[list[tuple[int, int, str]]]:
+    """Hybrid (Mamba) models, stage by stage: `megatron_hybrid_build.hybrid_stage_param_counts`."""
+    import megatron_hybrid_build
+
+    return megatron_hybrid_build.hybrid_stage_param_counts(cases)
+
+
+def hybrid_stage_layers(cases: list[tuple[ModelSpec, Layout]]) -> list[list[str]]:
+    """megatron-core's pipeline segment of each stage of a hybrid model: `megatron_hybrid_build.hybrid_stage_layers`."""
+    import megatron_hybrid_build
+
+    return megatron_hybrid_build.hybrid_stage_layers(cases)
+
+
+def hybrid_parity(param_cases: list[tuple[ModelSpec, Layout]], split_cases: list[tuple[ModelSpec, Layout]],
+                  decision_cases: list[tuple[Any, Layout]]) -> tuple[list, list, list]:
+    """The hybrid checks in one child process: (`hybrid_stage_param_counts`, `hybrid_stage_layers`,
+    `megatron_decisions`)."""
+    return hybrid_stage_param_counts(param_cases), hybrid_stage_layers(split_cases), megatron_decisions(decision_cases)

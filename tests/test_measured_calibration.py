@@ -33,7 +33,7 @@ from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
-from search_spaces.measurement import Measurement
+from search_spaces.measurement import Measurement, Source
 from search_spaces.training import TrainingSpec
 
 
@@ -62,6 +62,7 @@ def test_a_probe_holds_each_rank_exactly_as_the_candidate(model: str, nodes: int
     assert mine.gemm_params_per_gpu == heaviest.gemm_params_per_gpu
     assert mine.expert_params_per_gpu == heaviest.expert_params_per_gpu
     if job.model.moe is not None:
+        assert probe.job.model.moe is not None
         assert probe.job.model.moe.num_experts // probe.layout.ep == job.model.moe.num_experts // layout.ep
         assert ("EP" in probe.note) == (probe.layout.ep != layout.ep)
 
@@ -71,6 +72,9 @@ def test_a_probe_that_cannot_fit_one_node_says_why() -> None:
     layout = parse_layout("tp=8,pp=16,cp=2,mbs=1,sp=true,dist_opt=true", world_size=job.world_size)
     with pytest.raises(ValueError, match="TP x CP = 16 ranks do not fit one node of 8 GPUs"):
         stage_probe(job, layout, gpus_per_node=8)
+    hybrid = _job("nemotron-h-8b", 2)
+    with pytest.raises(ValueError, match="hybrid Mamba model, which the megatron backend cannot profile"):
+        stage_probe(hybrid, parse_layout("tp=1,pp=1", world_size=hybrid.world_size), gpus_per_node=8)
 
 
 def test_the_fit_on_probes_and_collectives_recovers_the_factors_they_were_measured_with() -> None:
@@ -99,7 +103,7 @@ def test_the_fit_on_probes_and_collectives_recovers_the_factors_they_were_measur
     assert max(abs(a / t.seconds - 1) for a, t in zip(fit.timings_after, timings, strict=True)) < 0.02
 
 
-def _gpu_trial(job: Job, number: int, text: str, step_s: float, *, source: str = "megatron-gpu") -> TrialRecord:
+def _gpu_trial(job: Job, number: int, text: str, step_s: float, *, source: Source = "megatron-gpu") -> TrialRecord:
     ran = parse_layout(text, world_size=8)
     training = TrainingSpec(seq_length=4096, global_batch_size=4 * ran.dp * ran.mbs, precision="bf16",
                             tp_comm_overlap=False)

@@ -12,7 +12,7 @@ from search_spaces.cluster import ClusterSpec
 from search_spaces.gpus import get_gpu, get_link
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
-from search_spaces.model import ModelSpec, MoESpec
+from search_spaces.model import MambaSpec, ModelSpec, MoESpec
 from search_spaces.rules import RULE_NAMES, RULES, check, lcm, rules_for
 from search_spaces.training import TrainingSpec, training_spec
 
@@ -36,6 +36,12 @@ MTP12 = ModelSpec(name="mtp12", num_layers=12, hidden_size=100, ffn_hidden_size=
 MOE_MTP2 = ModelSpec(name="moe-mtp2", num_layers=8, hidden_size=128, ffn_hidden_size=512, num_attention_heads=16,
                      vocab_size=1024, mtp_num_layers=2, moe=MoESpec(num_experts=8, topk=2, expert_ffn_hidden_size=256))
 FLEX = {"moe_token_dispatcher": "flex"}
+# hybrid Mamba models (search_spaces/hybrid_rules.py): Nemotron-H 8B (128 Mamba heads, 8 groups) and variants
+H8B = get_model("nemotron-h-8b")
+H8B_24 = dataclasses.replace(H8B, name="h8b-24", mamba=MambaSpec(num_heads=24, head_dim=64, state_dim=128,
+                                                                 num_groups=8))
+H8B_96 = dataclasses.replace(H8B, name="h8b-96", mamba=MambaSpec(num_heads=96, head_dim=64, state_dim=128,
+                                                                 num_groups=6))
 
 
 def make_job(model: ModelSpec | str, world: int, *, gpus_per_node: int = 0, seq: int = 4096, gbs: int = 256,
@@ -103,6 +109,13 @@ def test_ep_on_a_dense_model_is_rejected() -> None:
 BROKEN: list[tuple[ModelSpec | str, int, int, int, int, str, str | None]] = [
     # (model, world, gpus_per_node, seq, gbs, layout, the one rule it breaks)
     (GQA12, 12, 4, 4096, 24, "tp=2,pp=4", "world_size_divisible"),  # 12 % 8 = 4
+    (H8B, 16, 8, 4096, 256, "tp=16,sp=true", "mamba_divisible_by_tp"),  # 8 groups % 16
+    (H8B_24, 16, 8, 4096, 256, "tp=8,cp=2", "mamba_heads_divisible_by_cp"),  # 24 / 8 = 3 heads % 2
+    (H8B_96, 4, 4, 4096, 256, "cp=4", "mamba_groups_vs_cp"),  # 96 heads split, 6 groups % 4
+    (H8B, 4, 4, 4096, 256, "pp=4,vpp=13", "hybrid_vpp_needs_pipes"),  # VPP needs '|' in the pattern
+    (H8B, 3, 3, 4096, 255, "pp=3", "hybrid_layers_split"),  # 52 % 3
+    (H8B, 2, 2, 4096, 256, "pp=2,embedding_loss_split=true", "hybrid_split_fields"),  # (52 + 2) / 2: GPT would take it
+    ("nemotron-3-nano", 8, 8, 4096, 256, "ep=8,etp=1,ep_overlap=true", "hybrid_no_ep_overlap"),
     (GQA12, 12, 4, 4096, 24, "tp=2,pp=2,dp=2", "data_parallel_size_matches"),  # 12 / 4 = 3, not 2
     ("tiny-gpt", 16, 8, 4096, 256, "tp=16,sp=true", None),  # heads 16, groups 8: 16 % 8 == 0 is accepted
     (GQA12, 8, 8, 4096, 256, "tp=8,sp=true", "heads_divisible_by_tp"),  # 12 % 8 = 4 (groups 4 divide 8)
@@ -186,6 +199,9 @@ DENSE_FIRST_MOE = dataclasses.replace(_TINY_MOE, name="tiny-moe-dense-first",
 TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str | None]] = [
     # (model, world, training, layout, version, the one rule it breaks)
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.16.1", "flex_dispatcher_needs_tp_ep"),  # 1 x 1: nothing to dispatch over
+    # 24 heads: in_proj 2 x 1536 + 2 x 8 x 128 + 24 = 5144, not a multiple of 16
+    (H8B_24, 8, {"precision": "fp8", "fp8_recipe": "tensorwise"}, "tp=1", "0.19.2", "mamba_fp8_in_proj_width"),
+    (H8B, 8, {"recompute_num_layers": 2}, "recompute=full", "0.19.2", "hybrid_block_recompute"),
     ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.19.2", "flex_dispatcher_needs_tp_ep"),  # DeepEP (the H100 default)
     ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=1,etp=1", "0.19.2", None),  # 0.19: deepep, ncclep
@@ -281,7 +297,8 @@ def test_violation_names_its_fields_and_values(rule) -> None:
     assert rule.source.startswith("megatron/core/")
 
 
-STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers", "full_iteration_moe"}
+STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers", "full_iteration_moe",
+                  "hybrid_split_fields", "hybrid_block_recompute"}
 
 
 def test_pp1_split_that_megatron_refuses_too_is_not_stricter() -> None:

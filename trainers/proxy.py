@@ -28,7 +28,17 @@ from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.pipeline_layout import compress, parse_stages
 from search_spaces.training import TrainingSpec
 
-__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel", "proxy_pipeline_split"]
+__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel", "proxy_pipeline_split", "refuse_hybrid"]
+
+
+def refuse_hybrid(model: ModelSpec) -> None:
+    """Raise the one-line refusal for a hybrid Mamba model: its `M` layers run mamba_ssm's and causal_conv1d's CUDA
+    kernels (megatron-core `ssm/mamba_mixer.py` needs `mamba_ssm`), which a CPU worker cannot run, and the megatron
+    backend's jobs build `GPTModel`, not `HybridModel`."""
+    if model.is_hybrid:
+        raise ValueError(f"{model.name} is a hybrid Mamba model: its Mamba layers need mamba_ssm's and causal_conv1d's "
+                         "CUDA kernels, which the CPU proxy cannot run, and the megatron backend builds GPT models "
+                         "only; use the analytic backend (the default) for hybrid models.")
 
 HEAD_DIM = 16
 HEADS_PER_TP = 2
@@ -188,6 +198,7 @@ def plan_proxy(
 
     `microbatches` (default: the layout's own count, capped at 2 * PP or 4) sets micro-batches per step.
     """
+    refuse_hybrid(model)
     run_layout = reduce_data_parallel(layout, max_workers)
     reduction = "" if run_layout.dp == layout.dp else f"dp {layout.dp} -> {run_layout.dp} (max_workers={max_workers})"
     own = max(1, layout.num_microbatches(training.global_batch_size))

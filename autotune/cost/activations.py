@@ -35,6 +35,9 @@ __all__ = [
     "Shape",
     "shape_of",
     "attention_activation_bytes",
+    "mamba_activation_bytes",
+    "hybrid_layer_activation_bytes",
+    "chunk_kinds",
     "mlp_activation_bytes",
     "moe_activation_bytes",
     "layer_activation_bytes",
@@ -269,6 +272,31 @@ def mlp_activation_bytes(model: ModelSpec, x: Shape, ffn: int) -> dict[str, floa
     return terms
 
 
+def mamba_activation_bytes(model: ModelSpec, x: Shape) -> dict[str, float]:
+    """One hybrid `M` layer (megatron-core `ssm/mamba_mixer.py`, training path `use_mem_eff_path=True`), by tensor:
+    - the norm fused into `in_proj` (TE `LayerNormColumnParallelLinear`): its input and `ln_out` (bf16, or the FP8
+      copy), /t with SP, and its statistics;
+    - `mamba_in_proj_output`: zxBCdt, 2 d_inner + 2 G N + H wide over TP, which mamba_ssm's
+      `MambaSplitConv1dScanCombinedFn` saves whole (it recomputes the conv output and the chunk states in the
+      backward, `ops/triton/ssd_combined.py`);
+    - `mamba_scan_output`: the scan output it saves for the gate's backward (d_inner / t);
+    - `mamba_norm_input`: the gated RMSNorm's saved input (`ExtendedRMSNorm`, d_inner / t) and its fp32 per-group
+      statistics;
+    - `mamba_out_proj_input`: out_proj's saved input (d_inner / t, bf16 or its FP8 copy).
+    Context parallelism moves these to full sequences of H / (t c) heads: the same bytes per rank as b s / c rows
+    of H / t heads."""
+    m = model.mamba
+    assert m is not None
+    T, t, sd, h = x.tokens, x.t, x.sp_div, model.hidden_size
+    terms = _norm_terms("mamba_norm", x, h)
+    terms["mamba_in_proj_input"] = (x.gemm_in if x.te else BF16) * T * h / sd
+    terms["mamba_in_proj_output"] = BF16 * T * m.in_proj_width / t
+    terms["mamba_scan_output"] = BF16 * T * m.d_inner / t
+    terms["mamba_norm_input"] = BF16 * T * m.d_inner / t + FP32 * T * m.num_groups / t
+    terms["mamba_out_proj_input"] = (x.gemm_in if x.te else BF16) * T * m.d_inner / t
+    return terms
+
+
 @dataclass(frozen=True, slots=True)
 class PagedStash:
     """The MoE paged stash of one layout (full-iteration CUDA graphs of a MoE model), per GPU and MoE layer:
@@ -408,13 +436,16 @@ def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: 
 
 
 def layer_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssumptions, *,
-                           moe: bool) -> dict[str, float]:
+                           moe: bool, kind: str | None = None) -> dict[str, float]:
     """One transformer layer, one micro-batch, one GPU, by tensor. Full recompute keeps only the layer input
-    (Korthikanti Table 2 'full': 2sbh, /t with SP); the rest is recomputed in the backward pass."""
+    (Korthikanti Table 2 'full': 2sbh, /t with SP); the rest is recomputed in the backward pass. `kind` is a hybrid
+    layer's symbol (`M`, `*`, `-`, `E`: one block each, `hybrid_layer_activation_bytes`)."""
     model = job.model
     x = shape_of(job, layout, assumptions)
     if x.recompute == "full":
         return {"layer_input": BF16 * x.tokens * model.hidden_size / x.sp_div}
+    if kind is not None:
+        return hybrid_layer_activation_bytes(job, layout, assumptions, x, kind)
     terms = attention_activation_bytes(model, x)
     if moe:
         terms.update(moe_activation_bytes(model, x, layout, assumptions.moe_token_imbalance,
@@ -423,6 +454,33 @@ def layer_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssu
         terms.update(mlp_activation_bytes(model, x, model.ffn_hidden_size))
     if layout.cuda_graphs == "transformer_engine" and x.te:
         terms["cuda_graph_buffers"] = cuda_graph_static_bytes(job, layout, x, moe=moe)
+    return terms
+
+
+def hybrid_layer_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssumptions, x: Shape,
+                                  kind: str) -> dict[str, float]:
+    """One hybrid layer of symbol `kind` (megatron-core `models/hybrid/hybrid_block.py`): `M` the Mamba layer,
+    `*` the attention block alone, `-` the MLP alone, `E` the MoE block alone; plus the static buffers of its
+    captured graphs (TE graphs: input, output and their gradients, 4 x 2 T h / t*, when its scope is captured)."""
+    model = job.model
+    if kind == "M":
+        terms = mamba_activation_bytes(model, x)
+    elif kind == "*":
+        terms = attention_activation_bytes(model, x)
+    elif kind == "-":
+        terms = mlp_activation_bytes(model, x, model.ffn_hidden_size)
+    else:
+        terms = moe_activation_bytes(model, x, layout, assumptions.moe_token_imbalance,
+                                     job.training.moe_permute_fusion, paged_stash_of(job, layout, assumptions))
+    if layout.cuda_graphs == "transformer_engine" and x.te:
+        scopes = set(job.cuda_graph_modules)
+        scope = {"M": "mamba", "*": "attn", "-": "mlp"}.get(kind)
+        boundary = 4 * BF16 * x.tokens * model.hidden_size / x.sp_div
+        if kind == "E":
+            terms["cuda_graph_buffers"] = cuda_graph_static_bytes(job, layout, x, moe=True) - (
+                boundary if "attn" in scopes or not scopes else 0.0)
+        else:
+            terms["cuda_graph_buffers"] = boundary if (not scopes or scope in scopes) else 0.0
     return terms
 
 
@@ -526,6 +584,8 @@ def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool, 
         m = model.mla
         candidates.append(BF16 * T * model.num_attention_heads * (2 * (m.qk_head_dim + m.qk_pos_emb_head_dim)
                                                                   + 2 * m.v_head_dim) / t)
+    if model.mamba is not None:  # d zxBCdt and d y of a Mamba layer (`mamba_activation_bytes`)
+        candidates.append(BF16 * T * (model.mamba.in_proj_width + 2 * model.mamba.d_inner) / t)
     if has_moe and model.moe is not None and not stash:
         e = model.moe
         tokens = T / sd * e.topk * layout.expert_tp * 1.0
@@ -581,8 +641,13 @@ def transient_activation_bytes(job: Job, layout: Layout, assumptions: Activation
     if stash is not None:
         out["moe_capacity_working_set"] = moe_capacity_working_set(model, x, layout, stash)
     if layout.recompute == "full":
-        working = sum(layer_activation_bytes(job, replace(layout, recompute="none"), assumptions,
-                                             moe=has_moe and model.moe is not None).values())
+        plain = replace(layout, recompute="none")
+        if model.hybrid_pattern is not None:  # the largest of the hybrid layer kinds the model has
+            working = max(sum(layer_activation_bytes(job, plain, assumptions, moe=False, kind=k).values())
+                          for k in set(model.hybrid_pattern) if k != "E" or has_moe)
+        else:
+            working = sum(layer_activation_bytes(job, plain, assumptions,
+                                                 moe=has_moe and model.moe is not None).values())
         if has_output:
             working = max(0.0, working - loss - sum(output_activation_bytes(model, x, vocab).values()))
         out["recompute_working_set"] = working
@@ -606,6 +671,8 @@ class UnitActivations:
     output_terms: tuple[tuple[str, float], ...]
     mtp_terms: tuple[tuple[str, float], ...]
     transient_terms: dict[tuple[bool, bool], tuple[tuple[str, float], ...]]
+    mamba_terms: tuple[tuple[str, float], ...]  # a hybrid `M` layer (() for a GPT model)
+    attention_terms: tuple[tuple[str, float], ...]  # a hybrid `*` layer (() for a GPT model)
     full_layers: int | None
     dense_layer: float
     moe_layer: float
@@ -614,6 +681,8 @@ class UnitActivations:
     embedding: float
     output: float
     mtp: float
+    mamba_layer: float = 0.0
+    attention_layer: float = 0.0
 
     def _split(self, dense: int, moe: int) -> tuple[int, int, int, int]:
         """(recomputed dense, recomputed MoE, kept dense, kept MoE) layers of a chunk: the block of
@@ -625,9 +694,13 @@ class UnitActivations:
         rm = n - rd
         return rd, rm, dense - rd, moe - rm
 
-    def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool, mtp: int = 0) -> float:
+    def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool, mtp: int = 0, mamba: int = 0,
+              attention: int = 0) -> float:
+        """A chunk's layers: GPT dense and MoE layers, or a hybrid chunk's `-`, `E`, `M` and `*` layers."""
         rd, rm, kd, km = self._split(dense, moe)
         total = rd * self.dense_layer + rm * self.moe_layer + kd * self.dense_kept + km * self.moe_kept
+        if mamba or attention:
+            total += mamba * self.mamba_layer + attention * self.attention_layer
         total += mtp * self.mtp
         if has_embedding:
             total += self.embedding
@@ -640,9 +713,10 @@ class UnitActivations:
 
     def breakdown(self, *, chunks: tuple[tuple[int, int, int], ...], inflight: tuple[int, ...], first_dense: int,
                   last: int, has_output: bool, has_moe: bool, transients: bool = True,
-                  mtp: tuple[int, ...] | None = None) -> tuple[tuple[str, float], ...]:
+                  mtp: tuple[int, ...] | None = None, pattern: str | None = None) -> tuple[tuple[str, float], ...]:
         """The named terms of one stage: in-flight micro-batches x chunk terms, plus (optionally) transients.
-        `mtp` gives the MTP layers of every model chunk (by chunk index k), None for none."""
+        `mtp` gives the MTP layers of every model chunk (by chunk index k), None for none; `pattern` a hybrid
+        model's layer symbols (`chunk_kinds`)."""
         out: dict[str, float] = {}
 
         def add(terms: tuple[tuple[str, float], ...], weight: float) -> None:
@@ -652,8 +726,10 @@ class UnitActivations:
                 out[name] = out.get(name, 0.0) + weight * value
 
         for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
-            dense = max(0, min(start + n, first_dense) - start)
-            rd, rm, kd, km = self._split(dense, n - dense)
+            dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, start, n)
+            add(self.mamba_terms, n_inflight * mamba)
+            add(self.attention_terms, n_inflight * attention)
+            rd, rm, kd, km = self._split(dense, moe)
             add(self.dense_terms, n_inflight * rd)
             add(self.moe_terms, n_inflight * rm)
             add(self.dense_kept_terms, n_inflight * kd)
@@ -674,8 +750,15 @@ def unit_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssum
     """The building blocks for `layout` (only TP, SP, CP, MBS, ETP and recompute matter)."""
     model = job.model
     x = shape_of(job, layout, assumptions)
-    dense = tuple(layer_activation_bytes(job, layout, assumptions, moe=False).items())
-    moe = tuple(layer_activation_bytes(job, layout, assumptions, moe=True).items()) if model.moe is not None else ()
+    hybrid = model.hybrid_pattern is not None
+
+    def layer(kind: str | None, moe: bool) -> tuple[tuple[str, float], ...]:
+        return tuple(layer_activation_bytes(job, layout, assumptions, moe=moe, kind=kind).items())
+
+    dense = layer("-" if hybrid else None, False)
+    moe = layer("E" if hybrid else None, True) if model.moe is not None else ()
+    mamba = layer("M", False) if model.mamba is not None else ()
+    attention = layer("*", False) if hybrid else ()
     full_layers = job.training.recompute_num_layers if layout.recompute == "full" else None
     if full_layers is not None:
         kept_layout = replace(layout, recompute="none")
@@ -698,7 +781,19 @@ def unit_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssum
         dense_layer=sum(v for _, v in dense), moe_layer=sum(v for _, v in moe),
         dense_kept=sum(v for _, v in dense_kept), moe_kept=sum(v for _, v in moe_kept),
         embedding=sum(v for _, v in emb), output=sum(v for _, v in out), mtp=sum(v for _, v in mtp),
+        mamba_terms=mamba, attention_terms=attention, mamba_layer=sum(v for _, v in mamba),
+        attention_layer=sum(v for _, v in attention),
     )
+
+
+def chunk_kinds(pattern: str | None, first_dense: int, start: int, n: int) -> tuple[int, int, int, int]:
+    """(dense, MoE, Mamba, attention-only) layers of the chunk of `n` layers from `start`: a GPT model's by its
+    first dense layers (Mamba and attention-only 0), a hybrid model's `-`, `E`, `M` and `*` symbols there."""
+    if pattern is None:
+        dense = max(0, min(start + n, first_dense) - start)
+        return dense, n - dense, 0, 0
+    part = pattern[start:start + n]
+    return part.count("-"), part.count("E"), part.count("M"), part.count("*")
 
 
 def inflight_microbatches_per_chunk(pp: int, vpp: int, microbatches: int, stage: int,

@@ -11,7 +11,8 @@ from functools import lru_cache
 from search_spaces.model import ModelSpec
 from search_spaces.training import TrainingSpec
 
-__all__ = ["padded_vocab_size", "forward_flops_per_token", "model_flops_per_step", "VOCAB_DIVISOR"]
+__all__ = ["padded_vocab_size", "forward_flops_per_token", "hybrid_forward_flops_per_token", "model_flops_per_step",
+           "VOCAB_DIVISOR"]
 
 VOCAB_DIVISOR = 128  # Megatron-LM --make-vocab-size-divisible-by default
 
@@ -38,6 +39,33 @@ def _attention_forward_flops_per_token(model: ModelSpec, s: int) -> float:
     return 2.0 * (qkv_proj + core)
 
 
+def hybrid_forward_flops_per_token(model: ModelSpec, s: int) -> float:
+    """Forward FLOPs per token of a hybrid model as Megatron-Bridge 0.6's `training/utils/flop_utils.py::hybrid_flops`
+    counts them (Megatron-LM `megatron/training/training.py::hybrid_flops` alike), per symbol of the pattern:
+    - `*`: 4 h p (h + h g / a) + 2 h p s with p = d a / h (`attn_layer_flops`: no causal halving);
+    - `M`: 2 h (2 d_in + 2 G N + H) + 7 d_in N + 2 d_in h with d_in = 2 h (`mamba_layer_flops` takes d_in = 2 h
+      whatever `mamba_num_heads * mamba_head_dim` is, the published figures' convention; the step time uses the
+      real widths, `mamba_time.py`);
+    - `-`: 4 h f (`mlp_layer_flops`, f = ffn_hidden_size, 3/2 of it for a gated MLP);
+    - `E`: 4 h (k f_e + f_s) (`moe_layer_flops`, 3/2 of it gated); logits 2 h V (padded V)."""
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    gate = 1.5 if model.gated_linear_unit else 1.0
+    p = d * a / h
+    attention = 4 * h * p * (h + h * g / a) + 2 * h * p * s
+    mamba = 0.0
+    if model.mamba is not None:
+        m, d_in = model.mamba, 2 * h
+        mamba = 2 * h * (2 * d_in + 2 * m.num_groups * m.state_dim + m.num_heads) + 7 * d_in * m.state_dim \
+            + 2 * d_in * h
+    mlp = 4 * h * model.ffn_hidden_size * gate
+    moe = 0.0
+    if model.moe is not None:
+        x = model.moe
+        moe = 4 * h * (x.topk * x.expert_ffn_hidden_size + x.shared_expert_ffn_hidden_size) * gate
+    return (model.num_attention_layers * attention + model.num_mamba_layers * mamba
+            + model.num_dense_mlp_layers * mlp + model.num_moe_layers * moe + 2.0 * h * padded_vocab_size(model))
+
+
 def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     """Forward FLOPs per token, Megatron-LM `num_floating_point_operations` / (3 * B * s).
 
@@ -50,6 +78,8 @@ def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     as one more layer of the decoder's last kind (attention and a MoE or dense MLP), plus its norms and `eh_proj`
     2*(3h + 2h^2), plus one more logits GEMM 2*h*V.
     """
+    if model.is_hybrid:
+        return hybrid_forward_flops_per_token(model, seq_length)
     h = model.hidden_size
     gate = 3 if model.gated_linear_unit else 2
     mtp = model.mtp_num_layers

@@ -116,17 +116,17 @@ def shape_of(job: Job, cal: Calibration, tp: int, cp: int, ep: int, etp: int, mb
 
 
 def graphed(x: Shape, part: str) -> bool:
-    """Whether the layout's CUDA graphs capture `part` ('attn', 'mlp', 'moe_router', 'moe_preprocess', 'moe'):
-    full-iteration graphs capture every part; per-layer graphs (`local`, `transformer_engine`) the job's
+    """Whether the layout's CUDA graphs capture `part` ('attn', 'mlp', 'moe_router', 'moe_preprocess', 'moe',
+    'mamba'): full-iteration graphs capture every part; per-layer graphs (`local`, `transformer_engine`) the job's
     `cuda_graph_modules` (empty: the whole layer's static parts, never a dropless MoE block,
-    megatron-core `transformer/cuda_graphs.py`)."""
+    megatron-core `transformer/cuda_graphs.py`; a Mamba layer whole, `ssm/mamba_layer.py:108-110`)."""
     if x.cuda_graphs == "none":
         return False
     if x.cuda_graphs == "full_iteration":
         return True
     modules = x.job.cuda_graph_modules
     if not modules:
-        return part in ("attn", "mlp")
+        return part in ("attn", "mlp", "mamba")
     return part in modules
 
 

@@ -134,7 +134,7 @@ class LayoutTable:
         for k, (p, v) in enumerate(pairs):
             rows = np.asarray(inverse).reshape(-1) == k
             for name, value in pipeline_fields(job.model.num_layers, int(p), int(v) or None,
-                                               job.model.mtp_num_layers).items():
+                                               job.model.mtp_num_layers, hybrid=job.model.is_hybrid).items():
                 # pipeline_layout (a str) is coded by its index in layout_strings; the others are ints and a bool
                 if isinstance(value, str):
                     split[name][rows] = strings.setdefault(value, len(strings))

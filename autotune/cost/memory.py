@@ -21,6 +21,7 @@ from functools import lru_cache, partial
 from autotune.cost.activations import (
     ActivationAssumptions,
     UnitActivations,
+    chunk_kinds,
     inflight_microbatches_per_chunk,
     unit_activation_bytes,
 )
@@ -234,12 +235,13 @@ def graph_pool_held_bytes(layout: Layout, activations: float, step: float) -> fl
 
 @lru_cache(maxsize=4096)
 def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, split: Split = EVEN,
-                      mtp: tuple[int, ...] | None = None,
+                      mtp: tuple[int, ...] | None = None, pattern: str | None = None,
                       ) -> tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]:
     """Stages that can be the peak, with their chunks as (chunk index k, first layer, layers).
 
     In-flight micro-batches never grow with the stage index, so among stages holding the same layers
-    (same dense/MoE counts per chunk, same embedding/output/MTP layers) only the first can be the heaviest."""
+    (same dense/MoE counts per chunk, or a hybrid `pattern`'s symbol counts, same embedding/output/MTP layers)
+    only the first can be the heaviest."""
     counts = chunk_layer_counts(num_layers, pp, vpp, split)
     starts = [sum(counts[:k]) for k in range(len(counts))]
     last = len(counts) - 1
@@ -247,7 +249,7 @@ def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, spli
     out = []
     for p in range(pp):
         chunks = tuple((k, starts[k], counts[k]) for k in range(p, len(counts), pp))
-        key = tuple((k == 0, k == last, n, max(0, min(start + n, first_dense) - start), mtp[k] if mtp else 0)
+        key = tuple((k == 0, k == last, n, chunk_kinds(pattern, first_dense, start, n), mtp[k] if mtp else 0)
                     for k, start, n in chunks)
         if key not in seen:
             seen.add(key)
@@ -310,13 +312,14 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
     has_moe = sp.moe_layers > 0
     mtp = _mtp_counts(model, layout)
     activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
+    pattern = model.hybrid_pattern
     for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
-        dense = max(0, min(start + n, first_dense) - start)
-        activations += n_inflight * unit.chunk(dense=dense, moe=n - dense, has_embedding=k == 0, has_output=k == last,
-                                               mtp=mtp[k] if mtp else 0)
+        dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, start, n)
+        activations += n_inflight * unit.chunk(dense=dense, moe=moe, has_embedding=k == 0, has_output=k == last,
+                                               mtp=mtp[k] if mtp else 0, mamba=mamba, attention=attention)
     breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
         unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-        has_output=sp.has_output, has_moe=has_moe, mtp=mtp)
+        has_output=sp.has_output, has_moe=has_moe, mtp=mtp, pattern=pattern)
     phase = "activations"
     step = _optimizer_step_bytes(job, sp, layout)
     held = graph_pool_held_bytes(layout, activations, step)
@@ -346,7 +349,7 @@ def estimate_memory(job: Job, layout: Layout,
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     best: MemoryEstimate | None = None
     for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size,
-                                        pipeline_split(layout), _mtp_counts(model, layout)):
+                                        pipeline_split(layout), _mtp_counts(model, layout), model.hybrid_pattern):
         est = _stage_estimate(job, layout, assumptions, stages[p], unit, chunks)
         if best is None or est.total_bytes > best.total_bytes:
             best = est
@@ -382,5 +385,6 @@ def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chu
     vocab = padded_vocab_size(model.vocab_size, layout.tp, assumptions.make_vocab_size_divisible_by)
     unit = unit_activation_bytes(job, layout, assumptions, vocab)
     terms = unit.breakdown(chunks=((k, start, counts[k]),), inflight=(1,), first_dense=first_dense,
-                           last=len(counts) - 1, has_output=False, has_moe=False, transients=False)
+                           last=len(counts) - 1, has_output=False, has_moe=False, transients=False,
+                           pattern=model.hybrid_pattern)
     return dict(terms)

@@ -12,6 +12,10 @@ A `pipeline_model_parallel_layout` string places layers and MTP layers itself (`
 `Layout.chunk_mtp_counts`). Multi-token-prediction layers sit on the last chunk without a string
 (`get_mtp_num_layers_to_build`); a chunk holding MTP builds its own copy of the word embedding unless it is
 the first chunk (`GPTModel.__init__`: `if self.pre_process or self.mtp_process: self.embedding = ...`).
+A hybrid model (`ModelSpec.hybrid_pattern`, megatron-core `models/hybrid/`) is split the same way
+(`hybrid_layer_allocation.py::select_pipeline_segment` without '|': even, or first/last stage layers) and each
+stage holds its slice of the pattern: `M` layers (norm replicated; in_proj, conv1d, dt_bias, A_log, D, the gated
+norm and out_proj split over TP, `ssm/mamba_mixer.py`), `*` attention-only, `-` MLP-only and `E` MoE-only layers.
 Sources: `models/gpt/gpt_model.py`, `transformer/attention.py`, `transformer/multi_latent_attention.py`,
 `transformer/mlp.py`, `transformer/moe/`, Megatron-LM `_vocab_size_with_padding`. Checked exactly against real
 megatron-core models in `tests/test_memory_megatron_params.py`.
@@ -83,10 +87,17 @@ class StageParams:
     expert_params_per_gpu: int
     gemm_params_per_gpu: int
     mtp_layers: int = 0
+    mamba_layers: int = 0  # hybrid `M` layers
+    attention_layers: int = 0  # hybrid `*` (attention-only) layers; 0 for a GPT model, whose every layer has one
 
     @property
     def params_per_gpu(self) -> int:
         return self.dense_params_per_gpu + self.expert_params_per_gpu
+
+    @property
+    def dense_layers(self) -> int:
+        """Layers with a dense MLP: a GPT model's attention + MLP layers, a hybrid model's `-` layers."""
+        return self.layers - self.moe_layers - self.mamba_layers - self.attention_layers
 
 
 def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = False) -> tuple[int, int]:
@@ -125,6 +136,20 @@ def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = 
     return norm + gemm + qkv_bias // tp + proj_bias + qk_norm + sinks, gemm
 
 
+def _mamba_params_per_gpu(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """One hybrid `M` layer on one TP rank: (all params, GEMM weights). The layer norm is replicated (fused into
+    in_proj with TE); in_proj (column-parallel, z x B C dt each split), conv1d weight and bias, dt_bias, A_log, D and
+    the gated RMSNorm's weight are split over TP (`tensor_model_parallel=True`), out_proj is row-parallel without
+    bias (megatron-core `ssm/mamba_mixer.py:279-443`; the rules make H, G and so d_inner divide by TP)."""
+    m = model.mamba
+    if m is None:
+        return 0, 0
+    h = model.hidden_size
+    gemm = (h * m.in_proj_width + m.d_inner * h) // tp
+    rest = (m.conv_dim * (m.conv_kernel + 1) + 3 * m.num_heads + m.d_inner) // tp
+    return h * _norm_params_per_dim(model) + gemm + rest, gemm
+
+
 def _norm_params_per_dim(model: ModelSpec) -> int:
     """RMSNorm keeps a weight per channel, LayerNorm a weight and a bias."""
     return 2 if model.normalization == "LayerNorm" else 1
@@ -148,8 +173,9 @@ def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down
     attn, attn_gemm = _attention_params_per_gpu(model, tp, mla_down_split)
     dense_mlp, dense_mlp_gemm = _mlp_params_per_gpu(model, model.ffn_hidden_size, tp)
     h = model.hidden_size
+    mamba, mamba_gemm = _mamba_params_per_gpu(model, tp)
     out = {
-        "attention": attn, "attention_gemm": attn_gemm,
+        "attention": attn, "attention_gemm": attn_gemm, "mamba": mamba, "mamba_gemm": mamba_gemm,
         "dense_mlp": norm + dense_mlp + post_norm, "dense_mlp_gemm": dense_mlp_gemm,
         "moe_dense": 0, "moe_dense_gemm": 0, "experts": 0, "experts_gemm": 0,
         # MTP layer outside its decoder layer: enorm, hnorm, final_layernorm (replicated), eh_proj
@@ -196,22 +222,32 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
         else len(counts) - 1
     stages = []
     for p in range(pp):
-        layers = moe_layers = mtp_layers = embedding_copies = 0
+        layers = moe_layers = mtp_layers = embedding_copies = mamba_layers = attention_layers = 0
         start = 0
         for k, n in enumerate(counts):
             if k % pp == p:
                 layers += n
-                moe_layers += max(0, start + n - max(start, first_dense)) if model.moe is not None else 0
+                if model.hybrid_pattern is not None:  # the stage's slice of the pattern
+                    symbols = model.hybrid_pattern[start:start + n]
+                    moe_layers += symbols.count("E")
+                    mamba_layers += symbols.count("M")
+                    attention_layers += symbols.count("*")
+                else:
+                    moe_layers += max(0, start + n - max(start, first_dense)) if model.moe is not None else 0
                 mtp_layers += mtp_counts[k]
                 embedding_copies += 1 if mtp_counts[k] and k != 0 else 0  # an MTP chunk builds the embedding
             start += n
-        dense_layers = layers - moe_layers
+        dense_layers = layers - moe_layers - mamba_layers - attention_layers
+        with_attention = attention_layers if model.hybrid_pattern is not None else layers
         has_emb, has_out = p == 0, p == pp - 1
-        dense_gpu = layers * blocks["attention"] + dense_layers * blocks["dense_mlp"]
+        dense_gpu = with_attention * blocks["attention"] + dense_layers * blocks["dense_mlp"]
         dense_gpu += moe_layers * blocks["moe_dense"]
         dense_gpu += mtp_layers * (blocks["mtp_extra"] + blocks["attention"] + blocks[mtp_mlp])
-        dense_all = layers * unsplit["attention"] + dense_layers * unsplit["dense_mlp"]
+        dense_all = with_attention * unsplit["attention"] + dense_layers * unsplit["dense_mlp"]
         dense_all += moe_layers * unsplit["moe_dense"]
+        if mamba_layers:
+            dense_gpu += mamba_layers * blocks["mamba"]
+            dense_all += mamba_layers * unsplit["mamba"]
         dense_all += mtp_layers * (unsplit["mtp_extra"] + unsplit["attention"] + unsplit[mtp_mlp])
         dense_gpu += embedding_copies * embedding_gpu
         dense_all += embedding_copies * embedding_all
@@ -226,14 +262,15 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
             dense_gpu += norm
             dense_all += norm
         expert_layers = moe_layers + (mtp_layers if model.moe is not None else 0)
-        gemm = layers * blocks["attention_gemm"] + dense_layers * blocks["dense_mlp_gemm"]
-        gemm += moe_layers * (blocks["moe_dense_gemm"] + blocks["experts_gemm"])
+        gemm = with_attention * blocks["attention_gemm"] + dense_layers * blocks["dense_mlp_gemm"]
+        gemm += moe_layers * (blocks["moe_dense_gemm"] + blocks["experts_gemm"]) + mamba_layers * blocks["mamba_gemm"]
         gemm += mtp_layers * (blocks["mtp_extra_gemm"] + blocks["attention_gemm"] + mtp_mlp_gemm)
         stages.append(StageParams(
             stage=p, layers=layers, moe_layers=moe_layers, has_embedding=has_emb, has_output=has_out,
             dense_params=dense_all, expert_params=expert_layers * unsplit["experts"],
             dense_params_per_gpu=dense_gpu, expert_params_per_gpu=expert_layers * blocks["experts"],
-            gemm_params_per_gpu=gemm, mtp_layers=mtp_layers,
+            gemm_params_per_gpu=gemm, mtp_layers=mtp_layers, mamba_layers=mamba_layers,
+            attention_layers=attention_layers,
         ))
     return tuple(stages)
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from autotune.cost.activations import inflight_microbatches_per_chunk
+from autotune.cost.activations import chunk_kinds, inflight_microbatches_per_chunk
 from autotune.cost.allowance import device_terms, workspace_terms
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.flops import model_flops_per_step
@@ -250,15 +250,17 @@ class _Rows:
 
 
 # --- step time ---------------------------------------------------------------------------------------------------
-def _stage_kinds(stages: Sequence[Any]) -> list[tuple[int, int, bool, bool, int, int, int]]:
-    """Distinct stages as (dense layers, MoE layers, embedding, output, MTP layers, last stage index, count), the
-    latest stage first: equal stages take equal time, and the scalar model's pace is the latest of the slowest."""
-    kinds: dict[tuple[int, int, bool, bool, int], list[int]] = {}
+def _stage_kinds(stages: Sequence[Any]) -> list[tuple[int, int, bool, bool, int, int, int, int, int]]:
+    """Distinct stages as (dense layers, MoE layers, embedding, output, MTP layers, Mamba layers, attention-only
+    layers, last stage index, count), the latest stage first: equal stages take equal time, and the scalar model's
+    pace is the latest of the slowest."""
+    kinds: dict[tuple[int, int, bool, bool, int, int, int], list[int]] = {}
     for s in stages:
-        key = (s.layers - s.moe_layers, s.moe_layers, s.has_embedding, s.has_output, s.mtp_layers)
+        key = (s.dense_layers, s.moe_layers, s.has_embedding, s.has_output, s.mtp_layers, s.mamba_layers,
+               s.attention_layers)
         entry = kinds.setdefault(key, [0, 0])
         entry[0], entry[1] = s.stage, entry[1] + 1
-    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[5])
+    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[7])
 
 
 def _exposed(comm: np.ndarray, window: np.ndarray, overlap: bool | np.ndarray, params: np.ndarray,
@@ -303,27 +305,37 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     mtp = {k: per_layer(term("mtp", k)) for k in LAYER_KEYS}
     mtp_sum = per_layer(lambda lt: sum(lt.mtp.values()))
     dense_sum, moe_sum = per_layer(lambda lt: sum(lt.dense.values())), per_layer(lambda lt: sum(lt.moe.values()))
+    hybrid = job.model.is_hybrid
+    if hybrid:
+        mamba = {k: per_layer(term("mamba", k)) for k in LAYER_KEYS}
+        attention = {k: per_layer(term("attention", k)) for k in LAYER_KEYS}
+        mamba_sum = per_layer(lambda lt: sum(lt.mamba.values()))
+        attention_sum = per_layer(lambda lt: sum(lt.attention.values()))
     out_sum, emb = per_layer(lambda lt: sum(lt.output.values())), per_layer(lambda lt: lt.embedding_s)
 
     # stages: the scalar model's per-stage sum, per distinct stage of each placement (kinds padded to K)
     stage_lists = t.placement.values(lambda i: stage_params(job.model, t.layout(i)))
     kinds = [_stage_kinds(s) for s in stage_lists]
     width = max(len(k) for k in kinds)
-    pad = [k + [(0, 0, False, False, 0, -1, 0)] * (width - len(k)) for k in kinds]
-    kind = {name: np.array([[row[j] for row in k] for k in pad])[t.placement.inverse]
-            for j, name in enumerate(("dense", "moe", "emb", "out", "mtp", "last", "count"))}
+    pad = [k + [(0, 0, False, False, 0, 0, 0, -1, 0)] * (width - len(k)) for k in kinds]
+    names = ("dense", "moe", "emb", "out", "mtp", "mamba", "attention", "last", "count")
+    kind = {name: np.array([[row[j] for row in k] for k in pad])[t.placement.inverse] for j, name in enumerate(names)}
     stage_s = kind["dense"] * dense_sum[:, None] + kind["moe"] * moe_sum[:, None]
+    if hybrid:
+        stage_s = stage_s + kind["mamba"] * mamba_sum[:, None] + kind["attention"] * attention_sum[:, None]
     stage_s = np.where(kind["out"], stage_s + out_sum[:, None], stage_s)
     stage_s = np.where(kind["mtp"] > 0, stage_s + kind["mtp"] * mtp_sum[:, None], stage_s)
     stage_s = np.where(kind["emb"], stage_s + emb[:, None], stage_s)
     slow = np.argmax(np.where(kind["last"] >= 0, stage_s, -np.inf), axis=1)
-    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out", "mtp")}
+    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out", "mtp", "mamba", "attention")}
     bubble = ((kind["count"] * stage_s).sum(axis=1) - stage_s[rows, slow]) / t.vpp
 
     breakdown = {}
     for key in LAYER_KEYS:
         breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key] + pace["mtp"] * mtp[key]
                               + np.where(pace["out"], out[key], 0.0))
+        if hybrid:
+            breakdown[key] = breakdown[key] + m * (pace["mamba"] * mamba[key] + pace["attention"] * attention[key])
     breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * emb, breakdown["compute"])
     p2p = _group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp, table.cuda_graphs)
     breakdown["pp_bubble"] = bubble
@@ -345,6 +357,11 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
                   + pace["moe"] * per_layer(lambda lt: lt.moe_bwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_bwd_s))
     fwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_fwd_s)
                   + pace["moe"] * per_layer(lambda lt: lt.moe_fwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_fwd_s))
+    if hybrid:
+        bwd_window = bwd_window + (pace["mamba"] * per_layer(lambda lt: lt.mamba_bwd_s)
+                                   + pace["attention"] * per_layer(lambda lt: lt.attention_bwd_s))
+        fwd_window = fwd_window + (pace["mamba"] * per_layer(lambda lt: lt.mamba_fwd_s)
+                                   + pace["attention"] * per_layer(lambda lt: lt.attention_fwd_s))
     breakdown["dp_comm"] = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
                                        & training.overlap_grad_reduce, params, cal))
@@ -372,14 +389,14 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
 
 
 # --- memory ------------------------------------------------------------------------------------------------------
-def _chunk_shape(chunks: tuple[tuple[int, int, int], ...], first_dense: int, last: int,
-                 ) -> list[tuple[int, int, bool, bool]]:
-    """(dense layers, MoE layers, embedding, output) of each chunk of a stage, as `memory._stage_estimate` reads
-    them."""
+def _chunk_shape(chunks: tuple[tuple[int, int, int], ...], first_dense: int, last: int, pattern: str | None = None,
+                 ) -> list[tuple[int, int, bool, bool, int, int]]:
+    """(dense layers, MoE layers, embedding, output, Mamba layers, attention-only layers) of each chunk of a
+    stage, as `memory._stage_estimate` reads them (`activations.chunk_kinds`)."""
     out = []
     for k, start, count in chunks:
-        dense = max(0, min(start + count, first_dense) - start)
-        out.append((dense, count - dense, k == 0, k == last))
+        dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, start, count)
+        out.append((dense, moe, k == 0, k == last, mamba, attention))
     return out
 
 
@@ -393,7 +410,8 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     units = unit.values(lambda i: _lookups(job, t.layout(i), assumptions)[1])
     u_rows = unit.inverse
     u = {name: np.array([getattr(x, name) for x in units], dtype=np.float64)[u_rows]
-         for name in ("dense_layer", "moe_layer", "dense_kept", "moe_kept", "embedding", "output", "mtp")}
+         for name in ("dense_layer", "moe_layer", "dense_kept", "moe_kept", "embedding", "output", "mtp",
+                      "mamba_layer", "attention_layer")}
     combos = [(o, h) for o in (False, True) for h in (False, True)]
     transients = np.array([[x.transient(has_output=o, has_moe=h) for o, h in combos] for x in units])
     u_full = np.array([x.full_layers is not None for x in units])[u_rows]
@@ -405,7 +423,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                        table.pipeline_layout)
     mtp_of = structure.values(lambda i: _mtp_counts(model, t.layout(i)))
     cands = [_candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
-                               mtp_of[g]) for g, i in enumerate(structure.first)]
+                               mtp_of[g], model.hybrid_pattern) for g, i in enumerate(structure.first)]
     width = max(len(c) for c in cands)
     depth = int(t.vpp.max())
     s_rows = structure.inverse
@@ -457,10 +475,13 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
             sp0 = stage_lists[t.placement.inverse[i0]][p]
             has_out, has_moe = sp0.has_output, sp0.moe_layers > 0
             act = transients[u_rows[idx], combos.index((has_out, has_moe))]
-            shapes = _chunk_shape(chunks, first_dense, pp * vpp - 1)
-            for j, ((k, _, _), (dense, moe, has_emb, is_last)) in enumerate(zip(chunks, shapes, strict=True)):
+            shapes = _chunk_shape(chunks, first_dense, pp * vpp - 1, model.hybrid_pattern)
+            for j, ((k, _, _), (dense, moe, has_emb, is_last, mamba, attention)) in enumerate(
+                    zip(chunks, shapes, strict=True)):
                 rd, rm, kd, km = _layer_split(split_unit, full, dense, moe)
                 value = rd * uu["dense_layer"] + rm * uu["moe_layer"] + kd * uu["dense_kept"] + km * uu["moe_kept"]
+                if mamba or attention:
+                    value = value + mamba * uu["mamba_layer"] + attention * uu["attention_layer"]
                 mtp_k = mtp_of[g][k] if mtp_of[g] else 0
                 if mtp_k:
                     value = value + mtp_k * uu["mtp"]

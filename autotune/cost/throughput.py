@@ -21,6 +21,7 @@ from autotune.cost.comm import group_collective_s, p2p_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration, gemm_cost, memory_bound_time_s
 from autotune.cost.flops import model_flops_per_step, padded_vocab_size
 from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_mlp_block, fp8_cast_s, shape_of
+from autotune.cost.mamba_time import mamba_block
 from autotune.cost.moe_time import moe_block
 from autotune.cost.placement import StageParams, heaviest_stage, pipeline_split, stage_params
 from search_spaces.job import Job
@@ -67,7 +68,9 @@ class TimeEstimate:
 class LayerTimes:
     """One micro-batch's forward + backward through one dense and one MoE layer, one multi-token-prediction layer,
     and the last stage's extras (seconds by LAYER_KEYS); fwd_s / bwd_s are the wall times DP communication can
-    hide under."""
+    hide under. A hybrid model's layers are one block each (`ModelSpec.hybrid_pattern`): `dense` is then an `-`
+    (MLP-only) layer, `moe` an `E` layer, `mamba` an `M` layer and `attention` a `*` (attention-only) layer; a GPT
+    model's `mamba` and `attention` are zero (its attention is inside `dense` and `moe`)."""
 
     dense: dict[str, float]
     moe: dict[str, float]
@@ -80,6 +83,12 @@ class LayerTimes:
     moe_bwd_s: float
     mtp_fwd_s: float
     mtp_bwd_s: float
+    mamba: dict[str, float]
+    attention: dict[str, float]
+    mamba_fwd_s: float = 0.0
+    mamba_bwd_s: float = 0.0
+    attention_fwd_s: float = 0.0
+    attention_bwd_s: float = 0.0
 
 
 def _recompute_pass(job: Job, layout: Layout, blocks: list[dict[str, Pass]]) -> Pass:
@@ -186,10 +195,16 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
                  layout.cuda_graphs, layout.ep_overlap)
     attn = attention_block(x)
-    dense, dense_f, dense_b = _layer(job, layout, [attn, dense_mlp_block(x)], cal)
+    hybrid = job.model.is_hybrid
+    zero = dict.fromkeys(LAYER_KEYS, 0.0)
+    mamba, mamba_f, mamba_b = _layer(job, layout, [mamba_block(x)], cal) if job.model.mamba is not None \
+        else (zero, 0.0, 0.0)
+    attn_only, attn_f, attn_b = _layer(job, layout, [attn], cal) if hybrid else (zero, 0.0, 0.0)
+    with_attention = [] if hybrid else [attn]  # a hybrid model's MLP and MoE layers have no attention block
+    dense, dense_f, dense_b = _layer(job, layout, [*with_attention, dense_mlp_block(x)], cal)
     moe, moe_f, moe_b = (dense, dense_f, dense_b)
     if job.model.moe is not None:
-        moe, moe_f, moe_b = _layer(job, layout, [attn, moe_block(x, attn)], cal, paired=layout.ep_overlap)
+        moe, moe_f, moe_b = _layer(job, layout, [*with_attention, moe_block(x, attn)], cal, paired=layout.ep_overlap)
     gpu, h = job.cluster.gpu, job.model.hidden_size
     vocab = padded_vocab_size(job.model) / layout.tp
     logits = 3 * gemm_cost(gpu, "bf16", None, cal).time_s(x.rows, vocab, h)  # megatron's output layer is not FP8
@@ -205,7 +220,9 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     last = (moe, moe_f, moe_b) if job.model.moe is not None else (dense, dense_f, dense_b)
     mtp, mtp_f, mtp_b = _mtp_layer(x, layout, last, output, embedding)
     return LayerTimes(dense=dense, moe=moe, mtp=mtp, output=output, embedding_s=embedding, dense_fwd_s=dense_f,
-                      dense_bwd_s=dense_b, moe_fwd_s=moe_f, moe_bwd_s=moe_b, mtp_fwd_s=mtp_f, mtp_bwd_s=mtp_b)
+                      dense_bwd_s=dense_b, moe_fwd_s=moe_f, moe_bwd_s=moe_b, mtp_fwd_s=mtp_f, mtp_bwd_s=mtp_b,
+                      mamba=mamba, attention=attn_only, mamba_fwd_s=mamba_f, mamba_bwd_s=mamba_b,
+                      attention_fwd_s=attn_f, attention_bwd_s=attn_b)
 
 
 def _mtp_layer(x: Shape, layout: Layout, last: tuple[dict[str, float], float, float], output: dict[str, float],
@@ -226,8 +243,9 @@ def _mtp_layer(x: Shape, layout: Layout, last: tuple[dict[str, float], float, fl
 
 
 def _stage_s(stage: StageParams, lt: LayerTimes) -> float:
-    dense_layers = stage.layers - stage.moe_layers
-    total = dense_layers * sum(lt.dense.values()) + stage.moe_layers * sum(lt.moe.values())
+    total = stage.dense_layers * sum(lt.dense.values()) + stage.moe_layers * sum(lt.moe.values())
+    if stage.mamba_layers or stage.attention_layers:  # hybrid
+        total += stage.mamba_layers * sum(lt.mamba.values()) + stage.attention_layers * sum(lt.attention.values())
     if stage.has_output:
         total += sum(lt.output.values())
     if stage.mtp_layers:
@@ -337,10 +355,13 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     slow = max(range(pp), key=lambda s: (stage_s[s], s))  # ties: the later stage (the last has the logits)
     pace = stages[slow]
     breakdown = dict.fromkeys(TIME_KEYS, 0.0)
-    dense_layers = pace.layers - pace.moe_layers
+    dense_layers = pace.dense_layers
+    hybrid = pace.mamba_layers or pace.attention_layers
     for key in LAYER_KEYS:
         breakdown[key] = m * (dense_layers * lt.dense[key] + pace.moe_layers * lt.moe[key]
                               + pace.mtp_layers * lt.mtp[key] + (lt.output[key] if pace.has_output else 0.0))
+        if hybrid:
+            breakdown[key] += m * (pace.mamba_layers * lt.mamba[key] + pace.attention_layers * lt.attention[key])
     if pace.has_embedding:
         breakdown["compute"] += m * lt.embedding_s
     breakdown["pp_bubble"] = pipeline_bubble_s(stage_s, layout)
@@ -350,6 +371,9 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     grads, gather, params = dp_comm_s(job, layout, cal, heavy)
     bwd_window = dense_layers * lt.dense_bwd_s + pace.moe_layers * lt.moe_bwd_s + pace.mtp_layers * lt.mtp_bwd_s
     fwd_window = dense_layers * lt.dense_fwd_s + pace.moe_layers * lt.moe_fwd_s + pace.mtp_layers * lt.mtp_fwd_s
+    if hybrid:
+        bwd_window += pace.mamba_layers * lt.mamba_bwd_s + pace.attention_layers * lt.attention_bwd_s
+        fwd_window += pace.mamba_layers * lt.mamba_fwd_s + pace.attention_layers * lt.attention_fwd_s
     breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
                                             and training.overlap_grad_reduce, params, cal))

@@ -40,10 +40,12 @@ from search_spaces.releases import local_layer_graphs_refused
 __all__ = ["bridge_overrides", "megatron_lm_args", "megatron_lm_settings", "megatron_lm_notes", "bridge_notes",
            "megatron_lm_environment", "launch_forms",
            "bridge_recipe", "launch_header",
-           "BRIDGE_RECIPES", "BRIDGE_SCRIPT", "MEGATRON_LM_SCRIPT", "COMM_OVERLAP_CLASS", "MIXED_PRECISION_CLASS"]
+           "BRIDGE_RECIPES", "BRIDGE_SCRIPT", "MEGATRON_LM_SCRIPT", "MEGATRON_LM_HYBRID_SCRIPT",
+           "megatron_lm_script", "COMM_OVERLAP_CLASS", "MIXED_PRECISION_CLASS"]
 
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
 MEGATRON_LM_SCRIPT = "pretrain_gpt.py"
+MEGATRON_LM_HYBRID_SCRIPT = "pretrain_hybrid.py"  # Megatron-LM core_v0.19.0's HybridModel entry point
 COMM_OVERLAP_CLASS = "megatron.bridge.training.comm_overlap.CommOverlapConfig"
 MIXED_PRECISION_CLASS = "megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
 # catalog model -> Megatron-Bridge v0.3.1 pretraining recipe (`src/megatron/bridge/recipes/`; the --megatron-core
@@ -183,8 +185,15 @@ def bridge_notes(job: Job, layout: Layout | None) -> list[str]:
     return []
 
 
+def megatron_lm_script(job: Job) -> str:
+    """The Megatron-LM entry point: `pretrain_hybrid.py` for a hybrid Mamba model (its architecture arguments
+    include `--hybrid-layer-pattern`), `pretrain_gpt.py` otherwise."""
+    return MEGATRON_LM_HYBRID_SCRIPT if job.model.is_hybrid else MEGATRON_LM_SCRIPT
+
+
 def megatron_lm_args(job: Job, layout: Layout) -> list[str]:
-    """`pretrain_gpt.py` arguments (flag and value as separate items, ready for a shell line)."""
+    """`pretrain_gpt.py` (`pretrain_hybrid.py`) arguments (flag and value as separate items, ready for a shell
+    line)."""
     settings = megatron_lm_settings(job, layout)
     if settings.get("pipeline_model_parallel_layout") is not None:
         # Megatron-LM derives VPP from the layout string and refuses both (arguments.py L503-527)
@@ -226,8 +235,9 @@ def launch_header(job: Job, form: str, layout: Layout | None = None) -> str:
     run = f" (run with {' '.join(f'{k}={v}' for k, v in env.items())}: Megatron-LM asserts it for this layout)" \
         if env else ""
     notes = "".join(f" ({note})" for note in megatron_lm_notes(job))
-    return (f"Megatron-LM {target.megatron_lm} arguments for {MEGATRON_LM_SCRIPT}{run}, after the model's "
-            f"architecture arguments{notes}")
+    arch = (f"the model's architecture arguments (--hybrid-layer-pattern {job.model.hybrid_pattern} and the Mamba "
+            "sizes among them)" if job.model.is_hybrid else "the model's architecture arguments")
+    return f"Megatron-LM {target.megatron_lm} arguments for {megatron_lm_script(job)}{run}, after {arch}{notes}"
 
 
 def _recipe_words(job: Job, release: str) -> str:

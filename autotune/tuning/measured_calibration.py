@@ -71,6 +71,9 @@ def stage_probe(job: Job, layout: Layout, gpus_per_node: int) -> StageProbe:
     computes what the candidate's does; only the all-to-all stays inside the node.
     """
     model, tp_cp = job.model, layout.tp * layout.cp
+    if model.is_hybrid:
+        raise ValueError(f"{layout}: {model.name} is a hybrid Mamba model, which the megatron backend cannot profile "
+                         f"(it builds GPT models only)")
     if tp_cp > gpus_per_node:
         raise ValueError(f"{layout}: TP x CP = {tp_cp} ranks do not fit one node of {gpus_per_node} GPUs at hand")
     layers = max(layout.stage_layer_counts(model.num_layers))

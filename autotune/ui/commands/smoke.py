@@ -42,12 +42,19 @@ def run(args: argparse.Namespace) -> int:
     if workers <= 0 or args.iterations <= 0:
         raise ValueError("--workers and --iterations must be positive integers.")
     model = _model(args.model)
+    _refuse_hybrid(model)
     training = TrainingSpec(seq_length=args.seq_length, global_batch_size=args.global_batch_size,
                             precision=args.precision)
     if training.global_batch_size % (layout.mbs * layout.dp):
         raise ValueError(f"global batch size ({training.global_batch_size}) must be a multiple of "
                          f"mbs * dp ({layout.mbs} * {layout.dp}); pass --global-batch-size.")
     return _run_job(args, model, layout, training, workers)
+
+
+def _refuse_hybrid(model) -> None:
+    from autotune.tuning.backends import trainer_entry
+
+    trainer_entry("trainers.proxy", "refuse_hybrid")(model)
 
 
 def _run_job(args: argparse.Namespace, model, layout, training, workers: int) -> int:
