@@ -171,6 +171,9 @@ def test_profile_runs_end_to_end_on_the_cpu_proxy(tmp_path: Path, capsys) -> Non
                  "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-2000:]
+    import ray
+
+    assert not ray.is_initialized()  # the Ray it started is shut down (later tests start their own clusters)
     report = json.loads(captured.out)
     assert report["source"] == PROXY_SOURCE and report["written"] is True
     (probe,) = report["probes"]
@@ -190,3 +193,4 @@ def test_profile_runs_end_to_end_on_the_cpu_proxy(tmp_path: Path, capsys) -> Non
     summary = result.summary()
     assert result.fit is not None and summary["source"] == PROXY_SOURCE
     assert summary["probes"][0]["status"] == "ok" and len(summary["collectives"]) == 8
+    assert not ray.is_initialized()

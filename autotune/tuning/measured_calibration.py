@@ -39,7 +39,7 @@ from search_spaces.rules import check
 from search_spaces.training import TrainingSpec
 
 __all__ = ["StageProbe", "stage_probe", "search_runs", "collective_timings", "profile_node", "Profile",
-           "calibration_file", "top_candidates", "PROBE_MICROBATCHES", "COLLECTIVE_BYTES"]
+           "calibration_file", "top_candidates", "run_profile", "PROBE_MICROBATCHES", "COLLECTIVE_BYTES"]
 
 PROBE_MICROBATCHES = 4  # micro-batches per probe step: a stage's steady work, short enough to profile many
 COLLECTIVE_BYTES = {"gpu": (64 * 2**20, 256 * 2**20), "cpu": (1 * 2**20, 4 * 2**20)}  # per collective (module doc)
@@ -284,6 +284,21 @@ def profile_node(job: Job, candidates: Sequence[Layout], backend: Any, *,
         reason = "nothing was measured: every probe failed and no collective ran"
     return Profile(source=source, hardware=dict(hardware), probes=tuple(probes), skipped=tuple(skipped),
                    runs=tuple(runs), timings=tuple(timings), collectives=collectives, fit=fit, reason=reason)
+
+
+def run_profile(job: Job, candidates: Sequence[Layout], backend: Any, *,
+                say: Callable[[str], None] = lambda text: None) -> Profile:
+    """`profile_node` inside the backend's worker session (`MegatronBackend.session`); a Ray this call started is
+    shut down after (as a search's own is), one that was running stays."""
+    import ray
+
+    started = not ray.is_initialized()
+    try:
+        with backend.session():
+            return profile_node(job, candidates, backend, say=say)
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
 
 
 def calibration_file(fit: Fit, *, source: str, provenance: dict[str, Any], path: str = "") -> CalibrationFile:

@@ -262,7 +262,7 @@ def profile(
     """
     from autotune.cost.calibration_file import write_calibration
     from autotune.tuning.backends import get_backend
-    from autotune.tuning.measured_calibration import profile_node, top_candidates
+    from autotune.tuning.measured_calibration import run_profile, top_candidates
     from search_spaces.layout import parse_layout
     from search_spaces.rules import check
 
@@ -279,8 +279,7 @@ def profile(
         raise ValueError(f"max_workers must be at least 1, but got {max_workers}.")
     backend: Any = get_backend("megatron")
     backend = backend.inner if max_workers is None else backend.inner.with_options(max_workers=max_workers)
-    with backend.session():
-        result = profile_node(job, candidates or top_candidates(job, top), backend)
+    result = run_profile(job, candidates or top_candidates(job, top), backend)
     cal = result.calibration(job, path=str(output or ""))
     if output is not None and cal is not None:
         write_calibration(output, cal)

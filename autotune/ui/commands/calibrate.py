@@ -302,7 +302,7 @@ def _run_profile(args: argparse.Namespace) -> int:
 
     from autotune.cost.calibration_file import PROXY_SOURCE, write_calibration
     from autotune.tuning.backends import get_backend
-    from autotune.tuning.measured_calibration import profile_node
+    from autotune.tuning.measured_calibration import run_profile
     from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
     from autotune.ui.commands import job_from_args
 
@@ -324,8 +324,7 @@ def _run_profile(args: argparse.Namespace) -> int:
 
     say(f"profiling {len(candidates)} candidate{'s' if len(candidates) != 1 else ''} of {job.model.name} on "
         f"{job.cluster.nodes} x {job.cluster.gpus_per_node} {job.cluster.gpu.name} on the hardware at hand")
-    with backend.session():
-        profile = profile_node(job, candidates, backend, say=say)
+    profile = run_profile(job, candidates, backend, say=say)
     proxy = profile.source == PROXY_SOURCE
     summary = profile.summary()
     cal = profile.calibration(job, path=args.output or "")
