@@ -16,6 +16,15 @@ notes); where the source also logs what stays allocated after the optimizer step
 static terms (weights + gradients + optimizer + workspaces) are compared with it ("static error"). `spec=local`
 rows ran megatron-core's local spec (no Transformer Engine), `attention=unfused` rows
 TE's or the local spec's unfused attention (s x s scores kept).
+
+`metric=max_allocated_iter1` rows are Megatron-Bridge's one-time memory line, "(after 1 iterations) memory (GB)":
+`training_log` prints it once (`report_memory_flag` is cleared after the first log, Bridge
+`training/utils/train_utils.py`), so with `log_interval=1` it is the peak of the first iteration. That peak is not
+the run's steady one: Adam's moments are created lazily in the first optimizer step (TE `FusedAdam`), so the first
+forward/backward runs without them, and TE per-layer CUDA graphs are captured only at step
+`cuda_graph_warmup_steps` (Bridge `training/train.py`; 3 in the Llama 3 SFT recipe), so it runs eagerly. Those
+rows are compared with the larger of the two moments of iteration 1 (`first_iteration_estimate`): the eager
+forward/backward without the moments, and the first optimizer step with the full state and its transient.
 """
 
 from __future__ import annotations
@@ -30,7 +39,16 @@ from typing import TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, estimate_memory_per_stage  # noqa: E402
+import dataclasses  # noqa: E402
+
+from autotune.cost.memory import (  # noqa: E402
+    GIB,
+    MemoryAssumptions,
+    MemoryEstimate,
+    _lookups,
+    _optimizer_step_bytes,
+    estimate_memory_per_stage,
+)
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
@@ -51,6 +69,7 @@ class MeasuredRun:
     measured_bytes: float
     after_step_bytes: float | None  # `mem-allocated-bytes` after the step: weights, gradients, optimizer, buffers
     stage: str  # "first" or "last": the pipeline stage the figure was measured on
+    metric: str  # "max_allocated" (the run's peak) or "max_allocated_iter1" (the peak of the first iteration)
     trust: str
     source: str
 
@@ -109,6 +128,7 @@ def measured_runs(path: Path = CSV_PATH) -> list[MeasuredRun]:
                 id=row["id"], job=job, layout=parse_layout(row["layout"], world_size=gpus),
                 assumptions=_assumptions(row),
                 measured_bytes=float(row["measured"]) * UNITS[row["unit"]], stage=row["measured_stage"],
+                metric=row["metric"],
                 after_step_bytes=(float(row["measured_after_step_gib"]) * GIB
                                   if row["measured_after_step_gib"] else None),
                 trust=row["trust"], source=row["source"]))
@@ -116,8 +136,34 @@ def measured_runs(path: Path = CSV_PATH) -> list[MeasuredRun]:
 
 
 def predict(run: MeasuredRun) -> MemoryEstimate:
+    if run.metric == "max_allocated_iter1":
+        return first_iteration_estimate(run)
     stages = estimate_memory_per_stage(run.job, run.layout, run.assumptions)
     return stages[-1] if run.stage == "last" else stages[0]
+
+
+def first_iteration_estimate(run: MeasuredRun) -> MemoryEstimate:
+    """The peak of the first training iteration on the measured stage: the larger of
+    - its forward/backward: run eagerly (TE per-layer graphs are captured later, at `cuda_graph_warmup_steps`), with
+      the fp32 master weights but without Adam's moments (created in the first optimizer step), and
+    - its optimizer step: the full state (moments now allocated) plus the step's transient
+      (`memory._optimizer_step_bytes`, the fp32 gradient copies)."""
+    job, layout = run.job, run.layout
+    pick = -1 if run.stage == "last" else 0
+    full = estimate_memory_per_stage(job, layout, run.assumptions)[pick]
+    eager_layout = layout if layout.cuda_graphs != "transformer_engine" else dataclasses.replace(layout,
+                                                                                                   cuda_graphs="none")
+    eager = estimate_memory_per_stage(job, eager_layout, run.assumptions)[pick]
+    moment = 2.0 if job.training.moments(layout.dist_opt) == "bf16" else 4.0
+    moments = full.optimizer_bytes * 2 * moment / (4.0 + 2 * moment)
+    stage_params = _lookups(job, layout, run.assumptions)[0][full.stage]
+    step = _optimizer_step_bytes(job, stage_params, layout)
+    activations = eager.activations_bytes if eager.phase == "activations" else 0.0
+    if activations - moments > step:  # the forward/backward, without the moments
+        return dataclasses.replace(eager, optimizer_bytes=full.optimizer_bytes - moments,
+                                   activations_bytes=activations, phase="activations")
+    return dataclasses.replace(full, activations_bytes=step, phase="optimizer step",
+                               _breakdown=lambda: (("optimizer_step_fp32_grads", step),))
 
 
 def compare(runs: list[MeasuredRun]) -> list[ComparedRow]:
