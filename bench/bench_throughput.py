@@ -330,7 +330,10 @@ def main() -> int:
     args = parser.parse_args()
     loaded = load_rows()
     every = [r for r in loaded if not r.job.model.is_hybrid]
-    hybrid = [r for r in loaded if r.job.model.is_hybrid]
+    # Nemotron-3 Super (LatentMoE + MTP) is reported on its own: no constant is fitted on it, and the Nano section
+    # (and `--fit-mamba`'s rows) stay as they were
+    latent = [r for r in loaded if r.job.model.is_hybrid and r.job.model.expert_width != r.job.model.hidden_size]
+    hybrid = [r for r in loaded if r.job.model.is_hybrid and r not in latent]
     rows = [r for r in every if not r.held_out]  # fitted: never a GB300 or B300 row
     held_out = [r for r in every if r.held_out]
     cal = DEFAULT_CALIBRATION
@@ -364,6 +367,10 @@ def main() -> int:
     hybrid_held = [(r, p) for r, p in zip(hybrid, hybrid_predicted, strict=True) if r.held_out]
     for key, pairs in (("hybrid_fitted", hybrid_fit), ("hybrid_held_out", hybrid_held)):
         result[key] = summary([r for r, _ in pairs], [p for _, p in pairs]) if pairs else None
+    latent_predicted = [estimate_time(r.job, r.layout, cal).tokens_per_s_per_gpu for r in latent]
+    for name, is_held in (("latent_moe_fitted_gpus", False), ("latent_moe_held_out", True)):
+        scored = [(r, p) for r, p in zip(latent, latent_predicted, strict=True) if r.held_out == is_held]
+        result[name] = summary([r for r, _ in scored], [p for _, p in scored]) if scored else None
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -399,6 +406,14 @@ def main() -> int:
         ok = all(x is None or x["mean_abs_error"] <= TARGET_HYBRID_MEAN for x in (hf, hh))
         print(f"hybrid targets (mean <= {TARGET_HYBRID_MEAN:.0%} on the fitting and on the held-out GPUs): "
               f"{'met' if ok else 'MISSED'}")
+    if latent:
+        print("\nLatentMoE hybrid rows (Nemotron-3 Super; estimated, nothing fitted on them; NVFP4 rows skipped: "
+              "first_last_layers_bf16 is not modelled):")
+        print_rows(latent, latent_predicted, cal)
+        for key, title in (("latent_moe_fitted_gpus", "Super, on the fitting GPUs (B200/GB200; not fitted)"),
+                           ("latent_moe_held_out", "Super, held out (GB300/B300, never fitted)")):
+            if result[key]:
+                print_summary(title, result[key])
     return 0
 
 

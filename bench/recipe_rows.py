@@ -17,8 +17,10 @@ What a row becomes:
   26.02.01, Bridge v0.3.x; 0.19.2 after);
 - "(w/o MTP)" rows drop DeepSeek-V3's MTP layer; "(tokendrop)" rows set the capacity factor the recipe sets.
 
-Hybrid Mamba rows: Nemotron-3 Nano is scored (catalog `nemotron-3-nano-30b-a3b`); Super, Ultra and 3.5 Lightning are
-skipped with their reason (`HYBRID_UNMODELLED`). Skipped, each with its reason: Megatron-FSDP and CPU offloading
+Hybrid Mamba rows: Nemotron-3 Nano and Super are scored (catalog `nemotron-3-nano-30b-a3b`,
+`nemotron-3-super-120b-a12b`: LatentMoE and its repeated '*E' MTP layer; its NVFP4 rows are skipped, their recipe
+keeps the last 14 layers in BF16, `first_last_layers_bf16`, which autotune does not model); Ultra and 3.5 Lightning
+are skipped with their reason (`HYBRID_UNMODELLED`). Skipped, each with its reason: Megatron-FSDP and CPU offloading
 (issue 20),
 models outside the catalog, Kimi-K2 (the Muon optimizer), rows whose printed layout no recipe of the release
 reproduces, rows megatron-core would refuse as printed, rows without tokens/s, and two rows whose figure belongs
@@ -53,11 +55,10 @@ HELD_OUT_GPUS = ("gb300", "b300")  # Blackwell Ultra: how the model generalises 
 # table model name (before any " (variant)") -> catalog name
 MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
           "DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
-          "GPT OSS 120B": "gpt-oss-120b", "Nemotron_3_Nano": "nemotron-3-nano-30b-a3b"}
+          "GPT OSS 120B": "gpt-oss-120b", "Nemotron_3_Nano": "nemotron-3-nano-30b-a3b",
+          "Nemotron_3_Super": "nemotron-3-super-120b-a12b"}
 # hybrid rows autotune cannot score yet, with why (issue 23)
 HYBRID_UNMODELLED = {
-    "Nemotron_3_Super": "hybrid Mamba model Nemotron-3 Super: LatentMoE (moe_latent_size) and hybrid MTP layers "
-                        "are not modelled, and its published config.json is not available offline",
     "Nemotron_3_Ultra": "hybrid Mamba model Nemotron-3 Ultra: LatentMoE and hybrid MTP layers are not modelled, and "
                         "its config.json is not available offline",
     "Nemotron_3_5_Lightning": "hybrid Mamba model Nemotron-3.5 Lightning: its two hybrid MTP layers ('*E') are not "
@@ -135,6 +136,9 @@ def _skip_reason(t: dict[str, str], s: dict[str, str]) -> str:
         reasons.append("CPU offloading (issue 20)")
     if not t["tokens_per_s_per_gpu"].strip():
         reasons.append("no tokens/s printed")
+    if _on(s["first_last_layers_bf16"]):  # megatron-core TransformerConfig.first_last_layers_bf16 (default 1 and 1)
+        reasons.append("first_last_layers_bf16 (the first and last layers kept in BF16 in a low-precision run) is not "
+                       "modelled: autotune costs every layer in the run's precision")
     misprint = MISPRINTS.get((t["release"], t["gpu"], t["model"], t["precision"]))
     if misprint:
         reasons.append(misprint)

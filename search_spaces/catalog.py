@@ -8,7 +8,7 @@ table where no config exists: GPT-3). Published totals are what the model's card
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from search_spaces.model import MambaSpec, MLASpec, ModelSpec, MoESpec
@@ -179,10 +179,30 @@ NEMOTRON_3_NANO = _nemotron_h(
     moe=MoESpec(num_experts=128, topk=6, expert_ffn_hidden_size=1856, shared_expert_ffn_hidden_size=3712,
                 score_function="sigmoid", expert_bias=True, topk_scaling_factor=2.5, num_groups=1, group_topk=1))
 
+# Nemotron 3 Super 120B-A12B (LatentMoE + MTP). Bridge's recipe takes the architecture from the HF checkpoint
+# (`megatron/bridge/recipes/nemotronh/h100/nemotron_3_super.py::nemotron_3_super_pretrain_16gpu_h100_bf16_config`:
+# `AutoBridge.from_hf_pretrained(NEMOTRON_3_SUPER_HF_MODEL_ID)`, not available offline); the numbers are Megatron-LM's
+# launch of that checkpoint (`examples/post_training/modelopt/conf/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh`,
+# the same as `tests/functional_tests/test_cases/nemotron/nemotron3_super_release_gb200/model_config.yaml`): 88 layers
+# of the pattern below, hidden 4096, 32 heads, 2 query groups, kv_channels 128, ffn 2688 (no --moe-ffn-hidden-size,
+# so the experts' is 2688 too), 512 experts top-22 (sigmoid, expert bias, scaling 5.0), shared expert 5376,
+# moe_latent_size 1024, 128 Mamba heads of 64, squared ReLU, untied, no bias; mamba_state_dim 128 and
+# mamba_num_groups 8 are megatron-core's TransformerConfig defaults (the launch sets neither); vocabulary 131072
+# (the recipe's tokenizer is Nano's, `cfg.tokenizer.tokenizer_model`). MTP: Bridge's perf recipes set
+# mtp_num_layers=2, mtp_hybrid_override_pattern="*E", mtp_use_repeated_layer=True
+# (`perf_recipes/nemotronh/b200/nemotronh.py:40-45`, and the h100 recipe above, lines 96-102).
+NEMOTRON_3_SUPER = replace(_nemotron_h(
+    "nemotron-3-super-120b-a12b",
+    "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME", 4096, 2688, 32, 128,
+    128, ("nemotron-3-super", "nemotron3-super", "nvidia-nemotron-3-super-120b-a12b"), kv_channels=128,
+    moe=MoESpec(num_experts=512, topk=22, expert_ffn_hidden_size=2688, shared_expert_ffn_hidden_size=5376,
+                score_function="sigmoid", expert_bias=True, topk_scaling_factor=5.0, latent_size=1024)),
+    mtp_num_layers=2, mtp_repeated_layer=True)
+
 _MODELS: tuple[ModelSpec, ...] = (
     LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MISTRAL_7B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_8B, QWEN3_30B_A3B,
     QWEN3_235B_A22B, DEEPSEEK_V3, GPT_OSS_120B, GPT3_175B, NEMOTRON_H_8B, NEMOTRON_H_47B,
-    NEMOTRON_H_56B, NEMOTRON_3_NANO, TINY_GPT, TINY_MOE, TINY_MLA,
+    NEMOTRON_H_56B, NEMOTRON_3_NANO, NEMOTRON_3_SUPER, TINY_GPT, TINY_MOE, TINY_MLA,
 )
 
 PUBLISHED: dict[str, PublishedCounts] = {
@@ -241,6 +261,11 @@ PUBLISHED: dict[str, PublishedCounts] = {
         total_params=31.6e9, active_params=3.6e9, last_digit=0.1e9,
         source="Hugging Face nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 model card: 31.6B total, about 3.6B "
                "active per token including embeddings (3.2B without)"),
+    "nemotron-3-super-120b-a12b": PublishedCounts(
+        total_params=120e9, active_params=12e9, last_digit=1e9,
+        source="Hugging Face nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 (the name; Megatron-Bridge "
+               "docs/models/llm/nemotron3-super.md: '12B active parameters and 120B parameters in total'); "
+               "MTP layers excluded"),
 }
 
 

@@ -21,8 +21,9 @@ The mapping of each family follows the `transformers` modelling code and Megatro
 - Nemotron-H / Nemotron-3 (`NemotronHForCausalLM`, Bridge 0.6.2 `models/nemotronh/nemotron_h_bridge.py`): a
   hybrid pattern (`hybrid_override_pattern`, or `layers_block_type` in transformers 5), Mamba-2 mixers
   (`mamba_num_heads`, `mamba_head_dim`, `ssm_state_size`, `n_groups`, `conv_kernel`, `chunk_size`), squared-ReLU
-  MLPs, and MoE layers routed as the bridge sets them (sigmoid with the expert bias). LatentMoE
-  (`moe_latent_size`, Nemotron-3 Super / Ultra) and MTP layers are refused: autotune does not model them.
+  MLPs, and MoE layers routed as the bridge sets them (sigmoid with the expert bias), LatentMoE's
+  `moe_latent_size` (Nemotron-3 Super / Ultra) included. MTP layers (`num_nextn_predict_layers`) are refused: the
+  HF config's one MTP block becomes Bridge's repeated layer at the recipe's depth, which the config does not say.
 """
 
 from __future__ import annotations
@@ -322,12 +323,12 @@ def _nemotron_h(c: HFConfig) -> dict[str, Any]:
     _no_bias(c)
     c.refuse("mlp_hidden_act", "relu2", "Nemotron-H's MLPs are squared ReLU (Bridge's activation_func=squared_relu)")
     c.refuse("mamba_hidden_act", "silu", "megatron-core's MambaMixer applies SiLU")
-    if c.int("moe_latent_size", required=False) is not None:
-        raise ValueError(f"{c.path}: moe_latent_size is set (LatentMoE, Nemotron-3 Super / Ultra): autotune does "
-                         "not model latent MoE projections yet.")
+    # LatentMoE (Nemotron-3 Super / Ultra): Bridge's NemotronHBridge passes `moe_latent_size` through to the provider
+    latent = c.int("moe_latent_size", required=False, minimum=1)
     if c.int("num_nextn_predict_layers", 0, minimum=0, required=False):
         raise ValueError(f"{c.path}: num_nextn_predict_layers > 0 (multi-token prediction in a hybrid model): "
-                         "autotune does not model hybrid MTP layers yet.")
+                         "the recipe sets the MTP depth (Bridge's Super recipes: 2, one repeated '*E' layer), so load "
+                         "the catalog's nemotron-3-super or drop the MTP keys.")
     c.str("mtp_hybrid_override_pattern")
     c.list("mtp_layers_block_type")
     c.refuse("sliding_window", None, "sliding-window attention in a hybrid model")
@@ -353,7 +354,10 @@ def _nemotron_h(c: HFConfig) -> dict[str, Any]:
         moe = MoESpec(num_experts=c.int("n_routed_experts"), topk=c.int("num_experts_per_tok"),
                       expert_ffn_hidden_size=c.int("moe_intermediate_size"), shared_expert_ffn_hidden_size=shared,
                       score_function="sigmoid", expert_bias=True,
-                      topk_scaling_factor=c.number("routed_scaling_factor"), num_groups=groups, group_topk=group_topk)
+                      topk_scaling_factor=c.number("routed_scaling_factor"), num_groups=groups, group_topk=group_topk,
+                      latent_size=latent)
+    elif latent is not None:
+        raise ValueError(f"{c.path}: moe_latent_size ({latent}) is set but the hybrid pattern has no MoE layer ('E').")
     return dict(
         num_layers=len(pattern), hybrid_pattern=pattern, hidden_size=hidden,
         ffn_hidden_size=c.int("intermediate_size", c.int("moe_intermediate_size", 1, required=False),

@@ -64,8 +64,18 @@ class MoESpec:
     group_topk: int | None = None  # moe_router_group_topk: groups each token may use (DeepSeek's topk_group)
     topk_scaling_factor: float | None = None  # moe_router_topk_scaling_factor (DeepSeek's routed_scaling_factor)
     expert_bias: bool = False  # moe_router_enable_expert_bias: aux-loss-free balancing bias (a buffer, no parameter)
+    # LatentMoE (megatron-core `moe_latent_size`, Nemotron-3 Super): the routed experts run in this width. The MoE
+    # layer projects hidden -> latent before dispatch (`fc1_latent_proj`) and latent -> hidden after combine
+    # (`fc2_latent_proj`), both TELinear(parallel_mode="duplicated"): a full copy on every TP rank, applied to the
+    # rank's own (sequence-parallel) tokens (moe/moe_layer.py:264-296, 482-483, 584-585); the experts' fc1 takes and
+    # fc2 returns the latent width (moe/experts.py:214-245, mlp.py:218-245); tokens are dispatched at the latent
+    # width (token_dispatcher.py:1519-1522). The shared expert stays at the hidden width.
+    latent_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.latent_size is not None and self.latent_size <= 0:  # megatron/training/arguments.py:1981
+            raise ValueError(f"MoE latent projection dimension has to be greater than zero, but got "
+                             f"(moe_latent_size={self.latent_size}).")
         if not 1 <= self.topk <= self.num_experts:
             raise ValueError(
                 f"`1 <= topk <= num_experts` must hold, but got (topk={self.topk}, num_experts={self.num_experts})."
@@ -163,6 +173,9 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     mtp_num_layers: int = 0  # multi-token-prediction layers (DeepSeek-V3's num_nextn_predict_layers)
+    # megatron-core `mtp_use_repeated_layer`: one MTP layer's parameters applied mtp_num_layers times
+    # (transformer/multi_token_prediction.py:1741-1750; Nemotron-3 Super's recipes set it with mtp_num_layers=2)
+    mtp_repeated_layer: bool = False
     # None is resolved: SiLU when gated (SwiGLU), else GeLU (GPT-3); "squared_relu": Nemotron-H's relu(x)^2
     activation: Literal["silu", "gelu", "squared_relu"] | None = None
     qk_layernorm_per_head: bool = True  # False: OLMoE's q/k norms over all heads (Megatron-Bridge OLMoESelfAttention)
@@ -185,6 +198,9 @@ class ModelSpec:
             raise ValueError(f"activation must be 'silu', 'gelu' or 'squared_relu', but got {self.activation!r} "
                              f"for model {self.name!r}.")
         self._check_hybrid()
+        if self.moe is not None and self.moe.latent_size is not None and self.hybrid_pattern is None:
+            raise ValueError(f"autotune models LatentMoE (moe_latent_size) in hybrid Mamba models only (Nemotron-3), "
+                             f"for model {self.name!r}.")
         for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size"):
             value = getattr(self, name)
             if value <= 0:
@@ -241,9 +257,13 @@ class ModelSpec:
         if self.moe is not None and self.moe.first_dense_layers:
             raise ValueError(f"a hybrid model places its dense and MoE layers by its pattern, not first_dense_layers, "
                              f"for model {self.name!r}.")
-        if self.mla is not None or self.mtp_num_layers or self.post_norms or self.sliding_window is not None:
-            raise ValueError(f"autotune models hybrid Mamba models without MLA, multi-token prediction, post-norms or "
-                             f"sliding windows, for model {self.name!r}.")
+        if self.mla is not None or self.post_norms or self.sliding_window is not None:
+            raise ValueError(f"autotune models hybrid Mamba models without MLA, post-norms or sliding windows, for "
+                             f"model {self.name!r}.")
+        if self.mtp_num_layers and self.moe is None:
+            raise ValueError(f"autotune models a hybrid model's MTP layers as '*E' (an attention and a MoE layer, "
+                             f"Nemotron-3 Super's mtp_hybrid_override_pattern); a model without MoE has none, for "
+                             f"model {self.name!r}.")
 
     # --- derived shape facts -------------------------------------------------------------
     @property
@@ -262,6 +282,15 @@ class ModelSpec:
         first = self.moe.first_dense_layers if self.moe is not None else self.num_layers
         stop = self.num_layers if stop is None else stop
         return "".join("D" if i < first else "X" for i in range(start, stop))
+
+    @property
+    def expert_width(self) -> int:
+        """The width the routed experts take and return and the tokens are dispatched at: the LatentMoE latent size
+        (megatron-core `moe_latent_size`, token_dispatcher.py:1519-1522, moe/experts.py:214-245), else the hidden
+        size."""
+        if self.moe is not None and self.moe.latent_size is not None:
+            return self.moe.latent_size
+        return self.hidden_size
 
     @property
     def num_mamba_layers(self) -> int:
@@ -370,9 +399,10 @@ class ModelSpec:
         """Gemma's post-attention (or post-feedforward) norm, one per block when `post_norms`."""
         return self._norm_params if self.post_norms else 0
 
-    def mlp_params(self, ffn: int) -> int:
-        """One MLP (dense layer, one expert or the shared experts) of intermediate size `ffn`, no norm."""
-        h = self.hidden_size
+    def mlp_params(self, ffn: int, width: int | None = None) -> int:
+        """One MLP (dense layer, one expert or the shared experts) of intermediate size `ffn`, no norm; its input
+        and output width is `width` (a LatentMoE expert's latent size) or the hidden size."""
+        h = self.hidden_size if width is None else width
         fc1_out = 2 * ffn if self.gated_linear_unit else ffn
         weights = h * fc1_out + ffn * h
         bias = fc1_out + h if self.add_bias_linear else 0
@@ -385,8 +415,19 @@ class ModelSpec:
 
     @property
     def expert_params(self) -> int:
-        """One routed expert."""
-        return 0 if self.moe is None else self.mlp_params(self.moe.expert_ffn_hidden_size)
+        """One routed expert (its fc1 / fc2 in the latent width under LatentMoE, moe/experts.py:214-245)."""
+        if self.moe is None:
+            return 0
+        return self.mlp_params(self.moe.expert_ffn_hidden_size, width=self.moe.latent_size)
+
+    @property
+    def latent_proj_params(self) -> int:
+        """One MoE layer's two latent projections, h x L each, biased only with add_bias_linear
+        (moe/moe_layer.py:273-296); 0 without LatentMoE."""
+        if self.moe is None or self.moe.latent_size is None:
+            return 0
+        bias = self.moe.latent_size + self.hidden_size if self.add_bias_linear else 0
+        return 2 * self.hidden_size * self.moe.latent_size + bias
 
     @property
     def moe_non_expert_params(self) -> int:
@@ -398,7 +439,7 @@ class ModelSpec:
         shared = self.mlp_params(m.shared_expert_ffn_hidden_size) if m.shared_expert_ffn_hidden_size else 0
         gate = self.hidden_size if m.shared_expert_gate else 0
         router = self.hidden_size * m.num_experts + (m.num_experts if self.add_bias_linear else 0)
-        return self._norm_params + router + shared + gate + self._post_norm_params
+        return self._norm_params + router + shared + gate + self.latent_proj_params + self._post_norm_params
 
     # --- multi-token prediction (transformer/multi_token_prediction.py, MultiTokenPredictionLayer) ---------
     @property
@@ -417,9 +458,14 @@ class ModelSpec:
         return 0 if self.moe is None else self.moe.num_experts * self.expert_params
 
     @property
+    def mtp_param_layers(self) -> int:
+        """MTP layers that hold parameters: one when they repeat one layer (`mtp_use_repeated_layer`)."""
+        return min(self.mtp_num_layers, 1) if self.mtp_repeated_layer else self.mtp_num_layers
+
+    @property
     def mtp_params(self) -> int:
         """All MTP layers (left out of published totals: DeepSeek-V3's 671B excludes its 14B MTP module)."""
-        return self.mtp_num_layers * (self.mtp_dense_params + self.mtp_expert_params)
+        return self.mtp_param_layers * (self.mtp_dense_params + self.mtp_expert_params)
 
     # --- totals -------------------------------------------------------------------------
     @property
@@ -429,14 +475,14 @@ class ModelSpec:
         layers += self.num_dense_mlp_layers * self.dense_mlp_params
         layers += self.num_moe_layers * self.moe_non_expert_params
         output = self.output_params - (self.vocab_size * self.hidden_size if self.tied_embeddings else 0)
-        return self.embedding_params + layers + output + self.mtp_num_layers * self.mtp_dense_params
+        return self.embedding_params + layers + output + self.mtp_param_layers * self.mtp_dense_params
 
     @property
     def routed_expert_params(self) -> int:
         """All routed experts of all MoE layers (MTP layers' included): what EP/ETP shard."""
         if self.moe is None:
             return 0
-        return (self.num_moe_layers + self.mtp_num_layers) * self.moe.num_experts * self.expert_params
+        return (self.num_moe_layers + self.mtp_param_layers) * self.moe.num_experts * self.expert_params
 
     @property
     def total_params(self) -> int:
@@ -447,4 +493,4 @@ class ModelSpec:
         """Parameters touched per token: dense part plus top-k of the routed experts."""
         if self.moe is None:
             return self.total_params
-        return self.dense_params + (self.num_moe_layers + self.mtp_num_layers) * self.moe.topk * self.expert_params
+        return self.dense_params + (self.num_moe_layers + self.mtp_param_layers) * self.moe.topk * self.expert_params

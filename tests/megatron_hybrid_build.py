@@ -42,6 +42,10 @@ def hybrid_config(model: ModelSpec, layout: Layout) -> Any:
     kw.update(activation_func=squared_relu, is_hybrid_model=True, mamba_num_heads=model.mamba.num_heads,
               mamba_head_dim=model.mamba.head_dim, mamba_state_dim=model.mamba.state_dim,
               mamba_num_groups=model.mamba.num_groups)
+    if model.moe is not None and model.moe.latent_size is not None:
+        kw["moe_latent_size"] = model.moe.latent_size  # LatentMoE (moe/moe_layer.py:264-296)
+    if model.mtp_num_layers:  # hybrid MTP: one '*E' depth per layer, one shared layer when repeated
+        kw.update(mtp_num_layers=model.mtp_num_layers, mtp_use_repeated_layer=model.mtp_repeated_layer)
     return mc.TransformerConfig(**kw)
 
 
@@ -57,6 +61,12 @@ def _stack_spec() -> Any:
     from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock,
+        MultiTokenPredictionBlockSubmodules,
+        MultiTokenPredictionLayer,
+        MultiTokenPredictionLayerSubmodules,
+    )
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_layer import (
@@ -85,6 +95,12 @@ def _stack_spec() -> Any:
             pre_mlp_layernorm=WrappedTorchNorm,
             mlp=get_moe_module_spec(use_te=False, num_experts=8, moe_grouped_gemm=False),
             mlp_bda=get_bias_dropout_add)),
+        # megatron-core `hybrid_layer_specs.py::_hybrid_mtp_block_spec` with the CPU modules: enorm, hnorm and the
+        # final norm, eh_proj column-parallel (TE's TEColumnParallelLinear on a GPU); the '*E' layers are the stack's
+        mtp_block_spec=ModuleSpec(module=MultiTokenPredictionBlock, submodules=MultiTokenPredictionBlockSubmodules(
+            layer_specs=[ModuleSpec(module=MultiTokenPredictionLayer, submodules=MultiTokenPredictionLayerSubmodules(
+                enorm=WrappedTorchNorm, hnorm=WrappedTorchNorm, eh_proj=mc.ColumnParallelLinear,
+                mtp_model_layer=None, layer_norm=WrappedTorchNorm))])),
     ))
 
 
@@ -105,7 +121,23 @@ def _mamba_stand_ins():
 
     saved = {(mamba_mixer, k): getattr(mamba_mixer, k) for k in ("ExtendedRMSNorm", "RMSNormGated",
                                                                  "HAVE_MAMBA_SSM", "HAVE_EINOPS")}
+    class DuplicatedLinearStandIn(torch.nn.Module):
+        """TE's `TELinear(input_size, output_size, parallel_mode="duplicated", bias=...)`, LatentMoE's
+        fc1/fc2_latent_proj (moe/moe_layer.py:273-296): the whole output x input weight on every rank (TE is not
+        installed on CPU; `duplicated` splits nothing), a bias of the output width when asked."""
+
+        def __init__(self, input_size, output_size, *, config, bias, **_):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=config.params_dtype))
+            self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=config.params_dtype)) if bias else None
+
+    from megatron.core.transformer.moe import moe_layer
+
     saved[(hybrid_block, "TENorm")] = hybrid_block.TENorm
+    saved[(moe_layer, "HAVE_TE")] = moe_layer.HAVE_TE
+    saved[(moe_layer, "TELinear")] = getattr(moe_layer, "TELinear", None)
+    moe_layer.HAVE_TE = True
+    moe_layer.TELinear = DuplicatedLinearStandIn
     mamba_mixer.ExtendedRMSNorm = mamba_mixer.RMSNormGated = GatedNormStandIn
     mamba_mixer.HAVE_MAMBA_SSM = mamba_mixer.HAVE_EINOPS = True
     hybrid_block.TENorm = WrappedTorchNorm
@@ -137,7 +169,8 @@ def _build_stage(model: ModelSpec, layout: Layout, config: Any, stage: int) -> l
             for v in range(vpp or 1):  # one chunk per virtual stage, as Megatron-LM's hybrid builder makes them
                 vp = v if vpp else None
                 built = HybridModel(config=config, hybrid_stack_spec=_stack_spec(),
-                                    hybrid_layer_pattern=model.hybrid_pattern,
+                                    # megatron-core's unified pattern: the MTP depths after '/' ('*E' each)
+                                    hybrid_layer_pattern=f"{model.hybrid_pattern}{'/*E' * model.mtp_num_layers}",
                                     vocab_size=padded_vocab_size(model.vocab_size, layout.tp), max_sequence_length=4096,
                                     pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
                                     post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),

@@ -38,6 +38,11 @@ from search_spaces.training import training_spec
 
 NANO = get_model("nemotron-3-nano-30b-a3b")
 H8B = get_model("nemotron-h-8b")
+# a LatentMoE Nano (Nemotron-3 Super's moe_latent_size, smaller): megatron-core builds it on CPU with a TELinear
+# stand-in for the duplicated latent projections
+assert NANO.moe is not None
+NANO_LATENT = replace(NANO, name="nano-latent", moe=replace(NANO.moe, latent_size=512))
+NANO_LATENT_MTP = replace(NANO_LATENT, name="nano-latent-mtp", mtp_num_layers=2, mtp_repeated_layer=True)
 
 
 def _mamba(model: ModelSpec) -> MambaSpec:
@@ -110,6 +115,11 @@ def test_hf_config_reads_the_published_nano_config():
     assert replace(model, name=NANO.name) == NANO
 
 
+def test_hf_config_maps_moe_latent_size(tmp_path):
+    model = get_model(str(_write(tmp_path, {**NANO_CONFIG, "moe_latent_size": 512})))
+    assert model.moe == NANO_LATENT.moe and model.expert_width == 512
+
+
 def test_hf_config_reads_layers_block_type(tmp_path):
     data = {k: v for k, v in NANO_CONFIG.items() if k != "hybrid_override_pattern"}
     names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -118,7 +128,6 @@ def test_hf_config_reads_layers_block_type(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"moe_latent_size": 1024}, "moe_latent_size is set"),
     ({"num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*E"}, "num_nextn_predict_layers > 0"),
     ({"hybrid_override_pattern": "MEG" + _pattern(NANO)[3:]}, "layer symbols autotune does not model"),
     ({"num_hidden_layers": 51}, r"num_hidden_layers \(51\) must equal"),
@@ -252,7 +261,14 @@ def test_a_hybrid_layer_is_not_costed_as_a_transformer_layer():
 # --- parity with megatron-core's own build (CPU, meta device) ---------------------------------------------------
 PARITY_CASES = [(H8B, "tp=2,pp=2,sp=true", 4), (NANO, "tp=2,pp=2,ep=4,etp=1,sp=true", 8),
                 # EP > 1: with EP 1 megatron-core marks the experts allreduce (dense), the total is the same
-                (H8B, "pp=4", 4), (NANO, "pp=3,ep=2,etp=1,first_stage_layers=16,last_stage_layers=18", 6)]
+                (H8B, "pp=4", 4), (NANO, "pp=3,ep=2,etp=1,first_stage_layers=16,last_stage_layers=18", 6),
+                # LatentMoE (Nemotron-3 Super's moe_latent_size): experts at the latent width, the two duplicated
+                # latent projections whole on every TP rank
+                (NANO_LATENT, "tp=2,pp=2,ep=4,etp=1,sp=true", 8),
+                # Nemotron-3 Super's MTP: two '*E' depths after '/', one repeated layer (and two separate ones)
+                (NANO_LATENT_MTP, "tp=2,pp=2,ep=4,etp=1,sp=true", 8),
+                (replace(NANO_LATENT_MTP, name="nano-latent-mtp2", mtp_repeated_layer=False), "tp=2,ep=4,etp=1,sp=true",
+                 8)]
 
 
 SPLIT_CASES = [(NANO, Layout(pp=4)), (NANO, Layout(pp=8, first_stage_layers=4, last_stage_layers=6)),
@@ -344,6 +360,80 @@ def test_the_pick_for_the_published_config_builds_in_megatron_core():
                                 timeout=600)[0]
     ours = [(s.dense_params_per_gpu, s.expert_params_per_gpu) for s in stage_params(result.job.model, pick)]
     assert ours == [(d, e) for d, e, _ in built]
+
+
+# --- Nemotron-3 Super (LatentMoE + a repeated '*E' MTP layer) ------------------------------------------------------
+SUPER = get_model("nemotron-3-super")
+
+
+def _super_table_rows() -> list[dict[str, str]]:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.bridge_tables import load_tables
+
+    return [t for t in load_tables() if t["model"] == "Nemotron_3_Super"]
+
+
+def test_super_flops_match_every_published_row():
+    # Bridge's hybrid_flops with moe_latent_size and two MTP depths ('*E' each, logits x 3): every published Super
+    # row's model TFLOP/s / tokens/s within 1% (as for Nano: both figures are printed rounded; 26.04.01 B300's
+    # 7296 / 623 is the farthest, -0.8%, most rows are within 0.1%)
+    rows = _super_table_rows()
+    assert len(rows) == 30
+    per_token = 3 * forward_flops_per_token(SUPER, 8192)
+    for t in rows:
+        published = float(t["model_tflops_per_gpu"]) * 1e12 / float(t["tokens_per_s_per_gpu"])
+        assert per_token == pytest.approx(published, rel=0.01), t["printed_cells"]
+
+
+def test_super_parameters_latent_experts_and_one_repeated_mtp_layer():
+    m, moe = SUPER, SUPER.moe
+    assert moe is not None and moe.latent_size == 1024 and m.expert_width == 1024
+    assert m.expert_params == 1024 * 2688 + 2688 * 1024  # fc1 L -> f, fc2 f -> L (squared ReLU, not gated)
+    assert m.latent_proj_params == 2 * 4096 * 1024
+    assert m.mtp_num_layers == 2 and m.mtp_param_layers == 1  # mtp_use_repeated_layer
+    # the published layout (tp=2, ep=64): the duplicated latent projections whole on each TP rank, the stage's
+    # parameters the model's (padded vocabulary)
+    layout = parse_layout("tp=2,sp=true,ep=64,etp=1", world_size=64)
+    (stage,) = stage_params(m, layout)
+    pad = (padded_vocab_size(m.vocab_size, 2) - m.vocab_size) * m.hidden_size * 2
+    assert stage.dense_params + stage.expert_params == m.total_params + pad
+    assert stage.expert_params_per_gpu == (40 + 1) * 512 // 64 * m.expert_params
+    half = replace(m, moe=replace(moe, latent_size=None))
+    assert half.total_params - m.total_params == 41 * 512 * 2 * 2688 * (4096 - 1024) - 41 * 2 * 4096 * 1024
+
+
+def test_super_rows_are_scored_with_their_recipes():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.recipe_rows import load_recipe_rows
+
+    rows = [r for r in load_recipe_rows() if r.model == "Nemotron_3_Super"]
+    scored = [r for r in rows if not r.skip]
+    assert len(rows) == 30 and {r.precision for r in scored} == {"MXFP8"} and len(scored) == 15
+    assert all("first_last_layers_bf16" in r.skip for r in rows if r.skip)
+    for r in scored:
+        assert r.job is not None and r.layout is not None
+        # they ran: every estimate fits but B200's (TP 1, EP 64), 181.7 GiB against its 180.0 (1% over, reported)
+        capacity = r.job.cluster.gpu.memory_bytes * (1.02 if r.gpu == "b200" else 1.0)
+        assert estimate_memory(r.job, r.layout, DEFAULT_ASSUMPTIONS).fits(capacity), (r.release, r.gpu)
+        assert estimate_time(r.job, r.layout, DEFAULT_CALIBRATION).tokens_per_s_per_gpu > 0
+
+
+def test_super_launch_lines_name_its_recipe_and_the_mtp_pattern():
+    from autotune.outputs.launch import launch_header
+
+    job = Job(model=SUPER, cluster=build_cluster(nodes=16, gpus_per_node=4, gpu="gb200"),
+              training=training_spec(seq_length=8192, global_batch_size=512, precision="fp8", fp8_recipe="mxfp8"))
+    layout = parse_layout("tp=2,sp=true,ep=64,etp=1,mbs=1,dist_opt=true,cuda_graphs=transformer_engine",
+                          world_size=64)
+    assert "--recipe nemotron_3_super_pretrain_64gpu_gb200_fp8mx_config" in launch_header(job, "megatron_bridge",
+                                                                                           layout)
+    lm = launch_header(job, "megatron_lm", layout)
+    assert f"--hybrid-layer-pattern {SUPER.hybrid_pattern}/*E/*E, --moe-latent-size 1024" in lm
+    assert "--mtp-use-repeated-layer" in lm
 
 
 # --- 4. launch lines -----------------------------------------------------------------------------------------------

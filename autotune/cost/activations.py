@@ -355,12 +355,18 @@ def expert_bytes_per_token(model: ModelSpec, x: Shape, layout: Layout) -> float:
     assert model.moe is not None
     if "moe" in x.modules:
         return 0.0
-    etp, ffn, h = layout.expert_tp, model.moe.expert_ffn_hidden_size, model.hidden_size
+    # the experts' fc1 input is `expert_width` wide: LatentMoE's latent size (moe/experts.py:214-245), else h
+    etp, ffn, h = layout.expert_tp, model.moe.expert_ffn_hidden_size, model.expert_width
     fc1_in = x.gemm_in if x.te else BF16
     fc1_out, fc2_in = _swiglu_terms(model, x, 1.0, ffn, etp)
-    if not model.gated_linear_unit or (not x.te and not x.fused_swiglu):
+    # the fused weighted squared ReLU (`use_fused_weighted_squared_relu`, which every Nemotron-3 recipe of Bridge sets,
+    # e.g. `recipes/nemotronh/h100/nemotron_3_super.py:147`, `h100/nemotron_3_nano.py:238`) keeps only its input and
+    # the probabilities (megatron-core `fusions/fused_weighted_squared_relu.py:65-75`, `experts.py:850-856`)
+    fused_srelu = model.activation == "squared_relu" and not model.gated_linear_unit and x.fused_swiglu
+    if (not model.gated_linear_unit and not fused_srelu) or (model.gated_linear_unit and not x.te
+                                                              and not x.fused_swiglu):
         # the probs multiply `act(x) * probs` keeps act(x) (`experts.py`, `activation_func_with_probs`): only the
-        # fused weighted SwiGLU (gated, GPU) avoids it
+        # fused weighted SwiGLU (gated, GPU) and the fused weighted squared ReLU avoid it
         fc2_in += BF16 * ffn / etp
     if "moe_act" in x.modules and not x.fp8:
         fc2_in = 0.0
@@ -416,6 +422,11 @@ def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: 
     if m.shared_expert_ffn_hidden_size and "shared_experts" not in x.modules and not whole:
         s_out, s_in = _swiglu_terms(model, x, T, m.shared_expert_ffn_hidden_size, t)
         shared = s_out + s_in + (x.gemm_in * T * h / sd if x.fp8 else 0.0)
+    latent = 0.0
+    if m.latent_size is not None and not whole:
+        # LatentMoE's fc2_latent_proj keeps its input, the combined latent tokens [T_r, L] (bf16, or TE's FP8 copy),
+        # and under FP8 fc1_latent_proj an FP8 copy of `moe_input` (moe/moe_layer.py:273-296, duplicated TELinears)
+        latent = (x.gemm_in if x.te else BF16) * routed * m.latent_size + (x.gemm_in * routed * h if x.fp8 else 0.0)
     if permute_fusion and x.te:
         maps = INDEX32 * routed * (2 * m.num_experts + 1)
     else:
@@ -429,6 +440,8 @@ def moe_activation_bytes(model: ModelSpec, x: Shape, layout: Layout, imbalance: 
         "shared_experts": shared,
         "mlp_dropout_mask": MASK_BYTES * T * h / sd if x.dropout else 0.0,
     })
+    if m.latent_size is not None:
+        terms["latent_projections"] = latent
     if stash is not None:
         terms["experts"] = 0.0
         terms["paged_stash"] = paged_stash_bytes(stash, per_token)
@@ -514,10 +527,11 @@ def cuda_graph_static_bytes(job: Job, layout: Layout, x: Shape, *, moe: bool) ->
     if "moe_router" in scopes:
         total += 2 * BF16 * routed * h + 5 * routed * e
     if "moe_preprocess" in scopes:
+        w = model.expert_width  # LatentMoE: fc1_latent_proj runs in preprocess, its latent output is the graph's
         if job.moe_dispatcher[0] == "alltoall":
-            total += routed * k * (BF16 * h + FP32)
+            total += routed * k * (BF16 * w + FP32)
         else:
-            total += FP32 * routed * e
+            total += FP32 * routed * e + (BF16 * routed * w if model.moe.latent_size is not None else 0.0)
     return total
 
 
@@ -589,7 +603,7 @@ def _backward_working_set(job: Job, layout: Layout, x: Shape, *, has_moe: bool, 
     if has_moe and model.moe is not None and not stash:
         e = model.moe
         tokens = T / sd * e.topk * layout.expert_tp * 1.0
-        candidates.append(BF16 * tokens * (gate * e.expert_ffn_hidden_size / layout.expert_tp + h))
+        candidates.append(BF16 * tokens * (gate * e.expert_ffn_hidden_size / layout.expert_tp + model.expert_width))
     return layer_io + max(candidates)
 
 
@@ -604,7 +618,7 @@ def moe_capacity_working_set(model: ModelSpec, x: Shape, layout: Layout, stash: 
     3 f_e / etp wide when gated, and the dispatched tokens' gradient, h). The larger of the two, counted once
     per stage; it replaces the experts' candidate of `backward_working_set`."""
     assert model.moe is not None
-    e, h, etp = model.moe, model.hidden_size, layout.expert_tp
+    e, h, etp = model.moe, model.expert_width, layout.expert_tp  # LatentMoE: tokens at the latent width
     gate = 3 if model.gated_linear_unit else 2
     per_token = expert_bytes_per_token(model, x, layout)
     forward = 2 * BF16 * h + FP32 + per_token

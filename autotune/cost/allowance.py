@@ -125,7 +125,7 @@ def _deepep_bytes(job: Job, layout: Layout, a: AllowanceAssumptions) -> float:
     if job.model.moe is None or job.moe_dispatcher != ("flex", "deepep") or layout.ep <= 1:
         return 0.0
     channels = a.deepep_num_sms // 2
-    hidden_bytes = BF16 * job.model.hidden_size
+    hidden_bytes = BF16 * job.model.expert_width  # the dispatched width (LatentMoE: its latent size)
     nvl_peers = min(layout.ep, 8)
     rdma_peers = max(1, layout.ep // 8) if layout.ep > 8 else 0
     return channels * hidden_bytes * (nvl_peers * 256 + rdma_peers * 128)
@@ -163,7 +163,7 @@ def hybridep_buffer_terms(job: Job, layout: Layout) -> dict[str, float]:
     t = job.training
     routed = t.seq_length * layout.mbs // layout.cp // (layout.tp if layout.sp else 1)
     tokens = -(-routed // HYBRIDEP_TOKEN_CHUNK) * HYBRIDEP_TOKEN_CHUNK
-    h = job.model.hidden_size
+    h = job.model.expert_width  # `hidden_dim = moe_latent_size or hidden_size` (token_dispatcher.py:1519-1522)
     local = max(1, moe.num_experts // layout.ep)
     group = layout.ep * layout.expert_tp
     ranks = max(1, min(group, job.cluster.nvlink_domain))

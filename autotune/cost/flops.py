@@ -47,7 +47,12 @@ def hybrid_forward_flops_per_token(model: ModelSpec, s: int) -> float:
       whatever `mamba_num_heads * mamba_head_dim` is, the published figures' convention; the step time uses the
       real widths, `mamba_time.py`);
     - `-`: 4 h f (`mlp_layer_flops`, f = ffn_hidden_size, 3/2 of it for a gated MLP);
-    - `E`: 4 h (k f_e + f_s) (`moe_layer_flops`, 3/2 of it gated); logits 2 h V (padded V)."""
+    - `E`: 4 h (k f_e + f_s) (`moe_layer_flops`, 3/2 of it gated); with LatentMoE (`moe_latent_size` L) the routed
+      part runs at L and the two projections add 4 h L: 4 L k f_e + 4 h L + 4 h f_s (`moe_layer_flops`'s latent
+      branch); logits 2 h V (padded V).
+    Hybrid MTP (Nemotron-3 Super): `get_hybrid_layer_counts` counts each MTP depth's pattern (`*E`) once per depth
+    (megatron-core `models/hybrid/hybrid_layer_allocation.py`), and the logits are counted (1 + mtp_num_layers)
+    times; `eh_proj` and the MTP norms are not counted (`hybrid_flops`)."""
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
     gate = 1.5 if model.gated_linear_unit else 1.0
     p = d * a / h
@@ -61,9 +66,15 @@ def hybrid_forward_flops_per_token(model: ModelSpec, s: int) -> float:
     moe = 0.0
     if model.moe is not None:
         x = model.moe
-        moe = 4 * h * (x.topk * x.expert_ffn_hidden_size + x.shared_expert_ffn_hidden_size) * gate
-    return (model.num_attention_layers * attention + model.num_mamba_layers * mamba
-            + model.num_dense_mlp_layers * mlp + model.num_moe_layers * moe + 2.0 * h * padded_vocab_size(model))
+        if x.latent_size is None:
+            moe = 4 * h * (x.topk * x.expert_ffn_hidden_size + x.shared_expert_ffn_hidden_size) * gate
+        else:
+            moe = (4 * x.latent_size * x.topk * x.expert_ffn_hidden_size * gate + 4 * h * x.latent_size
+                   + 4 * h * x.shared_expert_ffn_hidden_size * gate)
+    mtp = model.mtp_num_layers  # each an attention and a MoE layer ('*E'), ModelSpec._check_hybrid
+    return ((model.num_attention_layers + mtp) * attention + model.num_mamba_layers * mamba
+            + model.num_dense_mlp_layers * mlp + (model.num_moe_layers + mtp) * moe
+            + (1 + mtp) * 2.0 * h * padded_vocab_size(model))
 
 
 def forward_flops_per_token(model: ModelSpec, seq_length: int) -> float:

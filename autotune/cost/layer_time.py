@@ -282,10 +282,10 @@ def attention_block(x: Shape) -> dict[str, Pass]:
 
 
 def mlp_gemms_fwd_s(x: Shape, rows: float, ffn: float, split: int, count: float = 1.0,
-                    efficiency: float = 1.0) -> tuple[float, float]:
+                    efficiency: float = 1.0, width: int | None = None) -> tuple[float, float]:
     """(time, FP8 input elements) of fc1 (h -> f/split, doubled when gated) and fc2 (f/split -> h) for `count`
-    MLPs of `rows` rows each."""
-    h = x.model.hidden_size
+    MLPs of `rows` rows each; h is `width` when given (LatentMoE experts: the latent size)."""
+    h = x.model.hidden_size if width is None else width
     fc1 = (2 if x.model.gated_linear_unit else 1) * ffn / split
     t = (x.gemm.time_s(rows, fc1, h, count, efficiency) + x.gemm.time_s(rows, h, ffn / split, count, efficiency))
     return t, count * rows * (h + ffn / split)

@@ -59,7 +59,8 @@ def _dispatch_s(x: Shape) -> float:
     """One dispatch (or combine, the same size) of this rank's T tokens."""
     m = x.model.moe
     assert m is not None
-    return dispatch_s(x.job.moe_dispatcher[0], x.tokens, m.topk, x.model.hidden_size, x.tp, x.ep, x.etp,
+    # LatentMoE dispatches the latent tokens (token_dispatcher.py:1519-1522): `expert_width`
+    return dispatch_s(x.job.moe_dispatcher[0], x.tokens, m.topk, x.model.expert_width, x.tp, x.ep, x.etp,
                       x.job.cluster, x.cal)
 
 
@@ -105,6 +106,7 @@ def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, P
     m, training, gpu = model.moe, job.training, job.cluster.gpu
     assert m is not None
     h, T, k = model.hidden_size, x.tokens, m.topk
+    w = model.expert_width  # what is permuted, dispatched and fed to the experts: h, or LatentMoE's latent size
     local = m.num_experts / x.ep
     imbalance = moe_load_factor(training, cal)
     rows = T * k * x.ep * x.etp / m.num_experts * imbalance  # rows per local expert on the busiest rank
@@ -117,10 +119,11 @@ def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, P
     router = gemm_cost(gpu, "bf16", None, cal).time_s(T, m.num_experts, h)
     router += mem(4.0 * 3 * T * m.num_experts)  # fp32 logits: softmax, top-k, probabilities
     norm = mem(BF16 * 2 * T * h)
-    permute = mem(BF16 * h * (T + copies)) + mem(4.0 * copies)  # tokens in, copies out; the row map
-    unpermute = mem(BF16 * h * (T + copies)) + mem(4.0 * copies)
+    permute = mem(BF16 * w * (T + copies)) + mem(4.0 * copies)  # tokens in, copies out; the row map
+    unpermute = mem(BF16 * w * (T + copies)) + mem(4.0 * copies)
     grouped = 1.0 if not training.moe_grouped_gemm else cal.grouped_gemm_fraction
-    experts, elements = mlp_gemms_fwd_s(x, rows, m.expert_ffn_hidden_size, x.etp, count=local, efficiency=grouped)
+    experts, elements = mlp_gemms_fwd_s(x, rows, m.expert_ffn_hidden_size, x.etp, count=local, efficiency=grouped,
+                                        width=w)
     gate_io = 3 if model.gated_linear_unit else 2
     act = mem(BF16 * rows * local * gate_io * m.expert_ffn_hidden_size / x.etp)
     experts_cast = fp8_cast_s(x, elements)
@@ -130,6 +133,12 @@ def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, P
         shared += mem(BF16 * x.rows * gate_io * m.shared_expert_ffn_hidden_size / x.tp)
         shared_cast = fp8_cast_s(x, shared_elements)
     bda = mem(BF16 * 3 * T * h)
+    latent = latent_cast = 0.0
+    if m.latent_size is not None:
+        # LatentMoE: fc1_latent_proj (h -> L) before the dispatch and fc2_latent_proj (L -> h) after the combine,
+        # duplicated TELinears on the rank's own T tokens, not split (moe/moe_layer.py:273-296, 482-483, 584-585)
+        latent = x.gemm.time_s(T, m.latent_size, h) + x.gemm.time_s(T, h, m.latent_size)
+        latent_cast = fp8_cast_s(x, T * (h + m.latent_size))
 
     a2a = _dispatch_s(x)  # dispatch; the combine is the same size
     # the dispatcher all-gathers every rank's per-expert token counts over the EP group before the host copy
@@ -137,14 +146,15 @@ def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, P
     counts = group_collective_s(8.0 * m.num_experts * x.ep, x.ep, x.etp, job.cluster, cal) if x.ep > 1 else 0.0
     etp_comm = 0.0
     if x.etp > 1:  # expert-TP: the experts' output is reduce-scattered (input all-gathered) over the ETP group
-        etp_comm = group_collective_s(copies * h * BF16 * x.etp, x.etp, 1, job.cluster, cal)
+        etp_comm = group_collective_s(copies * w * BF16 * x.etp, x.etp, 1, job.cluster, cal)
     shared_tp = 0.0
     if m.shared_expert_ffn_hidden_size and x.tp > 1:
         shared_tp = 2 * group_collective_s(x.rows * h * BF16, x.tp, 1, job.cluster, cal)
 
     compute_f = router + norm + permute + unpermute + experts + act + experts_cast + shared + shared_cast + bda
+    compute_f += latent + latent_cast
     attention_f = attention["fwd"].compute if attention is not None else 0.0
-    ep_f, ep_b = _ep_overlap(x, a2a, attention_f + router + norm + permute,
+    ep_f, ep_b = _ep_overlap(x, a2a, attention_f + router + norm + permute + latent + latent_cast,
                              experts + act + experts_cast + shared + shared_cast)
 
     full = x.cuda_graphs == "full_iteration"
@@ -161,7 +171,8 @@ def moe_block(x: Shape, attention: dict[str, Pass] | None = None) -> dict[str, P
 
     fwd = Pass(compute=compute_f, tp_comm=tp_exposed_s(x, shared_tp, shared) + etp_comm, ep_comm=ep_f + counts,
                host=host, syncs=syncs)
-    casts = experts_cast + shared_cast  # the backward quantises the output gradients once, as the forward its inputs
+    # the backward quantises the output gradients once, as the forward its inputs
+    casts = experts_cast + shared_cast + latent_cast
     bwd = Pass(compute=2 * (compute_f - casts) + casts,
                tp_comm=tp_exposed_s(x, 1.5 * shared_tp, 2 * shared) + etp_comm, ep_comm=ep_b,
                host=cal.host_backward_ratio * host)

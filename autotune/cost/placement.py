@@ -155,10 +155,11 @@ def _norm_params_per_dim(model: ModelSpec) -> int:
     return 2 if model.normalization == "LayerNorm" else 1
 
 
-def _mlp_params_per_gpu(model: ModelSpec, ffn: int, tp: int) -> tuple[int, int]:
+def _mlp_params_per_gpu(model: ModelSpec, ffn: int, tp: int, width: int | None = None) -> tuple[int, int]:
     """One MLP of intermediate size `ffn` on one rank of a `tp`-way split, no norm: (all params, GEMM weights).
-    fc1 column-parallel (doubled when gated; weight and bias split), fc2 row-parallel (bias replicated)."""
-    h = model.hidden_size
+    fc1 column-parallel (doubled when gated; weight and bias split), fc2 row-parallel (bias replicated). `width`:
+    its input / output width when not the hidden size (a LatentMoE expert's latent size, moe/experts.py:214-245)."""
+    h = model.hidden_size if width is None else width
     fc1_out = 2 * ffn if model.gated_linear_unit else ffn
     gemm = (h * fc1_out + ffn * h) // tp
     bias = fc1_out // tp + h if model.add_bias_linear else 0
@@ -190,9 +191,12 @@ def _layer_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int, mla_down
         gate = model.hidden_size if m.shared_expert_gate else 0
         router = model.hidden_size * m.num_experts  # replicated on every rank (`moe/router.py`)
         router += m.num_experts if model.add_bias_linear else 0  # the router's bias (GPT-OSS)
-        out["moe_dense"] = norm + router + shared + gate + post_norm
-        out["moe_dense_gemm"] = shared_gemm
-        expert, expert_gemm = _mlp_params_per_gpu(model, m.expert_ffn_hidden_size, etp)
+        # LatentMoE's fc1/fc2_latent_proj: TELinear(parallel_mode="duplicated"), a full copy on every TP rank
+        # (moe/moe_layer.py:273-296)
+        latent = model.latent_proj_params
+        out["moe_dense"] = norm + router + shared + gate + latent + post_norm
+        out["moe_dense_gemm"] = shared_gemm + (2 * h * m.latent_size if m.latent_size else 0)
+        expert, expert_gemm = _mlp_params_per_gpu(model, m.expert_ffn_hidden_size, etp, width=m.latent_size)
         local_experts = m.num_experts // ep
         out["experts"] = local_experts * expert
         out["experts_gemm"] = local_experts * expert_gemm
@@ -222,7 +226,7 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
         else len(counts) - 1
     stages = []
     for p in range(pp):
-        layers = moe_layers = mtp_layers = embedding_copies = mamba_layers = attention_layers = 0
+        layers = moe_layers = mtp_layers = mtp_param_layers = embedding_copies = mamba_layers = attention_layers = 0
         start = 0
         for k, n in enumerate(counts):
             if k % pp == p:
@@ -235,6 +239,8 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
                 else:
                     moe_layers += max(0, start + n - max(start, first_dense)) if model.moe is not None else 0
                 mtp_layers += mtp_counts[k]
+                # `mtp_use_repeated_layer`: one layer's parameters for all depths (multi_token_prediction.py:1741)
+                mtp_param_layers += min(mtp_counts[k], 1) if model.mtp_repeated_layer else mtp_counts[k]
                 embedding_copies += 1 if mtp_counts[k] and k != 0 else 0  # an MTP chunk builds the embedding
             start += n
         dense_layers = layers - moe_layers - mamba_layers - attention_layers
@@ -242,13 +248,13 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
         has_emb, has_out = p == 0, p == pp - 1
         dense_gpu = with_attention * blocks["attention"] + dense_layers * blocks["dense_mlp"]
         dense_gpu += moe_layers * blocks["moe_dense"]
-        dense_gpu += mtp_layers * (blocks["mtp_extra"] + blocks["attention"] + blocks[mtp_mlp])
+        dense_gpu += mtp_param_layers * (blocks["mtp_extra"] + blocks["attention"] + blocks[mtp_mlp])
         dense_all = with_attention * unsplit["attention"] + dense_layers * unsplit["dense_mlp"]
         dense_all += moe_layers * unsplit["moe_dense"]
         if mamba_layers:
             dense_gpu += mamba_layers * blocks["mamba"]
             dense_all += mamba_layers * unsplit["mamba"]
-        dense_all += mtp_layers * (unsplit["mtp_extra"] + unsplit["attention"] + unsplit[mtp_mlp])
+        dense_all += mtp_param_layers * (unsplit["mtp_extra"] + unsplit["attention"] + unsplit[mtp_mlp])
         dense_gpu += embedding_copies * embedding_gpu
         dense_all += embedding_copies * embedding_all
         if has_emb:  # VocabParallelEmbedding rows split over TP; learned positions replicated
@@ -261,10 +267,10 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
         if p == final_chunk % pp:  # the final norm, replicated
             dense_gpu += norm
             dense_all += norm
-        expert_layers = moe_layers + (mtp_layers if model.moe is not None else 0)
+        expert_layers = moe_layers + (mtp_param_layers if model.moe is not None else 0)
         gemm = with_attention * blocks["attention_gemm"] + dense_layers * blocks["dense_mlp_gemm"]
         gemm += moe_layers * (blocks["moe_dense_gemm"] + blocks["experts_gemm"]) + mamba_layers * blocks["mamba_gemm"]
-        gemm += mtp_layers * (blocks["mtp_extra_gemm"] + blocks["attention_gemm"] + mtp_mlp_gemm)
+        gemm += mtp_param_layers * (blocks["mtp_extra_gemm"] + blocks["attention_gemm"] + mtp_mlp_gemm)
         stages.append(StageParams(
             stage=p, layers=layers, moe_layers=moe_layers, has_embedding=has_emb, has_output=has_out,
             dense_params=dense_all, expert_params=expert_layers * unsplit["experts"],

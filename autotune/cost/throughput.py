@@ -218,6 +218,8 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     output["host"] = max(0.0, out_host - out_gpu)
     embedding = memory_bound_time_s(3 * x.tokens * h * BF16, gpu=gpu, cal=cal)  # gather fwd, scatter-add bwd
     last = (moe, moe_f, moe_b) if job.model.moe is not None else (dense, dense_f, dense_b)
+    if hybrid and job.model.mtp_num_layers:  # a hybrid MTP depth is '*E': the attention layer, then the MoE layer
+        last = ({k: attn_only[k] + moe[k] for k in moe}, attn_f + moe_f, attn_b + moe_b)
     mtp, mtp_f, mtp_b = _mtp_layer(x, layout, last, output, embedding)
     return LayerTimes(dense=dense, moe=moe, mtp=mtp, output=output, embedding_s=embedding, dense_fwd_s=dense_f,
                       dense_bwd_s=dense_b, moe_fwd_s=moe_f, moe_bwd_s=moe_b, mtp_fwd_s=mtp_f, mtp_bwd_s=mtp_b,

@@ -235,8 +235,15 @@ def launch_header(job: Job, form: str, layout: Layout | None = None) -> str:
     run = f" (run with {' '.join(f'{k}={v}' for k, v in env.items())}: Megatron-LM asserts it for this layout)" \
         if env else ""
     notes = "".join(f" ({note})" for note in megatron_lm_notes(job))
-    arch = (f"the model's architecture arguments (--hybrid-layer-pattern {job.model.hybrid_pattern} and the Mamba "
-            "sizes among them)" if job.model.is_hybrid else "the model's architecture arguments")
+    m = job.model
+    # megatron-core's unified pattern carries the MTP depths after '/' (`hybrid_layer_allocation.py::
+    # ParsedHybridPattern`: "<main>/<mtp>/<mtp>"); Nemotron-3 Super's MTP depth is '*E'
+    pattern = f"{m.hybrid_pattern}{'/*E' * m.mtp_num_layers}"
+    extra = "".join([f", --moe-latent-size {m.moe.latent_size}" if m.moe is not None and m.moe.latent_size else "",
+                     f", --mtp-num-layers {m.mtp_num_layers}" if m.mtp_num_layers else "",
+                     ", --mtp-use-repeated-layer" if m.mtp_repeated_layer and m.mtp_num_layers else ""])
+    arch = (f"the model's architecture arguments (--hybrid-layer-pattern {pattern}{extra} and the Mamba "
+            "sizes among them)" if m.is_hybrid else "the model's architecture arguments")
     return f"Megatron-LM {target.megatron_lm} arguments for {megatron_lm_script(job)}{run}, after {arch}{notes}"
 
 
