@@ -105,23 +105,38 @@ def test_saved_gemm_input_bytes_by_recipe(recipe, gpu, expected):
 
 
 def test_fp8_saves_gemm_inputs_as_one_byte_copies():
-    # llama3-8b TP 2 + SP: ln_out (qkv_input, fc1_input) and the fc2 input halve; proj keeps O (2 B, for the
-    # attention backward) and its own FP8 copy (1 B); norm inputs and the SwiGLU input stay bf16
+    # llama3-8b TP 2 + SP, FP8 current scaling (H100's default recipe): ln_out (qkv_input, fc1_input) and the fc2
+    # input halve; proj keeps O in bf16 only: megatron-core sets `set_save_original_input(linear_proj)` for every FP8
+    # recipe but delayed scaling (transformer/attention.py:427-443); norm inputs and the SwiGLU input stay bf16
     layout = Layout(tp=2, sp=True)
     bf16 = _terms("llama3-8b", layout, seq=4096, assumptions=TE)
     fp8 = _terms("llama3-8b", layout, seq=4096, assumptions=TE, precision="fp8")
     for name in ("qkv_input", "fc1_input", "activation_output"):
         assert fp8[name] == bf16[name] / 2, name
-    assert fp8["proj_input"] == bf16["proj_input"] * 3 / 2
-    for name in ("attn_norm_input", "mlp_norm_input", "fc1_output", "qkv"):
+    for name in ("attn_norm_input", "mlp_norm_input", "fc1_output", "qkv", "proj_input"):
         assert fp8[name] == bf16[name], name
 
 
-def test_core_attention_recompute_under_fp8_leaves_only_proj_copy():
+@pytest.mark.parametrize("recipe, gpu, extra", [("delayed", "h100", 1), ("tensorwise", "h100", 0),
+                                                ("mxfp8", "b200", 0), ("blockwise", "h100", 0)])
+def test_only_delayed_scaling_keeps_a_quantized_copy_of_proj_input(recipe, gpu, extra):
+    # delayed scaling quantizes linear_proj's input and saves that copy (1 B) beside O (2 B, the attention
+    # backward's); every other recipe saves proj's original bf16 input, the same storage as O
+    layout = Layout(tp=2, sp=True)
+    bf16 = layer_activation_bytes(_job("llama3-8b", seq=4096, gpu=gpu), layout, TE, moe=False)["proj_input"]
+    fp8 = layer_activation_bytes(_job("llama3-8b", seq=4096, gpu=gpu, precision="fp8", fp8_recipe=recipe), layout,
+                                 TE, moe=False)["proj_input"]
+    assert fp8 == bf16 * (2 + extra) / 2
+
+
+def test_core_attention_recompute_under_fp8_keeps_proj_input_once():
+    # delayed scaling: O is recomputed, only proj's FP8 copy stays; current scaling: proj's saved input is O itself
     layout = Layout(tp=2, sp=True, recompute="selective")
-    fp8 = _terms("llama3-8b", layout, seq=4096, assumptions=TE, precision="fp8")
-    assert fp8["core_attention"] == 0
-    assert fp8["proj_input"] == 1 * 4096 * 32 * 128 / 2  # the FP8 copy only: O is recomputed
+    delayed = _terms("llama3-8b", layout, seq=4096, assumptions=TE, precision="fp8", fp8_recipe="delayed")
+    assert delayed["core_attention"] == 0
+    assert delayed["proj_input"] == 1 * 4096 * 32 * 128 / 2
+    current = _terms("llama3-8b", layout, seq=4096, assumptions=TE, precision="fp8")
+    assert current["proj_input"] == 2 * 4096 * 32 * 128 / 2
 
 
 @pytest.mark.parametrize("cp", [2, 4])

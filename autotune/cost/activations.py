@@ -132,6 +132,8 @@ class Shape:
     gemm_in: float  # bytes per element of a GEMM input saved as FP8 (or bf16): `saved_gemm_input_bytes`
     fused_swiglu: bool
     ce_fused: bool  # TE's fused cross-entropy: the bf16 logits are the only copy
+    # linear_proj saves its bf16 input under FP8/FP4 (`set_save_original_input`): every recipe but delayed scaling
+    proj_saves_original: bool = False
 
     @property
     def tokens(self) -> int:
@@ -156,6 +158,7 @@ def shape_of(job: Job, layout: Layout, assumptions: ActivationAssumptions) -> Sh
         gemm_in=saved_gemm_input_bytes(job.gemm_recipe, te),
         fused_swiglu=assumptions.fused_swiglu,
         ce_fused=te and training.cross_entropy_fusion == "te",
+        proj_saves_original=te and job.gemm_recipe not in (None, "delayed"),
     )
 
 
@@ -176,7 +179,8 @@ def attention_activation_bytes(model: ModelSpec, x: Shape) -> dict[str, float]:
     - `core_attention`: fp32 softmax statistics [b, a/t, s, 1] with a fused kernel; Korthikanti's 5 as^2 b / t
       (score bytes) without; nothing when selective recompute covers 'core_attn'.
     - `proj_input`: the attention output O (2 T a d / t), kept by the attention backward and shared with
-      `linear_proj`'s saved input in bf16; under FP8 `linear_proj` keeps its own FP8 copy on top (1 B).
+      `linear_proj`'s saved input in bf16; only under FP8 delayed scaling `linear_proj` keeps its own FP8 copy on
+      top (1 B): every other FP8 recipe and FP4 save proj's original input (`set_save_original_input`).
     - MLA latents (`mla_latents`): the q / kv down-projection outputs (their norms' inputs) and the norm outputs
       the up projections save; 'mla_up_proj' recompute keeps only the former and drops Q, K, V.
     """
@@ -206,10 +210,13 @@ def attention_activation_bytes(model: ModelSpec, x: Shape) -> dict[str, float]:
         terms["core_attention"] = FP32 * T * a / t
     else:  # Korthikanti: 2as^2b softmax + as^2b mask + 2as^2b dropout output; K/V span the full sequence
         terms["core_attention"] = x.score_bytes * a * x.b * x.s * x.s_full / t
-    # O: kept by the attention backward, and saved by linear_proj as the same bf16 storage, except where TE
-    # quantizes proj's input under FP8 (GQA/MHA): then proj keeps a 1-byte copy, and O stays only while the
-    # attention core is not recomputed. MLA's linear_proj saves its original bf16 input (`save_original_input`).
-    if x.te and x.fp8 and mla is None:
+    # O: kept by the attention backward, and saved by linear_proj as the same bf16 storage. megatron-core marks
+    # linear_proj `set_save_original_input` under FP8 with any recipe but delayed scaling, and under FP4
+    # (transformer/attention.py:427-443 in 0.19.2, :366-376 in 0.16.1; TE >= 2.6 / 2.7), so it keeps O itself,
+    # not a quantized copy. Only delayed scaling (GQA/MHA) still quantizes proj's input: then proj keeps a 1-byte
+    # copy, and O stays only while the attention core is not recomputed. MLA's linear_proj saves its original
+    # bf16 input too (`save_original_input`).
+    if x.te and x.fp8 and mla is None and not x.proj_saves_original:
         proj = x.gemm_in + (0.0 if recompute_core else BF16)
     else:
         proj = BF16
