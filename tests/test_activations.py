@@ -156,6 +156,21 @@ def test_layernorm_recompute_discards_only_unfused_norm_outputs():
 
 
 # --- MoE -----------------------------------------------------------------------------------------------------
+def test_moe_act_recompute_frees_fc2_input_under_fp8_too():
+    # megatron-core makes the experts' fc2 save its original (bf16) input under FP8/FP4 when 'moe_act' is
+    # recomputed (`set_save_original_input`, moe/experts.py:268-275), and the checkpoint discards that input: the
+    # recompute frees fc2's input under FP8 as under bf16; the FP8 run saved a 1-byte copy, bf16 a 2-byte one
+    layout = Layout(tp=2, sp=True, ep=2, etp=1, recompute="selective")
+    freed = {}
+    for precision in ("bf16", "fp8"):
+        keep = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True, precision=precision,
+                      recompute_modules=("core_attn",))["experts"]
+        drop = _terms("tiny-moe", layout, seq=256, assumptions=TE, moe=True, precision=precision,
+                      recompute_modules=("core_attn", "moe_act"))["experts"]
+        freed[precision] = keep - drop
+    assert freed["fp8"] > 0 and freed["fp8"] == pytest.approx(freed["bf16"] / 2)
+
+
 def test_moe_expert_activations_scale_with_topk():
     base = get_model("tiny-moe")
     assert base.moe is not None

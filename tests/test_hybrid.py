@@ -416,9 +416,10 @@ def test_super_rows_are_scored_with_their_recipes():
     assert all("first_last_layers_bf16" in r.skip for r in rows if r.skip)
     for r in scored:
         assert r.job is not None and r.layout is not None
-        # they ran: every estimate fits but B200's (TP 1, EP 64), 181.4 GiB against its 180.0 (1% over, reported)
-        capacity = r.job.cluster.gpu.memory_bytes * (1.02 if r.gpu == "b200" else 1.0)
-        assert estimate_memory(r.job, r.layout, DEFAULT_ASSUMPTIONS).fits(capacity), (r.release, r.gpu)
+        # they ran: every estimate fits (B200's, TP 1 with 'moe_act' recompute under MXFP8, by 18 GiB: fc2's saved
+        # input is the discarded bf16 activation, `set_save_original_input`, not an FP8 copy that stays)
+        assert estimate_memory(r.job, r.layout, DEFAULT_ASSUMPTIONS).fits(r.job.cluster.gpu.memory_bytes), \
+            (r.release, r.gpu)
         assert estimate_time(r.job, r.layout, DEFAULT_CALIBRATION).tokens_per_s_per_gpu > 0
 
 

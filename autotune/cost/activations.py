@@ -375,7 +375,10 @@ def expert_bytes_per_token(model: ModelSpec, x: Shape, layout: Layout) -> float:
         # the probs multiply `act(x) * probs` keeps act(x) (`experts.py`, `activation_func_with_probs`): only the
         # fused weighted SwiGLU (gated, GPU) and the fused weighted squared ReLU avoid it
         fc2_in += BF16 * ffn / etp
-    if "moe_act" in x.modules and not x.fp8:
+    # 'moe_act' recompute discards the activation's output, fc2's saved input: under FP8/FP4 megatron-core sets
+    # `set_save_original_input(linear_fc2)` so that fc2 keeps that bf16 tensor, not a quantized copy, and the
+    # discard frees it too (moe/experts.py:268-275 and 882-893 in 0.19.2; :588-595 in 0.16.1)
+    if "moe_act" in x.modules:
         fc2_in = 0.0
     return fc1_in * h + fc1_out + fc2_in + FP32  # + fp32 probs
 
