@@ -407,8 +407,8 @@ def main() -> int:
         print(f"hybrid targets (mean <= {TARGET_HYBRID_MEAN:.0%} on the fitting and on the held-out GPUs): "
               f"{'met' if ok else 'MISSED'}")
     if latent:
-        print("\nLatentMoE hybrid rows (Nemotron-3 Super; estimated, nothing fitted on them; NVFP4 rows skipped: "
-              "first_last_layers_bf16 is not modelled):")
+        print("\nLatentMoE hybrid rows (Nemotron-3 Super; estimated, nothing fitted on them; NVFP4 rows with the "
+              "recipe's last 14 layers and MTP layer in BF16):")
         print_rows(latent, latent_predicted, cal)
         for key, title in (("latent_moe_fitted_gpus", "Super, on the fitting GPUs (B200/GB200; not fitted)"),
                            ("latent_moe_held_out", "Super, held out (GB300/B300, never fitted)")):

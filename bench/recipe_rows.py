@@ -18,8 +18,8 @@ What a row becomes:
 - "(w/o MTP)" rows drop DeepSeek-V3's MTP layer; "(tokendrop)" rows set the capacity factor the recipe sets.
 
 Hybrid Mamba rows: Nemotron-3 Nano and Super are scored (catalog `nemotron-3-nano-30b-a3b`,
-`nemotron-3-super-120b-a12b`: LatentMoE and its repeated '*E' MTP layer; its NVFP4 rows are skipped, their recipe
-keeps the last 14 layers in BF16, `first_last_layers_bf16`, which autotune does not model); Ultra and 3.5 Lightning
+`nemotron-3-super-120b-a12b`: LatentMoE and its repeated '*E' MTP layer; its NVFP4 recipe keeps the last 14
+layers in BF16, `first_last_layers_bf16`, carried as `bf16_layers_at_end`); Ultra and 3.5 Lightning
 are skipped with their reason (`HYBRID_UNMODELLED`). Skipped, each with its reason: Megatron-FSDP and CPU offloading
 (issue 20),
 models outside the catalog, Kimi-K2 (the Muon optimizer), rows whose printed layout no recipe of the release
@@ -136,9 +136,6 @@ def _skip_reason(t: dict[str, str], s: dict[str, str]) -> str:
         reasons.append("CPU offloading (issue 20)")
     if not t["tokens_per_s_per_gpu"].strip():
         reasons.append("no tokens/s printed")
-    if _on(s["first_last_layers_bf16"]):  # megatron-core TransformerConfig.first_last_layers_bf16 (default 1 and 1)
-        reasons.append("first_last_layers_bf16 (the first and last layers kept in BF16 in a low-precision run) is not "
-                       "modelled: autotune costs every layer in the run's precision")
     misprint = MISPRINTS.get((t["release"], t["gpu"], t["model"], t["precision"]))
     if misprint:
         reasons.append(misprint)
@@ -227,6 +224,9 @@ def _training(t: dict[str, str], s: dict[str, str], moe: bool, modules: tuple[st
         values["recompute_modules"] = tuple(names)
     if granularity == "full" and s["recompute_num_layers"] not in ("", "null"):
         values["recompute_num_layers"] = int(s["recompute_num_layers"])
+    if _on(s["first_last_layers_bf16"]):  # empty counts: Bridge MixedPrecisionConfig's default, 0
+        values["bf16_layers_at_start"] = int(s["num_layers_at_start_in_bf16"] or 0)
+        values["bf16_layers_at_end"] = int(s["num_layers_at_end_in_bf16"] or 0)
     if moe:
         dispatcher = s["moe_token_dispatcher_type"] or "alltoall"
         deepep = _on(s["moe_enable_deepep"])

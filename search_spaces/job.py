@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from search_spaces.cluster import ClusterSpec
 from search_spaces.model import ModelSpec
@@ -35,6 +35,20 @@ class Job:
         if recipe == "blockwise" and gpu.arch != "hopper":
             raise ValueError(f"fp8_recipe blockwise runs on Hopper GPUs only, but the cluster has {gpu.name} "
                              f"({gpu.arch}); use mxfp8 or tensorwise.")
+
+    @property
+    def has_bf16_layers(self) -> bool:
+        """Whether some layers of this low-precision run stay in BF16: the training spec's edge layers
+        (`TrainingSpec.bf16_edges`), or an NVFP4 run's multi-token-prediction layers, which megatron-core runs
+        outside the FP4 autocast ("currently ignoring FP4 in MTP layers", `transformer/multi_token_prediction.py`
+        0.19.2 :1180-1188, 0.16.1 :781)."""
+        return self.training.bf16_edges != (0, 0) or (self.training.fp4 and self.model.mtp_num_layers > 0)
+
+    def in_bf16(self) -> Job:
+        """This job with every layer in BF16: what a BF16 layer of a low-precision run costs."""
+        t = replace(self.training, precision="bf16", fp8_recipe=None, fp8_dot_product_attention=False,
+                    bf16_layers_at_start=0, bf16_layers_at_end=0)
+        return replace(self, training=t)
 
     @property
     def world_size(self) -> int:

@@ -120,6 +120,13 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     # NVFP4 (megatron-core 0.19 `TransformerConfig.fp4` / `fp4_recipe`; Bridge `bf16_with_nvfp4_mixed`)
     _n("fp4", _T, "str", "--fp4-format", "mixed_precision:fp4"),
     _n("fp4_recipe", _T, "str", "--fp4-recipe", "mixed_precision:fp4_recipe"),
+    # decoder layers kept out of the FP8/FP4 autocast (fp8_utils.is_first_last_bf16_layer, fp4_utils.get_fp4_context);
+    # Bridge's MixedPrecisionConfig carries all three and overwrites the model's
+    _n("first_last_layers_bf16", _T, "bool", "--first-last-layers-bf16", "mixed_precision:first_last_layers_bf16"),
+    _n("num_layers_at_start_in_bf16", _T, "int", "--num-layers-at-start-in-bf16",
+       "mixed_precision:num_layers_at_start_in_bf16"),
+    _n("num_layers_at_end_in_bf16", _T, "int", "--num-layers-at-end-in-bf16",
+       "mixed_precision:num_layers_at_end_in_bf16"),
     # Megatron-LM has no flag for it ("no CLI argument exists for these", arguments.py `_add_network_size_args`,
     # core_v0.16.1 and 0.19.2): its line says so (`autotune.outputs.launch.megatron_lm_notes`)
     _n("fp8_dot_product_attention", _T, "bool", None, "mixed_precision:fp8_dot_product_attention"),
@@ -233,6 +240,8 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "cuda_graph_modules": ("cuda_graph_modules",),
     "recompute_modules": ("recompute_modules",),
     "recompute_num_layers": ("recompute_method", "recompute_num_layers"),
+    "bf16_layers_at_start": ("first_last_layers_bf16", "num_layers_at_start_in_bf16"),
+    "bf16_layers_at_end": ("first_last_layers_bf16", "num_layers_at_end_in_bf16"),
     "megatron_core": (),  # which release the names are spelled for (Name.lm_flag, Name.bridge_keys), no setting
     "release": (),  # the software release the throughput factors are for (search_spaces.releases), no setting
 }
@@ -326,6 +335,13 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     out["fp8_recipe"] = recipe
     out["fp4"] = "e2m1" if t.fp4 else None  # Bridge's `bf16_with_nvfp4_mixed`; FP4 primary weights stay off
     out["fp4_recipe"] = "nvfp4"  # megatron-core's and Bridge's default, set or not
+    start, end = t.bf16_edges
+    edges = bool(start or end)
+    out["first_last_layers_bf16"] = edges
+    # the counts in effect (Bridge's MixedPrecisionConfig writes 0 and 0 over megatron-core's 1 and 1); the launch
+    # lines spell them only with the switch on (`autotune.outputs.launch._ONLY_WITH`)
+    out["num_layers_at_start_in_bf16"] = start
+    out["num_layers_at_end_in_bf16"] = end
     # FP8 primary weights need the distributed optimizer (arguments.py: "--fp8-param-gather only supported with
     # distributed optimizer ...")
     out["fp8_param_gather"] = recipe is not None and t.fp8_param_gather and layout.dist_opt

@@ -132,6 +132,24 @@ def expert_ffn_divisible_by_etp(job: Job, layout: Layout) -> Violation | None:
                       moe_ffn_hidden_size=size, etp=etp)
 
 
+# --- precision (transformer_config.py) ----------------------------------------------------------------------
+def bf16_layers_within_stage(job: Job, layout: Layout) -> Violation | None:
+    """An FP8 run's BF16 edge layers fit in one pipeline stage's share of the layers (megatron-core checks FP8
+    runs only; an FP4 run's counts go unchecked)."""
+    t = job.training
+    if not t.fp8 or not (t.bf16_layers_at_start or t.bf16_layers_at_end):
+        return None
+    most = job.model.num_layers // layout.pp
+    for name, value in (("start", t.bf16_layers_at_start), ("end", t.bf16_layers_at_end)):
+        if value > most:
+            return _violation("bf16_layers_within_stage",
+                              f"num_layers_at_{name}_in_bf16 ({value}) must be between 0 and number of layers per "
+                              f"pipeline stage ({most}) (num_layers {job.model.num_layers} // "
+                              f"pipeline_model_parallel_size {layout.pp}).", pp=layout.pp,
+                              num_layers=job.model.num_layers, bf16_layers=value)
+    return None
+
+
 # --- virtual pipeline (parallel_state.py, pipeline_parallel/schedules.py) ---------------------------------
 def vpp_needs_pp(job: Job, layout: Layout) -> Violation | None:
     """megatron-core needs PP > 1; Megatron-LM's training script also wants PP > 2 unless
@@ -465,6 +483,8 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
     ("sp_sequence_divisible", frozenset({"tp", "cp", "sp"}),
      _CORE + "tensor_parallel/mappings.py (_split_along_first_dim)"),
     ("vpp_needs_pp", frozenset({"pp", "vpp"}), _CORE + "parallel_state.py (initialize_model_parallel)"),
+    ("bf16_layers_within_stage", frozenset({"pp"}),
+     _CORE + "transformer/transformer_config.py (__post_init__, first_last_layers_bf16)"),
     ("pipeline_split_exclusive", _SPLIT, _UNEVEN),
     ("pipeline_layout_exclusive", _SPLIT, _CORE + "transformer/transformer_config.py (__post_init__, PP layout)"),
     ("pipeline_split_needs_pp", _PIPE,

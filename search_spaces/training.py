@@ -41,6 +41,12 @@ performance tables, `scripts/performance/`:
   `moe_expert_rank_capacity_factor=1.5`), the static token buffers a captured dispatcher needs. Token dropping
   (`moe_expert_capacity_factor`, with or without padding every expert to its capacity) is off, as in megatron-core;
   NVIDIA's "tokendrop" rows set a capacity factor of 1.0.
+- BF16 edge layers: `bf16_layers_at_start` / `bf16_layers_at_end` layers of the decoder run outside the FP8/FP4
+  autocast (megatron-core `first_last_layers_bf16` with `num_layers_at_start_in_bf16` / `num_layers_at_end_in_bf16`;
+  `fp8_utils.py::is_first_last_bf16_layer`, `fp4_utils.py::get_fp4_context`, by global layer index; a hybrid
+  model's layers are its pattern's symbols, `models/hybrid/hybrid_block.py:333-365`). Off by default, as every
+  perf recipe but Nemotron-3 Super's NVFP4 one (`nemotron_3_super_bf16_with_nvfp4_mixed`: the last 14 layers, none
+  at the start, Bridge `MixedPrecisionConfig`'s 0) runs; Bridge's FP8-CS preset turns it on and the perf configs off.
 - recompute: megatron-core's selective default recomputes `core_attn` (`TransformerConfig.recompute_modules`);
   full recompute is `uniform` over every layer unless `recompute_num_layers` gives a `block` of N layers per chunk.
 """
@@ -110,6 +116,8 @@ class TrainingSpec:
     #   Bridge 0.6's (attn, moe_router, moe_preprocess) for MoE models, the whole layer for dense ones
     recompute_modules: tuple[str, ...] = ("core_attn",)  # what recompute="selective" recomputes
     recompute_num_layers: int | None = None  # recompute="full": None uniform over every layer; N a block per chunk
+    bf16_layers_at_start: int = 0  # decoder layers kept in BF16 at the start of an FP8/FP4 run (first_last_layers_bf16)
+    bf16_layers_at_end: int = 0  # ... and at its end
     # the megatron-core release the cluster runs: its validity rules and launch lines (search_spaces.megatron_version)
     megatron_core: str = field(default_factory=rules_version)
     # the NeMo / Megatron-Bridge release it runs: the throughput model's per-release factors (search_spaces.releases)
@@ -163,9 +171,29 @@ class TrainingSpec:
             raise ValueError(f"`recompute_num_layers > 0` (or unset) must hold, but got "
                              f"({self.recompute_num_layers!r}).")
 
+        for name in ("bf16_layers_at_start", "bf16_layers_at_end"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"`{name} >= 0` must hold (an integer), but got ({name}={value!r}).")
+        if self.bf16_layers_at_start or self.bf16_layers_at_end:
+            if self.precision == "bf16":
+                raise ValueError("bf16_layers_at_start / bf16_layers_at_end keep layers out of an FP8 or FP4 run's "
+                                 "low precision; this run is bf16 already (precision fp8 or fp4 needs them).")
+            if self.precision == "fp8" and self.fp8_recipe == "delayed":
+                # megatron-core's own message (transformer_config.py 0.19.2 :1402-1403)
+                raise ValueError("Delayed scaling does not support first / last layer in BF16.")
+
     @property
     def fp8(self) -> bool:
         return self.precision == "fp8"
+
+    @property
+    def bf16_edges(self) -> tuple[int, int]:
+        """(first, last) decoder layers that run in BF16 in this run: megatron-core's `first_last_layers_bf16`
+        counts in a low-precision run, (0, 0) in a bf16 one."""
+        if self.precision == "bf16":
+            return (0, 0)
+        return (self.bf16_layers_at_start, self.bf16_layers_at_end)
 
     @property
     def fp4(self) -> bool:

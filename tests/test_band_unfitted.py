@@ -20,8 +20,10 @@ from search_spaces.training import TrainingSpec
 
 
 def test_the_fitted_groups_are_what_the_fitted_rows_hold() -> None:
-    # efficiency.py's list is pasted from `bench_throughput.py --fit`: it must not drift from the rows
-    assert DEFAULT_CALIBRATION.fitted_groups == fitted_groups([r for r in load_rows() if not r.held_out])
+    # efficiency.py's list is pasted from `bench_throughput.py --fit`: it must not drift from the rows it fits (the
+    # hybrid rows fit only the Mamba constant; Nemotron-3 Super's NVFP4 rows leave "blackwell fp4 MoE" unfitted)
+    fitted = [r for r in load_rows() if not r.held_out and not r.job.model.is_hybrid]
+    assert DEFAULT_CALIBRATION.fitted_groups == fitted_groups(fitted)
     assert fit_group("hopper", "fp8", False) in DEFAULT_CALIBRATION.fitted_groups
 
 

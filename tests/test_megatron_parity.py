@@ -126,6 +126,9 @@ N_ACCEPTED, PER_RULE, N_STRINGS, DRAWS = 8, 2, 4, 3000
 VERSIONS = ("0.16.1", "0.19.2")
 # never sampled against megatron-core (module docstring)
 NOT_SAMPLED = {"data_parallel_size_matches", "flex_dispatcher_needs_tp_ep"}
+# the sample draws layouts of bf16 jobs; an FP8 job's BF16 edge layers are held to megatron-core's message in
+# tests/test_rules.py (TRAINING_BROKEN)
+NOT_SAMPLED |= {"bf16_layers_within_stage"}
 # the hybrid Mamba rules need a HybridModel, which this GPT sample never builds: tests/test_hybrid.py holds them to
 # megatron-core's own decisions on HybridModel stages (`test_megatron_core_decides_as_the_rules`)
 NOT_SAMPLED |= {name for name, _, _ in HYBRID_RULES}

@@ -57,9 +57,10 @@ def test_nvfp4_recipes_are_scored_and_predicted_on_the_gpus_held_out(recipes, er
     # NVFP4 (issue 20, item 3): Llama3-70B / 405B on GB200 are fitted (`blackwell.gemm_fp4`), GB300 held out;
     # measured 2026-12-02 (bench/bench_throughput.py): GB300 NVFP4 rows +18% to +24% (the fit's one FP4 fraction
     # over-predicts 70B by ~20% where it fits 405B within 6%), held within 30% here
-    fp4 = [r for r in recipes if not r.skip and r.job.training.fp4]
+    # (Nemotron-3 Super's NVFP4 rows, nothing fitted on them, are held in tests/test_hybrid.py)
+    fp4 = [r for r in recipes if not r.skip and r.job.training.fp4 and not r.job.model.is_hybrid]
     assert len(fp4) >= 16 and {r.gpu for r in fp4} == {"gb200", "gb300"}
-    held = [e for r, e in errors if r.job.training.fp4 and r.held_out]
+    held = [e for r, e in errors if r.job.training.fp4 and r.held_out and not r.job.model.is_hybrid]
     assert len(held) >= 8 and all(abs(e) <= 0.30 for e in held)
 
 

@@ -251,6 +251,9 @@ TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str 
     ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=2,cuda_graphs=full_iteration", "0.19.2", None),
     ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=2,cuda_graphs=full_iteration", "0.16.1",
      "full_iteration_moe"),
+    # BF16 edge layers of an FP8 run within one stage's layers (transformer_config.py 0.19.2 :1405-1425)
+    ("tiny-gpt", 8, {"precision": "fp8", "bf16_layers_at_end": 5}, "pp=2", "0.19.2", "bf16_layers_within_stage"),
+    ("tiny-gpt", 8, {"precision": "fp8", "bf16_layers_at_end": 4}, "pp=2", "0.19.2", None),
 ]
 
 

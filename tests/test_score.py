@@ -61,6 +61,12 @@ CASES = [
                                           grad_reduce_in_fp32=True, global_batch_size=32), SpaceOptions()),
     ("gb200-cross-node-tp", _job("llama3-70b", 4, gpu="gb200", global_batch_size=64),
      SpaceOptions(tp_within_node=False)),
+    # BF16 edge layers of a low-precision run (first_last_layers_bf16): per-stage BF16 counts, uneven splits
+    ("bf16-edges-fp8-b200", _job("llama3-70b", 4, gpu="b200", precision="fp8", bf16_layers_at_start=1,
+                                 bf16_layers_at_end=3, global_batch_size=128), SpaceOptions()),
+    # Nemotron-3 Super's NVFP4 recipe: the last 14 pattern layers and the MTP layer (never FP4) in BF16
+    ("bf16-edges-nvfp4-hybrid-mtp", _job("nemotron-3-super-120b-a12b", 16, gpu="gb200", precision="fp4",
+                                         bf16_layers_at_end=14, global_batch_size=512), SpaceOptions(max_pp=4)),
 ]
 
 

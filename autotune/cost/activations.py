@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune.cost.efficiency import OPERAND_BYTES
+from autotune.cost.placement import chunk_kinds
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec
@@ -808,16 +809,6 @@ def unit_activation_bytes(job: Job, layout: Layout, assumptions: ActivationAssum
         mamba_terms=mamba, attention_terms=attention, mamba_layer=sum(v for _, v in mamba),
         attention_layer=sum(v for _, v in attention),
     )
-
-
-def chunk_kinds(pattern: str | None, first_dense: int, start: int, n: int) -> tuple[int, int, int, int]:
-    """(dense, MoE, Mamba, attention-only) layers of the chunk of `n` layers from `start`: a GPT model's by its
-    first dense layers (Mamba and attention-only 0), a hybrid model's `-`, `E`, `M` and `*` symbols there."""
-    if pattern is None:
-        dense = max(0, min(start + n, first_dense) - start)
-        return dense, n - dense, 0, 0
-    part = pattern[start:start + n]
-    return part.count("-"), part.count("E"), part.count("M"), part.count("*")
 
 
 def inflight_microbatches_per_chunk(pp: int, vpp: int, microbatches: int, stage: int,

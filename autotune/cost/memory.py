@@ -32,7 +32,10 @@ from autotune.cost.placement import (
     Split,
     StageParams,
     _stage_params_cached,
+    bf16_chunk_kinds,
+    bf16_stage_layers,
     chunk_layer_counts,
+    layer_gemm_params_per_gpu,
     padded_vocab_size,
     pipeline_split,
 )
@@ -186,11 +189,27 @@ class MemoryEstimate:
         return self.total_bytes <= gpu_memory_bytes
 
 
+def bf16_gemm_params_per_gpu(job: Job, sp: StageParams, layout: Layout) -> int:
+    """GEMM weights of the stage's BF16 layers in a low-precision run (`placement.bf16_stage_layers`): they never
+    run inside the FP8/FP4 autocast, so Transformer Engine keeps no quantized copy of them (and megatron-core
+    builds them outside `fp8_model_init`, `models/hybrid/hybrid_block.py:128-130`). A repeated MTP layer's
+    weights count once."""
+    if not job.has_bf16_layers:
+        return 0
+    model = job.model
+    counts = bf16_stage_layers(model, layout.pp, layout.vpp_size, pipeline_split(layout), job.training.bf16_edges,
+                               job.training.fp4)[sp.stage]
+    per = layer_gemm_params_per_gpu(model, layout.tp, layout.ep, layout.expert_tp)
+    mtp = min(counts[4], 1) if model.mtp_repeated_layer else counts[4]
+    return sum(n * g for n, g in zip((*counts[:4], mtp), per, strict=True))
+
+
 def _state_bytes(job: Job, sp: StageParams, layout: Layout) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes of one GPU of a stage."""
     training = job.training
     dense, expert = sp.dense_params_per_gpu, sp.expert_params_per_gpu
-    gemm = sp.gemm_params_per_gpu
+    bf16_gemm = bf16_gemm_params_per_gpu(job, sp, layout)
+    gemm = sp.gemm_params_per_gpu - bf16_gemm
     weights = 2.0 * (dense + expert - gemm)
     weights += gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch) * gemm
     grads = gradient_bytes_per_param(training) * (dense + expert)
@@ -236,12 +255,14 @@ def graph_pool_held_bytes(layout: Layout, activations: float, step: float) -> fl
 @lru_cache(maxsize=4096)
 def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, split: Split = EVEN,
                       mtp: tuple[int, ...] | None = None, pattern: str | None = None,
+                      edges: tuple[int, int] = (0, 0),
                       ) -> tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]:
     """Stages that can be the peak, with their chunks as (chunk index k, first layer, layers).
 
     In-flight micro-batches never grow with the stage index, so among stages holding the same layers
     (same dense/MoE counts per chunk, or a hybrid `pattern`'s symbol counts, same embedding/output/MTP layers)
-    only the first can be the heaviest."""
+    only the first can be the heaviest; `edges` (the BF16 edge layers, `TrainingSpec.bf16_edges`) tell stages with
+    the same counts apart."""
     counts = chunk_layer_counts(num_layers, pp, vpp, split)
     starts = [sum(counts[:k]) for k in range(len(counts))]
     last = len(counts) - 1
@@ -249,8 +270,8 @@ def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, spli
     out = []
     for p in range(pp):
         chunks = tuple((k, starts[k], counts[k]) for k in range(p, len(counts), pp))
-        key = tuple((k == 0, k == last, n, chunk_kinds(pattern, first_dense, start, n), mtp[k] if mtp else 0)
-                    for k, start, n in chunks)
+        key = tuple((k == 0, k == last, n, chunk_kinds(pattern, first_dense, start, n), mtp[k] if mtp else 0,
+                     bf16_chunk_kinds(pattern, first_dense, num_layers, edges, start, n)) for k, start, n in chunks)
         if key not in seen:
             seen.add(key)
             out.append((p, chunks))
@@ -292,6 +313,30 @@ def _lookups(job: Job, layout: Layout, assumptions: MemoryAssumptions,
     return stages, unit
 
 
+def _bf16_unit(job: Job, layout: Layout, assumptions: MemoryAssumptions) -> UnitActivations | None:
+    """The activation units of the job at BF16 (`Job.in_bf16`), for its BF16 layers; None without any."""
+    if not job.has_bf16_layers:
+        return None
+    return _lookups(job.in_bf16(), layout, assumptions)[1]
+
+
+def bf16_chunk_terms(unit: UnitActivations, bf16: UnitActivations, kinds: tuple[int, int, int, int],
+                     mtp: int) -> dict[str, float]:
+    """What a chunk's BF16 layers (`kinds` as (dense, MoE, Mamba, attention-only), `mtp` MTP layers) save per
+    micro-batch over the same layers in the run's precision, by tensor name (a BF16 layer keeps BF16 GEMM inputs
+    where a quantized one keeps FP8/FP4 copies)."""
+    dense, moe, mamba, attention = kinds
+    out: dict[str, float] = {}
+    for sign, u in ((1.0, bf16), (-1.0, unit)):
+        rd, rm, kd, km = u._split(dense, moe)
+        for terms, n in ((u.dense_terms, rd), (u.moe_terms, rm), (u.dense_kept_terms, kd), (u.moe_kept_terms, km),
+                         (u.mamba_terms, mamba), (u.attention_terms, attention), (u.mtp_terms, mtp)):
+            if n:
+                for name, value in terms:
+                    out[name] = out.get(name, 0.0) + sign * n * value
+    return out
+
+
 def _mtp_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...] | None:
     """MTP layers per model chunk (`Layout.chunk_mtp_counts`), None for a model without them."""
     return layout.chunk_mtp_counts(model.mtp_num_layers) if model.mtp_num_layers else None
@@ -313,13 +358,21 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
     mtp = _mtp_counts(model, layout)
     activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
     pattern = model.hybrid_pattern
+    bf16 = _bf16_unit(job, layout, assumptions)
+    bf16_terms: dict[str, float] = {}
     for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
         dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, start, n)
         activations += n_inflight * unit.chunk(dense=dense, moe=moe, has_embedding=k == 0, has_output=k == last,
                                                mtp=mtp[k] if mtp else 0, mamba=mamba, attention=attention)
+        if bf16 is not None:
+            kinds = bf16_chunk_kinds(pattern, first_dense, model.num_layers, job.training.bf16_edges, start, n)
+            delta = bf16_chunk_terms(unit, bf16, kinds, mtp[k] if (mtp and job.training.fp4) else 0)
+            activations += n_inflight * sum(delta.values())
+            for name, value in delta.items():
+                bf16_terms[name] = bf16_terms.get(name, 0.0) + n_inflight * value
     breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
-        unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-        has_output=sp.has_output, has_moe=has_moe, mtp=mtp, pattern=pattern)
+        _with_terms, partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
+                             has_output=sp.has_output, has_moe=has_moe, mtp=mtp, pattern=pattern), bf16_terms)
     phase = "activations"
     step = _optimizer_step_bytes(job, sp, layout)
     held = graph_pool_held_bytes(layout, activations, step)
@@ -337,6 +390,15 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
     )
 
 
+def _with_terms(base: Callable[[], tuple[tuple[str, float], ...]], extra: dict[str, float],
+                ) -> tuple[tuple[str, float], ...]:
+    """`base()`'s named terms plus `extra`'s (the BF16 layers' difference), by name."""
+    out = dict(base())
+    for name, value in extra.items():
+        out[name] = out.get(name, 0.0) + value
+    return tuple(out.items())
+
+
 def estimate_memory(job: Job, layout: Layout,
                     assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> MemoryEstimate:
     """Peak memory per GPU for `layout` of `job`: every distinct pipeline stage is evaluated, the heaviest returned.
@@ -349,7 +411,8 @@ def estimate_memory(job: Job, layout: Layout,
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     best: MemoryEstimate | None = None
     for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size,
-                                        pipeline_split(layout), _mtp_counts(model, layout), model.hybrid_pattern):
+                                        pipeline_split(layout), _mtp_counts(model, layout), model.hybrid_pattern,
+                                        job.training.bf16_edges):
         est = _stage_estimate(job, layout, assumptions, stages[p], unit, chunks)
         if best is None or est.total_bytes > best.total_bytes:
             best = est

@@ -29,7 +29,8 @@ from functools import lru_cache
 from search_spaces.layout import Layout
 from search_spaces.model import VOCAB_DIVISOR, ModelSpec, padded_vocab_size
 
-__all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "chunk_mtp_counts",
+__all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "chunk_mtp_counts", "chunk_kinds",
+           "bf16_chunk_kinds", "bf16_stage_layers", "layer_gemm_params_per_gpu",
            "padded_vocab_size", "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR"]
 
 # (first_stage_layers, last_stage_layers, embedding_loss_split, pipeline_layout); 3-tuples (no layout string)
@@ -98,6 +99,67 @@ class StageParams:
     def dense_layers(self) -> int:
         """Layers with a dense MLP: a GPT model's attention + MLP layers, a hybrid model's `-` layers."""
         return self.layers - self.moe_layers - self.mamba_layers - self.attention_layers
+
+
+def chunk_kinds(pattern: str | None, first_dense: int, start: int, n: int) -> tuple[int, int, int, int]:
+    """(dense, MoE, Mamba, attention-only) layers of the chunk of `n` layers from `start`: a GPT model's by its
+    first dense layers (Mamba and attention-only 0), a hybrid model's `-`, `E`, `M` and `*` symbols there."""
+    if pattern is None:
+        dense = max(0, min(start + n, first_dense) - start)
+        return dense, n - dense, 0, 0
+    part = pattern[start:start + n]
+    return part.count("-"), part.count("E"), part.count("M"), part.count("*")
+
+
+def bf16_chunk_kinds(pattern: str | None, first_dense: int, num_layers: int, edges: tuple[int, int], start: int,
+                     n: int) -> tuple[int, int, int, int]:
+    """`chunk_kinds` of the chunk's layers that run in BF16 in a low-precision run: the decoder's first `edges[0]`
+    and last `edges[1]` layers by global index (megatron-core `fp8_utils.py::is_first_last_bf16_layer`,
+    `fp4_utils.py::get_fp4_context`: `layer_no < num_layers_at_start_in_bf16` or `layer_no >= num_layers -
+    num_layers_at_end_in_bf16`)."""
+    head_end = min(start + n, edges[0])
+    tail_start = max(start, head_end, num_layers - edges[1])
+    head = chunk_kinds(pattern, first_dense, start, head_end - start) if head_end > start else (0, 0, 0, 0)
+    tail = chunk_kinds(pattern, first_dense, tail_start, start + n - tail_start) if start + n > tail_start \
+        else (0, 0, 0, 0)
+    return (head[0] + tail[0], head[1] + tail[1], head[2] + tail[2], head[3] + tail[3])
+
+
+@lru_cache(maxsize=1024)
+def bf16_stage_layers(model: ModelSpec, pp: int, vpp: int, split: Split, edges: tuple[int, int],
+                      mtp_in_bf16: bool) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Per pipeline stage, its layers that run in BF16 in a low-precision run, as (dense, MoE, Mamba,
+    attention-only, MTP) counts: the decoder's `edges` layers (`bf16_chunk_kinds`) and, with `mtp_in_bf16`, every
+    MTP layer (`Job.has_bf16_layers`)."""
+    counts = chunk_layer_counts(model.num_layers, pp, vpp, split)
+    mtp = chunk_mtp_counts(model.mtp_num_layers, pp, vpp, split) if mtp_in_bf16 and model.mtp_num_layers \
+        else (0,) * len(counts)
+    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    out = []
+    for p in range(pp):
+        total = [0, 0, 0, 0, 0]
+        start = 0
+        for k, n in enumerate(counts):
+            if k % pp == p:
+                kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers, edges, start, n)
+                for j, v in enumerate((*kinds, mtp[k])):
+                    total[j] += v
+            start += n
+        out.append((total[0], total[1], total[2], total[3], total[4]))
+    return tuple(out)
+
+
+def layer_gemm_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int,
+                              mla_down_split: bool = False) -> tuple[int, int, int, int, int]:
+    """GEMM weights one GPU holds of one (dense, MoE, Mamba, attention-only, MTP) layer: a GPT layer's attention
+    and MLP, a hybrid `-` / `E` / `M` / `*` layer's own block; an MTP layer's eh_proj, attention and MLP."""
+    b = _layer_params_per_gpu(model, tp, ep, etp, mla_down_split)
+    hybrid = model.hybrid_pattern is not None
+    attn = 0 if hybrid else b["attention_gemm"]
+    moe = b["moe_dense_gemm"] + b["experts_gemm"]
+    mtp_mlp = moe if model.moe is not None else b["dense_mlp_gemm"]
+    return (attn + b["dense_mlp_gemm"], attn + moe, b["mamba_gemm"], b["attention_gemm"],
+            b["mtp_extra_gemm"] + b["attention_gemm"] + mtp_mlp)
 
 
 def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = False) -> tuple[int, int]:

@@ -42,16 +42,21 @@ from autotune.cost.memory import (
     DEFAULT_ASSUMPTIONS,
     TERMS,
     MemoryAssumptions,
+    _bf16_unit,
     _candidate_stages,
     _lookups,
     _mtp_counts,
     _optimizer_step_bytes,
     _state_bytes,
+    bf16_chunk_terms,
 )
-from autotune.cost.placement import heaviest_stage, stage_params
+from autotune.cost.placement import bf16_chunk_kinds, heaviest_stage, stage_params
 from autotune.cost.throughput import (
+    BF16_KINDS,
     LAYER_KEYS,
     TIME_KEYS,
+    bf16_job,
+    bf16_stage_layers,
     dp_comm_s,
     ep_unpaired_share,
     layer_times,
@@ -250,17 +255,25 @@ class _Rows:
 
 
 # --- step time ---------------------------------------------------------------------------------------------------
-def _stage_kinds(stages: Sequence[Any]) -> list[tuple[int, int, bool, bool, int, int, int, int, int]]:
+_NO_BF16 = (0, 0, 0, 0, 0)
+
+
+def _stage_kinds(stages: Sequence[Any], bf16: Sequence[tuple[int, ...]] = ()) -> list[tuple[Any, ...]]:
     """Distinct stages as (dense layers, MoE layers, embedding, output, MTP layers, Mamba layers, attention-only
-    layers, last stage index, count), the latest stage first: equal stages take equal time, and the scalar model's
-    pace is the latest of the slowest."""
-    kinds: dict[tuple[int, int, bool, bool, int, int, int], list[int]] = {}
+    layers, their BF16 layers by `BF16_KINDS` (five counts; `throughput.bf16_stage_layers`), last stage index,
+    count), the latest stage first: equal stages take equal time, and the scalar model's pace is the latest of the
+    slowest."""
+    kinds: dict[tuple[Any, ...], list[int]] = {}
     for s in stages:
         key = (s.dense_layers, s.moe_layers, s.has_embedding, s.has_output, s.mtp_layers, s.mamba_layers,
-               s.attention_layers)
+               s.attention_layers, *(bf16[s.stage] if bf16 else _NO_BF16))
         entry = kinds.setdefault(key, [0, 0])
         entry[0], entry[1] = s.stage, entry[1] + 1
-    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[7])
+    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[12])
+
+
+def _attribute(name: str) -> Callable[[Any], float]:
+    return lambda lt: getattr(lt, name)
 
 
 def _exposed(comm: np.ndarray, window: np.ndarray, overlap: bool | np.ndarray, params: np.ndarray,
@@ -312,13 +325,34 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         mamba_sum = per_layer(lambda lt: sum(lt.mamba.values()))
         attention_sum = per_layer(lambda lt: sum(lt.attention.values()))
     out_sum, emb = per_layer(lambda lt: sum(lt.output.values())), per_layer(lambda lt: lt.embedding_s)
+    # BF16 layers of a low-precision run: per part, their layer times less the run's (`throughput.bf16_delta`)
+    twin = bf16_job(job, cal)
+    delta: dict[str, dict[str, np.ndarray]] = {}
+    if twin is not None:
+        b_lts = layer.values(lambda i: layer_times(twin, t.layout(i), cal))
+        b_alone = layer.values(lambda i: layer_times(twin, replace(t.layout(i), ep_overlap=False), cal))
+
+        def per_layer_bf16(f: Callable[[Any], float]) -> np.ndarray:
+            paired = _gather([f(lt) for lt in b_lts], layer)
+            if not overlap.any():
+                return paired
+            return (1 - share) * paired + share * _gather([f(a) for a in b_alone], layer)
+
+        for part in BF16_KINDS:
+            delta[part] = {k: per_layer_bf16(term(part, k)) - per_layer(term(part, k)) for k in LAYER_KEYS}
+            for direction in ("fwd", "bwd"):
+                wall = _attribute(f"{part}_{direction}_s")
+                delta[part][direction] = per_layer_bf16(wall) - per_layer(wall)
 
     # stages: the scalar model's per-stage sum, per distinct stage of each placement (kinds padded to K)
     stage_lists = t.placement.values(lambda i: stage_params(job.model, t.layout(i)))
-    kinds = [_stage_kinds(s) for s in stage_lists]
+    bf16_lists = t.placement.values(lambda i: bf16_stage_layers(job, t.layout(i))) if twin is not None \
+        else [()] * len(stage_lists)
+    kinds = [_stage_kinds(s, b) for s, b in zip(stage_lists, bf16_lists, strict=True)]
     width = max(len(k) for k in kinds)
-    pad = [k + [(0, 0, False, False, 0, 0, 0, -1, 0)] * (width - len(k)) for k in kinds]
-    names = ("dense", "moe", "emb", "out", "mtp", "mamba", "attention", "last", "count")
+    pad = [k + [(0, 0, False, False, 0, 0, 0, *_NO_BF16, -1, 0)] * (width - len(k)) for k in kinds]
+    bf16_names = tuple(f"bf16_{part}" for part in BF16_KINDS)
+    names = ("dense", "moe", "emb", "out", "mtp", "mamba", "attention", *bf16_names, "last", "count")
     kind = {name: np.array([[row[j] for row in k] for k in pad])[t.placement.inverse] for j, name in enumerate(names)}
     stage_s = kind["dense"] * dense_sum[:, None] + kind["moe"] * moe_sum[:, None]
     if hybrid:
@@ -326,8 +360,13 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     stage_s = np.where(kind["out"], stage_s + out_sum[:, None], stage_s)
     stage_s = np.where(kind["mtp"] > 0, stage_s + kind["mtp"] * mtp_sum[:, None], stage_s)
     stage_s = np.where(kind["emb"], stage_s + emb[:, None], stage_s)
+    if delta:
+        for part, name in zip(BF16_KINDS, bf16_names, strict=True):
+            part_sum = np.sum([delta[part][k] for k in LAYER_KEYS], axis=0)
+            stage_s = stage_s + kind[name] * part_sum[:, None]
     slow = np.argmax(np.where(kind["last"] >= 0, stage_s, -np.inf), axis=1)
-    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out", "mtp", "mamba", "attention")}
+    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out", "mtp", "mamba", "attention",
+                                                      *bf16_names)}
     bubble = ((kind["count"] * stage_s).sum(axis=1) - stage_s[rows, slow]) / t.vpp
 
     breakdown = {}
@@ -336,6 +375,9 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
                               + np.where(pace["out"], out[key], 0.0))
         if hybrid:
             breakdown[key] = breakdown[key] + m * (pace["mamba"] * mamba[key] + pace["attention"] * attention[key])
+        if delta:
+            breakdown[key] = breakdown[key] + m * sum(pace[name] * delta[part][key]
+                                                      for part, name in zip(BF16_KINDS, bf16_names, strict=True))
     breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * emb, breakdown["compute"])
     p2p = _group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp, table.cuda_graphs)
     breakdown["pp_bubble"] = bubble
@@ -362,6 +404,11 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
                                    + pace["attention"] * per_layer(lambda lt: lt.attention_bwd_s))
         fwd_window = fwd_window + (pace["mamba"] * per_layer(lambda lt: lt.mamba_fwd_s)
                                    + pace["attention"] * per_layer(lambda lt: lt.attention_fwd_s))
+    if delta:
+        bwd_window = bwd_window + sum(pace[name] * delta[part]["bwd"]
+                                      for part, name in zip(BF16_KINDS, bf16_names, strict=True))
+        fwd_window = fwd_window + sum(pace[name] * delta[part]["fwd"]
+                                      for part, name in zip(BF16_KINDS, bf16_names, strict=True))
     breakdown["dp_comm"] = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
                                        & training.overlap_grad_reduce, params, cal))
@@ -423,7 +470,10 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                        table.pipeline_layout)
     mtp_of = structure.values(lambda i: _mtp_counts(model, t.layout(i)))
     cands = [_candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
-                               mtp_of[g], model.hybrid_pattern) for g, i in enumerate(structure.first)]
+                               mtp_of[g], model.hybrid_pattern, training.bf16_edges)
+             for g, i in enumerate(structure.first)]
+    # BF16 layers of a low-precision run: their units (`memory._bf16_unit`) per unit group
+    bf16_units = unit.values(lambda i: _bf16_unit(job, t.layout(i), assumptions)) if job.has_bf16_layers else None
     width = max(len(c) for c in cands)
     depth = int(t.vpp.max())
     s_rows = structure.inverse
@@ -476,7 +526,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
             has_out, has_moe = sp0.has_output, sp0.moe_layers > 0
             act = transients[u_rows[idx], combos.index((has_out, has_moe))]
             shapes = _chunk_shape(chunks, first_dense, pp * vpp - 1, model.hybrid_pattern)
-            for j, ((k, _, _), (dense, moe, has_emb, is_last, mamba, attention)) in enumerate(
+            for j, ((k, start, count), (dense, moe, has_emb, is_last, mamba, attention)) in enumerate(
                     zip(chunks, shapes, strict=True)):
                 rd, rm, kd, km = _layer_split(split_unit, full, dense, moe)
                 value = rd * uu["dense_layer"] + rm * uu["moe_layer"] + kd * uu["dense_kept"] + km * uu["moe_kept"]
@@ -489,6 +539,13 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                     value = value + uu["embedding"]
                 if is_last:
                     value = value + uu["output"]
+                if bf16_units is not None:
+                    kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers,
+                                             training.bf16_edges, start, count)
+                    b_mtp = mtp_k if training.fp4 else 0
+                    per_unit = np.array([sum(bf16_chunk_terms(x, b, kinds, b_mtp).values())
+                                         for x, b in zip(units, bf16_units, strict=True)])
+                    value = value + per_unit[u_rows[idx]]
                 act = act + fl[:, c, j] * value
             step = st[:, c, 3]
             held = np.where(full_graphs[idx], np.minimum(act, step), 0.0)

@@ -23,12 +23,19 @@ from autotune.cost.flops import model_flops_per_step, padded_vocab_size
 from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_mlp_block, fp8_cast_s, shape_of
 from autotune.cost.mamba_time import mamba_block
 from autotune.cost.moe_time import moe_block
-from autotune.cost.placement import StageParams, heaviest_stage, pipeline_split, stage_params
+from autotune.cost.placement import (
+    StageParams,
+    heaviest_stage,
+    pipeline_split,
+    stage_params,
+)
+from autotune.cost.placement import bf16_stage_layers as placement_bf16_stage_layers
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
 __all__ = ["TimeEstimate", "LayerTimes", "layer_times", "estimate_time", "pipeline_bubble_s", "dp_comm_s",
-           "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS"]
+           "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS", "BF16_KINDS", "bf16_job",
+           "bf16_stage_layers", "bf16_delta"]
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_p2p", "pp_bubble", "dp_comm",
              "optimizer", "overhead")
@@ -244,6 +251,42 @@ def _mtp_layer(x: Shape, layout: Layout, last: tuple[dict[str, float], float, fl
     return out, fwd_s + eh_fwd + norms, bwd_s + 2 * eh_fwd + 2 * norms
 
 
+# the LayerTimes parts a stage's BF16 layers are counted in (`bf16_stage_layers`)
+BF16_KINDS = ("dense", "moe", "mamba", "attention", "mtp")
+
+
+def bf16_job(job: Job, cal: Calibration) -> Job | None:
+    """The job at BF16 (`Job.in_bf16`, memoised with the job's layer times) when some of its layers run in BF16
+    (`Job.has_bf16_layers`), else None."""
+    if not job.has_bf16_layers:
+        return None
+    memo = _memo(job, cal)
+    twin = memo.get("bf16_job")
+    if twin is None:
+        twin = memo["bf16_job"] = job.in_bf16()
+    return twin
+
+
+def bf16_stage_layers(job: Job, layout: Layout) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Per pipeline stage, its layers that run in BF16 in this run, by `BF16_KINDS` (`placement.bf16_stage_layers`
+    of the job's edge layers and, in NVFP4, its MTP layers)."""
+    return placement_bf16_stage_layers(job.model, layout.pp, layout.vpp_size, pipeline_split(layout),
+                                       job.training.bf16_edges, job.training.fp4)
+
+
+def bf16_delta(counts: tuple[int, ...], lt: LayerTimes, bf16: LayerTimes, key: str) -> float:
+    """What `counts` BF16 layers (by `BF16_KINDS`) add to term `key` over the same layers in the run's precision
+    (`key` a LAYER_KEYS term, or `fwd` / `bwd` for the pass walls)."""
+    total = 0.0
+    for n, kind in zip(counts, BF16_KINDS, strict=True):
+        if n:
+            if key in ("fwd", "bwd"):
+                total += n * (getattr(bf16, f"{kind}_{key}_s") - getattr(lt, f"{kind}_{key}_s"))
+            else:
+                total += n * (getattr(bf16, kind)[key] - getattr(lt, kind)[key])
+    return total
+
+
 def _stage_s(stage: StageParams, lt: LayerTimes) -> float:
     total = stage.dense_layers * sum(lt.dense.values()) + stage.moe_layers * sum(lt.moe.values())
     if stage.mamba_layers or stage.attention_layers:  # hybrid
@@ -353,6 +396,15 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
         lt = mixed(lt, layer_times(job, replace(layout, ep_overlap=False), cal), ep_unpaired_share(layout, m))
     stages = _stages(job, layout, cal)
     stage_s = tuple(_stage_s(s, lt) for s in stages)
+    twin = bf16_job(job, cal)
+    bf16: tuple[tuple[int, int, int, int, int], ...] = ()
+    if twin is not None:  # BF16 layers of a low-precision run: their own layer times in place of the run's
+        blt = layer_times(twin, layout, cal)
+        if layout.ep_overlap and model.moe is not None:
+            blt = mixed(blt, layer_times(twin, replace(layout, ep_overlap=False), cal), ep_unpaired_share(layout, m))
+        bf16 = bf16_stage_layers(job, layout)
+        stage_s = tuple(t + sum(bf16_delta(b, lt, blt, k) for k in LAYER_KEYS) for t, b in zip(stage_s, bf16,
+                                                                                             strict=True))
     pp = layout.pp
     slow = max(range(pp), key=lambda s: (stage_s[s], s))  # ties: the later stage (the last has the logits)
     pace = stages[slow]
@@ -364,6 +416,9 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
                               + pace.mtp_layers * lt.mtp[key] + (lt.output[key] if pace.has_output else 0.0))
         if hybrid:
             breakdown[key] += m * (pace.mamba_layers * lt.mamba[key] + pace.attention_layers * lt.attention[key])
+    if bf16:
+        for key in LAYER_KEYS:
+            breakdown[key] += m * bf16_delta(bf16[slow], lt, blt, key)
     if pace.has_embedding:
         breakdown["compute"] += m * lt.embedding_s
     breakdown["pp_bubble"] = pipeline_bubble_s(stage_s, layout)
@@ -376,6 +431,9 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     if hybrid:
         bwd_window += pace.mamba_layers * lt.mamba_bwd_s + pace.attention_layers * lt.attention_bwd_s
         fwd_window += pace.mamba_layers * lt.mamba_fwd_s + pace.attention_layers * lt.attention_fwd_s
+    if bf16:
+        bwd_window += bf16_delta(bf16[slow], lt, blt, "bwd")
+        fwd_window += bf16_delta(bf16[slow], lt, blt, "fwd")
     breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
                                             and training.overlap_grad_reduce, params, cal))

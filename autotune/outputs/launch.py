@@ -63,14 +63,15 @@ BRIDGE_RECIPES: dict[str, str] = {
     "gpt3-175b": "gpt3_175b_pretrain_config",
 }
 # MixedPrecisionConfig fields that are False unless set (training/mixed_precision.py): left out when off
-_OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag"})
+_OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "first_last_layers_bf16"})
 # settings that mean nothing unless another is set (their value is the default either way): left out then
-_ONLY_WITH = {"fp4_recipe": "fp4"}
+_ONLY_WITH = {"fp4_recipe": "fp4", "num_layers_at_start_in_bf16": "first_last_layers_bf16",
+              "num_layers_at_end_in_bf16": "first_last_layers_bf16"}
 
 
 def _shown(settings: dict[str, object]) -> dict[str, object]:
     """`settings` less those `_ONLY_WITH` says mean nothing here (what a launch line spells out)."""
-    return {k: v for k, v in settings.items() if k not in _ONLY_WITH or settings.get(_ONLY_WITH[k]) is not None}
+    return {k: v for k, v in settings.items() if k not in _ONLY_WITH or settings.get(_ONLY_WITH[k])}
 _GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng", "rerun_state_machine")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted

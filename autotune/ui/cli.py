@@ -50,6 +50,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 in ASCII digits (argparse type)."""
+    value = _ascii_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, but got {value}")
+    return value
+
+
 def _node_counts(text: str) -> int | tuple[int, ...]:
     """`4`, or `4,8,16` (a what-if over cluster sizes: the search verb only) (argparse type)."""
     if "," not in text:
@@ -147,6 +155,11 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help="what selective recompute recomputes, comma-separated (default core_attn)")
     g.add_argument("--recompute-num-layers", type=_positive_int, default=None, metavar="N",
                    help="full recompute of N layers per chunk (block); default every layer (uniform)")
+    g.add_argument("--bf16-layers-at-start", type=_count, default=None, metavar="N",
+                   help="with --precision fp8/fp4: keep the first N decoder layers in BF16 (megatron-core "
+                        "first_last_layers_bf16 / num_layers_at_start_in_bf16; default 0)")
+    g.add_argument("--bf16-layers-at-end", type=_count, default=None, metavar="N",
+                   help="... and the last N (num_layers_at_end_in_bf16; Nemotron-3 Super's NVFP4 recipe: 14)")
     g.add_argument("--release", default=None, metavar="TAG",
                    help="the NeMo container (e.g. 26.06) or Megatron-Bridge version (e.g. 0.5.1) your cluster runs: "
                         "the throughput model's per-release kernel factors, and the rule set unless --megatron-core "
