@@ -37,12 +37,17 @@ class Job:
                              f"({gpu.arch}); use mxfp8 or tensorwise.")
 
     @property
+    def mtp_in_bf16(self) -> bool:
+        """Whether the multi-token-prediction layers run in BF16 in this low-precision run: in NVFP4, which
+        megatron-core never applies to them ("currently ignoring FP4 in MTP layers",
+        `transformer/multi_token_prediction.py` 0.19.2 :1180-1188, 0.16.1 :781)."""
+        return self.training.fp4 and self.model.mtp_num_layers > 0
+
+    @property
     def has_bf16_layers(self) -> bool:
         """Whether some layers of this low-precision run stay in BF16: the training spec's edge layers
-        (`TrainingSpec.bf16_edges`), or an NVFP4 run's multi-token-prediction layers, which megatron-core runs
-        outside the FP4 autocast ("currently ignoring FP4 in MTP layers", `transformer/multi_token_prediction.py`
-        0.19.2 :1180-1188, 0.16.1 :781)."""
-        return self.training.bf16_edges != (0, 0) or (self.training.fp4 and self.model.mtp_num_layers > 0)
+        (`TrainingSpec.bf16_edges`), or the MTP layers (`mtp_in_bf16`)."""
+        return self.training.bf16_edges != (0, 0) or self.mtp_in_bf16
 
     def in_bf16(self) -> Job:
         """This job with every layer in BF16: what a BF16 layer of a low-precision run costs."""

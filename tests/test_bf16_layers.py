@@ -45,10 +45,12 @@ def test_super_recipe_keeps_its_last_14_pattern_layers_and_mtp_in_bf16() -> None
     pattern = model.hybrid_pattern
     assert pattern is not None
     tail = pattern[-14:]
-    (one,) = bf16_stage_layers(model, 1, 1, (None, None, False, None), (0, 14), True)
+    fp4 = _job(SUPER, precision="fp4", bf16_layers_at_end=14)
+    (one,) = bf16_stage_layers(fp4, parse_layout("ep=8", world_size=32))
     assert one == (tail.count("-"), tail.count("E"), tail.count("M"), tail.count("*"), model.mtp_num_layers)
     # PP 2: only the last stage holds them; FP8 keeps the MTP layer in FP8
-    first, last = bf16_stage_layers(model, 2, 1, (None, None, False, None), (0, 14), False)
+    fp8 = replace(fp4, training=replace(fp4.training, precision="fp8"))
+    first, last = bf16_stage_layers(fp8, parse_layout("pp=2,ep=8", world_size=32))
     assert first == (0, 0, 0, 0, 0) and last[:4] == one[:4] and last[4] == 0
 
 

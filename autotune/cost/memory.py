@@ -197,8 +197,7 @@ def bf16_gemm_params_per_gpu(job: Job, sp: StageParams, layout: Layout) -> int:
     if not job.has_bf16_layers:
         return 0
     model = job.model
-    counts = bf16_stage_layers(model, layout.pp, layout.vpp_size, pipeline_split(layout), job.training.bf16_edges,
-                               job.training.fp4)[sp.stage]
+    counts = bf16_stage_layers(job, layout)[sp.stage]
     per = layer_gemm_params_per_gpu(model, layout.tp, layout.ep, layout.expert_tp)
     mtp = min(counts[4], 1) if model.mtp_repeated_layer else counts[4]
     return sum(n * g for n, g in zip((*counts[:4], mtp), per, strict=True))
@@ -366,7 +365,7 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
                                                mtp=mtp[k] if mtp else 0, mamba=mamba, attention=attention)
         if bf16 is not None:
             kinds = bf16_chunk_kinds(pattern, first_dense, model.num_layers, job.training.bf16_edges, start, n)
-            delta = bf16_chunk_terms(unit, bf16, kinds, mtp[k] if (mtp and job.training.fp4) else 0)
+            delta = bf16_chunk_terms(unit, bf16, kinds, mtp[k] if (mtp and job.mtp_in_bf16) else 0)
             activations += n_inflight * sum(delta.values())
             for name, value in delta.items():
                 bf16_terms[name] = bf16_terms.get(name, 0.0) + n_inflight * value

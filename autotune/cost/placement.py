@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.model import VOCAB_DIVISOR, ModelSpec, padded_vocab_size
 
@@ -125,15 +126,19 @@ def bf16_chunk_kinds(pattern: str | None, first_dense: int, num_layers: int, edg
     return (head[0] + tail[0], head[1] + tail[1], head[2] + tail[2], head[3] + tail[3])
 
 
+def bf16_stage_layers(job: Job, layout: Layout) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Per pipeline stage, its layers that run in BF16 in this low-precision run, as (dense, MoE, Mamba,
+    attention-only, MTP) counts: the decoder's edge layers (`TrainingSpec.bf16_edges`, `bf16_chunk_kinds`) and
+    the MTP layers when they run in BF16 (`Job.mtp_in_bf16`)."""
+    return _bf16_stage_layers(job.model, layout.pp, layout.vpp_size, pipeline_split(layout),
+                              job.training.bf16_edges, job.mtp_in_bf16)
+
+
 @lru_cache(maxsize=1024)
-def bf16_stage_layers(model: ModelSpec, pp: int, vpp: int, split: Split, edges: tuple[int, int],
-                      mtp_in_bf16: bool) -> tuple[tuple[int, int, int, int, int], ...]:
-    """Per pipeline stage, its layers that run in BF16 in a low-precision run, as (dense, MoE, Mamba,
-    attention-only, MTP) counts: the decoder's `edges` layers (`bf16_chunk_kinds`) and, with `mtp_in_bf16`, every
-    MTP layer (`Job.has_bf16_layers`)."""
+def _bf16_stage_layers(model: ModelSpec, pp: int, vpp: int, split: Split, edges: tuple[int, int],
+                       mtp_in_bf16: bool) -> tuple[tuple[int, int, int, int, int], ...]:
     counts = chunk_layer_counts(model.num_layers, pp, vpp, split)
-    mtp = chunk_mtp_counts(model.mtp_num_layers, pp, vpp, split) if mtp_in_bf16 and model.mtp_num_layers \
-        else (0,) * len(counts)
+    mtp = chunk_mtp_counts(model.mtp_num_layers, pp, vpp, split) if mtp_in_bf16 else (0,) * len(counts)
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     out = []
     for p in range(pp):

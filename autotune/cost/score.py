@@ -50,13 +50,12 @@ from autotune.cost.memory import (
     _state_bytes,
     bf16_chunk_terms,
 )
-from autotune.cost.placement import bf16_chunk_kinds, heaviest_stage, stage_params
+from autotune.cost.placement import bf16_chunk_kinds, bf16_stage_layers, heaviest_stage, stage_params
 from autotune.cost.throughput import (
     BF16_KINDS,
     LAYER_KEYS,
     TIME_KEYS,
     bf16_job,
-    bf16_stage_layers,
     dp_comm_s,
     ep_unpaired_share,
     layer_times,
@@ -260,7 +259,7 @@ _NO_BF16 = (0, 0, 0, 0, 0)
 
 def _stage_kinds(stages: Sequence[Any], bf16: Sequence[tuple[int, ...]] = ()) -> list[tuple[Any, ...]]:
     """Distinct stages as (dense layers, MoE layers, embedding, output, MTP layers, Mamba layers, attention-only
-    layers, their BF16 layers by `BF16_KINDS` (five counts; `throughput.bf16_stage_layers`), last stage index,
+    layers, their BF16 layers by `BF16_KINDS` (five counts; `placement.bf16_stage_layers`), last stage index,
     count), the latest stage first: equal stages take equal time, and the scalar model's pace is the latest of the
     slowest."""
     kinds: dict[tuple[Any, ...], list[int]] = {}
@@ -542,7 +541,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                 if bf16_units is not None:
                     kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers,
                                              training.bf16_edges, start, count)
-                    b_mtp = mtp_k if training.fp4 else 0
+                    b_mtp = mtp_k if job.mtp_in_bf16 else 0
                     per_unit = np.array([sum(bf16_chunk_terms(x, b, kinds, b_mtp).values())
                                          for x, b in zip(units, bf16_units, strict=True)])
                     value = value + per_unit[u_rows[idx]]

@@ -23,19 +23,12 @@ from autotune.cost.flops import model_flops_per_step, padded_vocab_size
 from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_mlp_block, fp8_cast_s, shape_of
 from autotune.cost.mamba_time import mamba_block
 from autotune.cost.moe_time import moe_block
-from autotune.cost.placement import (
-    StageParams,
-    heaviest_stage,
-    pipeline_split,
-    stage_params,
-)
-from autotune.cost.placement import bf16_stage_layers as placement_bf16_stage_layers
+from autotune.cost.placement import StageParams, bf16_stage_layers, heaviest_stage, pipeline_split, stage_params
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
 __all__ = ["TimeEstimate", "LayerTimes", "layer_times", "estimate_time", "pipeline_bubble_s", "dp_comm_s",
-           "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS", "BF16_KINDS", "bf16_job",
-           "bf16_stage_layers", "bf16_delta"]
+           "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS", "BF16_KINDS", "bf16_job", "bf16_delta"]
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_p2p", "pp_bubble", "dp_comm",
              "optimizer", "overhead")
@@ -251,7 +244,7 @@ def _mtp_layer(x: Shape, layout: Layout, last: tuple[dict[str, float], float, fl
     return out, fwd_s + eh_fwd + norms, bwd_s + 2 * eh_fwd + 2 * norms
 
 
-# the LayerTimes parts a stage's BF16 layers are counted in (`bf16_stage_layers`)
+# the LayerTimes parts a stage's BF16 layers are counted in (`placement.bf16_stage_layers`)
 BF16_KINDS = ("dense", "moe", "mamba", "attention", "mtp")
 
 
@@ -265,13 +258,6 @@ def bf16_job(job: Job, cal: Calibration) -> Job | None:
     if twin is None:
         twin = memo["bf16_job"] = job.in_bf16()
     return twin
-
-
-def bf16_stage_layers(job: Job, layout: Layout) -> tuple[tuple[int, int, int, int, int], ...]:
-    """Per pipeline stage, its layers that run in BF16 in this run, by `BF16_KINDS` (`placement.bf16_stage_layers`
-    of the job's edge layers and, in NVFP4, its MTP layers)."""
-    return placement_bf16_stage_layers(job.model, layout.pp, layout.vpp_size, pipeline_split(layout),
-                                       job.training.bf16_edges, job.training.fp4)
 
 
 def bf16_delta(counts: tuple[int, ...], lt: LayerTimes, bf16: LayerTimes, key: str) -> float:
