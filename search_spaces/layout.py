@@ -56,6 +56,14 @@ class Layout:
     (`cuda_graphs`, megatron-core's `cuda_graph_impl`) and the MoE all-to-all overlap (`ep_overlap`,
     `overlap_moe_expert_parallel_comm`: megatron-core's 1F1B schedule that hides one micro-batch's dispatch and
     combine under another's compute).
+
+    `fsdp` runs the data-parallel dimension as Megatron-FSDP (megatron-core `use_megatron_fsdp` with
+    `data_parallel_sharding_strategy="optim_grads_params"`, ZeRO-3: weights, gradients and optimizer state sharded
+    over DP x CP, the experts' over the expert-DP group; every layer an FSDP unit whose weights are all-gathered
+    before its forward and backward and whose gradients are reduce-scattered after its backward).
+    `offload_layers` is megatron-core's layer-level activation offload (`cpu_offloading_num_layers`, Transformer
+    Engine's offload context): the saved activations of that many layers go to host memory during the forward and
+    come back for the backward; 0 is off.
     """
 
     tp: int = 1
@@ -75,6 +83,8 @@ class Layout:
     pipeline_layout: str | None = None
     cuda_graphs: CudaGraphs = "none"
     ep_overlap: bool = False
+    fsdp: bool = False
+    offload_layers: int = 0
 
     def _layout_stages(self) -> tuple[str, ...] | None:
         """The layout string's stages, or None when there is no string or it does not parse (the rules say why)."""
@@ -102,6 +112,9 @@ class Layout:
         for name in _BOOL_FIELDS:
             if type(getattr(self, name)) is not bool:
                 raise ValueError(f"layout field {name!r} must be true or false, but got {getattr(self, name)!r}.")
+        if type(self.offload_layers) is not int or self.offload_layers < 0:
+            raise ValueError(f"layout field 'offload_layers' must be a whole number >= 0 (0: no offload), but got "
+                             f"{self.offload_layers!r}.")
         if self.recompute not in RECOMPUTE_CHOICES:
             raise ValueError(f"layout field 'recompute' must be one of {RECOMPUTE_CHOICES}, but got "
                              f"{self.recompute!r}.")
@@ -213,6 +226,8 @@ class Layout:
         out["expert_dp"] = self.expert_dp
         out["cuda_graphs"] = self.cuda_graphs
         out["ep_overlap"] = self.ep_overlap
+        out["fsdp"] = self.fsdp
+        out["offload_layers"] = self.offload_layers
         return out
 
     def short_dict(self) -> dict[str, object]:
@@ -240,6 +255,10 @@ class Layout:
             parts.append(f"cuda_graphs={self.cuda_graphs}")
         if self.ep_overlap:
             parts.append("ep_overlap=true")
+        if self.fsdp:
+            parts.append("fsdp=true")
+        if self.offload_layers:
+            parts.append(f"offload_layers={self.offload_layers}")
         return ",".join(parts)
 
 
@@ -255,7 +274,7 @@ def _check_size(name: str, value: object, *, optional: bool) -> None:
 
 
 _SIZE_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
-_BOOL_FIELDS = ("sp", "dist_opt", "embedding_loss_split", "ep_overlap")
+_BOOL_FIELDS = ("sp", "dist_opt", "embedding_loss_split", "ep_overlap", "fsdp")
 _MEGATRON_SPLIT = {"first_stage_layers": "num_layers_in_first_pipeline_stage",
                    "last_stage_layers": "num_layers_in_last_pipeline_stage"}
 MAX_SIZE = 10**9  # the largest layout size parse_layout reads (far above any cluster)
@@ -264,7 +283,8 @@ _FIELD_NAMES = tuple(f.name for f in fields(Layout))
 SPLIT_FIELDS: frozenset[str] = frozenset({"first_stage_layers", "last_stage_layers", "embedding_loss_split",
                                           "pipeline_layout"})
 # the per-layout switches (the rest are sizes and the pipeline split)
-SWITCH_FIELDS: tuple[str, ...] = ("sp", "dist_opt", "recompute", "cuda_graphs", "ep_overlap")
+SWITCH_FIELDS: tuple[str, ...] = ("sp", "dist_opt", "recompute", "cuda_graphs", "ep_overlap", "fsdp",
+                                  "offload_layers")
 _BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 _INT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "first_stage_layers", "last_stage_layers")
 _OPTIONAL_FIELDS = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
@@ -311,6 +331,11 @@ def parse_layout(text: str, *, world_size: int | None = None) -> Layout:
                 raise ValueError(f"layout field {key!r} needs a positive integer (at most {MAX_SIZE:,}), but got "
                                  f"{number}.")
             values[key] = None if key == "vpp" and number == 1 else number
+        elif key == "offload_layers":
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > len(str(MAX_SIZE)):
+                raise ValueError(f"layout field 'offload_layers' needs a whole number >= 0 (ASCII digits), but got "
+                                 f"{raw!r}.")
+            values[key] = int(raw)
         elif key in _BOOL_FIELDS:
             if raw not in _BOOL:
                 raise ValueError(f"layout field {key!r} needs true or false, but got {raw!r}.")

@@ -188,6 +188,19 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     # CUDA graphs need Transformer Engine's RNG tracker (Bridge `scripts/performance/utils/overrides.py`
     # `_set_cuda_graph_overrides` sets both keys).
     _n("use_te_rng_tracker", _T, "bool", "--te-rng-tracker", "model.use_te_rng_tracker", "rng.te_rng_tracker"),
+    # Megatron-FSDP (`DistributedDataParallelConfig`; docs/design/megatron-fsdp-and-offload.md (e)): autotune's one
+    # strategy is ZeRO-3, `optim_grads_params`, with the two-unit double buffer every Bridge FSDP recipe sets;
+    # Megatron-LM asserts `--ckpt-format fsdp_dtensor` with it ("Megatron-FSDP requires the `fsdp_dtensor`
+    # checkpointing format.", arguments.py validate_args), Bridge only when it saves or loads
+    _n("use_megatron_fsdp", _D, "bool", "--use-megatron-fsdp", "ddp.use_megatron_fsdp"),
+    _n("data_parallel_sharding_strategy", _D, "str", "--data-parallel-sharding-strategy",
+       "ddp.data_parallel_sharding_strategy"),
+    _n("fsdp_double_buffer", _D, "bool", "--fsdp-double-buffer", "ddp.fsdp_double_buffer"),
+    _n("ckpt_format", _R, "str", "--ckpt-format", "checkpoint.ckpt_format"),
+    # layer-level activation offload (TransformerConfig via ModelParallelConfig; Megatron-LM has no
+    # `--cpu-offloading` flag: `--cpu-offloading-num-layers N` with N > 0 turns it on, arguments.py validate_args)
+    _n("cpu_offloading", _T, "bool", None, "model.cpu_offloading"),
+    _n("cpu_offloading_num_layers", _T, "int", "--cpu-offloading-num-layers", "model.cpu_offloading_num_layers"),
 )}
 
 # Layout field -> the megatron-core settings it decides (`dp` and `expert_dp` are derived, never set).
@@ -205,6 +218,8 @@ LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
     "recompute": ("recompute_granularity",),
     "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules", "use_te_rng_tracker", "check_for_nan_in_loss_and_grad"),
     "ep_overlap": ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"),
+    "fsdp": ("use_megatron_fsdp", "data_parallel_sharding_strategy", "fsdp_double_buffer", "ckpt_format"),
+    "offload_layers": ("cpu_offloading", "cpu_offloading_num_layers"),
     "first_stage_layers": ("num_layers_in_first_pipeline_stage",),
     "last_stage_layers": ("num_layers_in_last_pipeline_stage",),
     "embedding_loss_split": ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"),
@@ -274,6 +289,8 @@ def layout_settings(layout: Layout) -> dict[str, object]:
         "num_layers_in_last_pipeline_stage": layout.last_stage_layers,
         "account_for_embedding_in_pipeline_split": layout.embedding_loss_split,
         "account_for_loss_in_pipeline_split": layout.embedding_loss_split,
+        "cpu_offloading": layout.offload_layers > 0,
+        "cpu_offloading_num_layers": layout.offload_layers,
     }
     pipeline_layout = getattr(layout, "pipeline_layout", None)
     if pipeline_layout is not None:
@@ -345,17 +362,24 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     # FP8 primary weights need the distributed optimizer (arguments.py: "--fp8-param-gather only supported with
     # distributed optimizer ...")
     out["fp8_param_gather"] = recipe is not None and t.fp8_param_gather and layout.dist_opt
-    out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8"
+    # Megatron-FSDP gathers MXFP8 weights from its own buffers: Megatron-LM and Bridge switch the reuse off with it
+    # ("reuse_grad_buf_for_mxfp8_param_ag not implemented for Megatron FSDP", Bridge training/config.py)
+    out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8" and not layout.fsdp
     out["fp8_dot_product_attention"] = recipe is not None and t.fp8_dot_product_attention
     out["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
     # bf16 moments are the precision-aware optimizer's, which megatron-core runs with the distributed optimizer
     # only ("--use-precision-aware-optimizer only supported with distributed optimizer", optimizer_config.py)
     out["use_precision_aware_optimizer"] = t.precision_aware(layout.dist_opt)
     out["exp_avg_dtype"] = out["exp_avg_sq_dtype"] = t.moments(layout.dist_opt)
-    out["overlap_grad_reduce"] = t.overlap_grad_reduce
+    out["overlap_grad_reduce"] = t.overlap_grad_reduce or layout.fsdp  # Megatron-FSDP forces both on (F18)
     # "--overlap-param-gather only supported with distributed optimizer" and "Must use --overlap-param-gather with
     # --overlap-grad-reduce" (arguments.py L597-603)
-    out["overlap_param_gather"] = t.overlap_param_gather and layout.dist_opt and t.overlap_grad_reduce
+    out["overlap_param_gather"] = (t.overlap_param_gather and layout.dist_opt and t.overlap_grad_reduce) or layout.fsdp
+    out["use_megatron_fsdp"] = layout.fsdp
+    if layout.fsdp:
+        out["data_parallel_sharding_strategy"] = "optim_grads_params"
+        out["fsdp_double_buffer"] = True
+        out["ckpt_format"] = "fsdp_dtensor"
     # "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled" (L915)
     out["tp_comm_overlap"] = t.tp_comm_overlap and layout.tp > 1 and layout.sp
     if moe:

@@ -22,6 +22,7 @@ from functools import lru_cache
 from math import gcd
 
 from search_spaces import hybrid_rules
+from search_spaces.fsdp_rules import FSDP_RULES, fsdp_rule_checks
 from search_spaces.hybrid_rules import HYBRID_RULES
 from search_spaces.job import Job
 from search_spaces.layout import SPLIT_FIELDS, Layout
@@ -534,6 +535,7 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
      _CORE + "transformer/moe/token_dispatcher.py (the alltoall dispatcher's host copy, no capture); "
      "transformer_config.py (__post_init__, moe_expert_rank_capacity_factor)"),
     *HYBRID_RULES,
+    *FSDP_RULES,
     ("global_batch_divisible", frozenset({"mbs", "dp"}),
      _CORE + "num_microbatches_calculator.py (ConstantNumMicroBatchesCalculator)"),
     ("vpp_microbatches", frozenset({"pp", "vpp", "mbs", "dp"}) | SPLIT_FIELDS,
@@ -551,6 +553,7 @@ def _rules_of(version: str) -> tuple[Rule, ...]:
     checks = {name: fn for name, fn in globals().items() if callable(fn) and name in {t[0] for t in _TABLE}}
     checks.update({name: getattr(hybrid_rules, name) for name, _, _ in HYBRID_RULES})
     checks.update(pipeline_rule_checks(version))
+    checks.update(fsdp_rule_checks(version))
     checks.update(_version_checks(version))
     return tuple(Rule(name=name, reads=reads, source=source, check=checks[name]) for name, reads, source in _TABLE)
 

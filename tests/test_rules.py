@@ -186,6 +186,19 @@ BROKEN: list[tuple[ModelSpec | str, int, int, int, int, str, str | None]] = [
     (MOE_BIAS, 8, 8, 4096, 256, "tp=2,sp=true,ep=2,etp=1", None),
     ("tiny-moe", 8, 8, 4096, 256, "tp=2,sp=true,ep=8", "expert_world_size_divisible"),  # 8 % (2*8) != 0
     ("tiny-gpt", 8, 8, 4096, 12, "mbs=1", "global_batch_divisible"),  # 12 % (1 * 8) = 4
+    # Megatron-FSDP and layer offload (search_spaces/fsdp_rules.py)
+    ("tiny-gpt", 8, 8, 4096, 256, "dist_opt=true,fsdp=true", None),
+    ("tiny-gpt", 8, 8, 4096, 256, "tp=2,sp=true,dist_opt=true,fsdp=true", None),
+    ("tiny-gpt", 8, 8, 4096, 256, "pp=2,dist_opt=true,fsdp=true", "fsdp_needs_pp1"),  # the mesh is the whole world
+    ("tiny-gpt", 8, 8, 4096, 256, "fsdp=true", "fsdp_needs_dist_opt"),
+    ("tiny-moe", 8, 8, 4096, 256, "ep=2,dist_opt=true,fsdp=true", None),
+    ("tiny-moe", 8, 8, 4096, 256, "ep=2,dist_opt=true,fsdp=true,ep_overlap=true", "fsdp_ep_overlap"),
+    ("tiny-gpt", 8, 8, 4096, 256, "offload_layers=7", None),  # 8 layers: at most 7
+    ("tiny-gpt", 8, 8, 4096, 256, "offload_layers=8", "offload_layers_lt_num_layers"),
+    ("tiny-gpt", 8, 8, 4096, 256, "pp=2,offload_layers=1", "offload_needs_pp1"),
+    ("tiny-gpt", 8, 8, 4096, 256, "offload_layers=1,recompute=selective", "offload_no_recompute"),
+    ("tiny-gpt", 8, 8, 4096, 256, "offload_layers=1,recompute=full", "offload_no_recompute"),
+    (H8B, 8, 8, 4096, 256, "offload_layers=1", "offload_hybrid"),
 ]
 
 
@@ -203,6 +216,9 @@ TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str 
     (H8B_24, 8, {"precision": "fp8", "fp8_recipe": "tensorwise"}, "tp=1", "0.19.2", "mamba_fp8_in_proj_width"),
     (H8B, 8, {"recompute_num_layers": 2}, "recompute=full", "0.19.2", "hybrid_block_recompute"),
     ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),
+    ("tiny-gpt", 8, {}, "offload_layers=1,cuda_graphs=transformer_engine", "0.19.2", "offload_cuda_graphs"),
+    ("tiny-gpt", 8, {}, "offload_layers=1,cuda_graphs=full_iteration", "0.19.2", None),  # 0.19: full graphs pass
+    ("tiny-gpt", 8, {}, "offload_layers=1,cuda_graphs=full_iteration", "0.16.1", "offload_cuda_graphs"),
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.19.2", "flex_dispatcher_needs_tp_ep"),  # DeepEP (the H100 default)
     ("tiny-moe", 8, {**FLEX, "moe_flex_backend": "hybridep"}, "ep=1,etp=1", "0.19.2", None),  # 0.19: deepep, ncclep
     ("tiny-moe", 8, {}, "ep=1" + OVERLAP, "0.16.1", "ep_overlap_needs_ep"),
@@ -301,7 +317,8 @@ def test_violation_names_its_fields_and_values(rule) -> None:
 
 
 STRICTER_RULES = {"pipeline_split_needs_pp", "first_last_within_num_layers", "full_iteration_moe",
-                  "hybrid_split_fields", "hybrid_block_recompute"}
+                  "hybrid_split_fields", "hybrid_block_recompute", "fsdp_needs_pp1", "fsdp_needs_dist_opt",
+                  "offload_hybrid"}
 
 
 def test_pp1_split_that_megatron_refuses_too_is_not_stricter() -> None:

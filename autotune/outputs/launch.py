@@ -66,13 +66,13 @@ BRIDGE_RECIPES: dict[str, str] = {
 _OFF_BY_DEFAULT = frozenset({"fp8_param_gather", "reuse_grad_buf_for_mxfp8_param_ag", "first_last_layers_bf16"})
 # settings that mean nothing unless another is set (their value is the default either way): left out then
 _ONLY_WITH = {"fp4_recipe": "fp4", "num_layers_at_start_in_bf16": "first_last_layers_bf16",
-              "num_layers_at_end_in_bf16": "first_last_layers_bf16"}
+              "num_layers_at_end_in_bf16": "first_last_layers_bf16", "cpu_offloading_num_layers": "cpu_offloading"}
 
 
 def _shown(settings: dict[str, object]) -> dict[str, object]:
     """`settings` less those `_ONLY_WITH` says mean nothing here (what a launch line spells out)."""
     return {k: v for k, v in settings.items() if k not in _ONLY_WITH or settings.get(_ONLY_WITH[k])}
-_GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "rng", "rerun_state_machine")
+_GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "checkpoint", "rng", "rerun_state_machine")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted
 # keys a Bridge release's recipes may still set that would fight the line's: megatron-core 0.19 migrates a
@@ -171,6 +171,8 @@ def megatron_lm_environment(job: Job, layout: Layout) -> dict[str, str]:
     Blackwell (megatron/training/arguments.py `validate_args` asserts it unless the EP A2A overlap, which wants more
     connections, is on: 0.19.2 wheel L1413-1437; core_v0.16.1 asserts it for TP or CP alike)."""
     if job.cluster.gpu.capability[0] >= 10 or (layout.tp == 1 and layout.cp == 1):
+        return {}
+    if layout.fsdp:  # "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset." (with TP/CP on Hopper it only warns)
         return {}
     settings = job_settings(job, layout)
     if settings.get("overlap_moe_expert_parallel_comm") and job.training.megatron_core >= "0.17":
