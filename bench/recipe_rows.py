@@ -130,10 +130,13 @@ def _skip_reason(t: dict[str, str], s: dict[str, str]) -> str:
     elif s["layout_differences"].strip():
         reasons.append(f"no recipe of its release reproduces the printed layout (the nearest differs: "
                        f"{s['layout_differences'].strip()})")
-    if _on(s["use_megatron_fsdp"]):
-        reasons.append("Megatron-FSDP (issue 20)")
-    if _on(s["cpu_offloading"]) or _on(s["fine_grained_activation_offloading"]) or _on(s["optimizer_cpu_offload"]):
-        reasons.append("CPU offloading (issue 20)")
+    if _on(s["use_megatron_fsdp"]) and (s["data_parallel_sharding_strategy"] not in ("", "optim_grads_params")
+                                        or s["num_distributed_optimizer_instances"] not in ("", "null", "1")):
+        reasons.append("Megatron-FSDP other than optim_grads_params over one DP group (HSDP; issue 20)")
+    if _on(s["fine_grained_activation_offloading"]) or _on(s["optimizer_cpu_offload"]):
+        reasons.append("fine-grained activation offload or optimizer CPU offload (issue 20)")
+    if _on(s["cpu_offloading"]) and _on(s["cpu_offloading_weights"]):
+        reasons.append("CPU offloading of weights (issue 20)")
     if not t["tokens_per_s_per_gpu"].strip():
         reasons.append("no tokens/s printed")
     misprint = MISPRINTS.get((t["release"], t["gpu"], t["model"], t["precision"]))
@@ -200,6 +203,11 @@ def _layout(t: dict[str, str], s: dict[str, str], world: int, cuda_graphs: str, 
     text += [f"sp={str(_on(s['sequence_parallel'])).lower()}",
              f"dist_opt={str(_on(s['use_distributed_optimizer'])).lower()}", f"recompute={recompute}",
              f"cuda_graphs={cuda_graphs}", f"ep_overlap={str(_on(s['overlap_moe_expert_parallel_comm'])).lower()}"]
+    if _on(s["use_megatron_fsdp"]):  # Megatron-FSDP turns the distributed optimizer on itself
+        text += ["fsdp=true", "dist_opt=true"]
+        text.remove(f"dist_opt={str(_on(s['use_distributed_optimizer'])).lower()}")
+    if _on(s["cpu_offloading"]) and s["cpu_offloading_num_layers"] not in ("", "null", "0"):
+        text.append(f"offload_layers={s['cpu_offloading_num_layers']}")
     return parse_layout(",".join(text), world_size=world)
 
 

@@ -5,6 +5,7 @@ every row). The rows: `bench/recipe_rows.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -49,8 +50,23 @@ def test_skipped_rows_name_what_autotune_cannot_express(recipes) -> None:
     skipped = [r for r in recipes if r.skip]
     assert all(r.job is None for r in skipped)
     reasons = " ".join(r.skip for r in skipped)
-    for word in ("hybrid Mamba", "Megatron-FSDP", "CPU offloading"):
+    for word in ("hybrid Mamba", "HSDP", "fine-grained activation offload"):
         assert word in reasons
+
+
+def test_fsdp_and_offload_recipes_are_scored_and_their_offload_is_the_least_that_fits(recipes) -> None:
+    # the Llama Megatron-FSDP recipes (issue 20, items 1 and 2): ZeRO-3 with layer-level activation offload on
+    # GB200 (40 of 80 layers) and GB300 (20); each fits, and ten layers fewer would not (the recipes offload what
+    # they must: GB200 181.1 of 186 GiB, GB300 251.2 of 277.5 on 2026-12-03)
+    rows = [r for r in recipes if not r.skip and r.layout.fsdp]
+    assert len(rows) >= 12 and {r.gpu for r in rows} >= {"gb200", "gb300", "h100"}
+    offloading = [r for r in rows if r.layout.offload_layers and r.model == "LLAMA3_70B"]
+    assert len(offloading) >= 10
+    for r in offloading:
+        capacity = r.job.cluster.gpu.memory_bytes
+        assert estimate_memory(r.job, r.layout).fits(capacity), (r.release, r.gpu, str(r.layout))
+        fewer = dataclasses.replace(r.layout, offload_layers=r.layout.offload_layers - 10)
+        assert not estimate_memory(r.job, fewer).fits(capacity), (r.release, r.gpu, str(fewer))
 
 
 def test_nvfp4_recipes_are_scored_and_predicted_on_the_gpus_held_out(recipes, errors) -> None:

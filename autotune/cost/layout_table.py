@@ -24,11 +24,12 @@ __all__ = ["LayoutTable", "COLUMNS"]
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 _OPTIONAL = ("vpp", "etp", "first_stage_layers", "last_stage_layers")
-_BOOLS = ("sp", "dist_opt", "embedding_loss_split", "ep_overlap")
+_BOOLS = ("sp", "dist_opt", "embedding_loss_split", "ep_overlap", "fsdp")
 _CODED = {"recompute": RECOMPUTE_CHOICES, "cuda_graphs": CUDA_GRAPH_CHOICES}  # stored as the index of the value
 _DEFAULTS: dict[str, int] = {"tp": 1, "pp": 1, "vpp": 0, "cp": 1, "ep": 1, "etp": 0, "dp": 1, "mbs": 1, "sp": 0,
                              "dist_opt": 0, "recompute": 0, "first_stage_layers": 0, "last_stage_layers": 0,
-                             "embedding_loss_split": 0, "pipeline_layout": 0, "cuda_graphs": 0, "ep_overlap": 0}
+                             "embedding_loss_split": 0, "pipeline_layout": 0, "cuda_graphs": 0, "ep_overlap": 0,
+                             "fsdp": 0, "offload_layers": 0}
 
 
 def _frozen(values: object, dtype: type) -> np.ndarray:
@@ -58,6 +59,8 @@ class LayoutTable:
     pipeline_layout: np.ndarray  # codes into layout_strings
     cuda_graphs: np.ndarray
     ep_overlap: np.ndarray
+    fsdp: np.ndarray
+    offload_layers: np.ndarray
     layout_strings: tuple[str | None, ...] = (None,)
     _python: list[list[object]] | None = field(default=None, init=False, repr=False)  # columns as Python values
 

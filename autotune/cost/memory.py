@@ -35,7 +35,9 @@ from autotune.cost.placement import (
     bf16_chunk_kinds,
     bf16_stage_layers,
     chunk_layer_counts,
+    fsdp_unit_params_per_gpu,
     layer_gemm_params_per_gpu,
+    nonunit_params_per_gpu,
     padded_vocab_size,
     pipeline_split,
 )
@@ -209,12 +211,50 @@ def _state_bytes(job: Job, sp: StageParams, layout: Layout) -> tuple[float, floa
     dense, expert = sp.dense_params_per_gpu, sp.expert_params_per_gpu
     bf16_gemm = bf16_gemm_params_per_gpu(job, sp, layout)
     gemm = sp.gemm_params_per_gpu - bf16_gemm
-    weights = 2.0 * (dense + expert - gemm)
-    weights += gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch) * gemm
-    grads = gradient_bytes_per_param(training) * (dense + expert)
+    per_gemm = gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch)
     optim = optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp) * dense
     optim += optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=max(1, layout.expert_dp)) * expert
+    if layout.fsdp:
+        return (*fsdp_state_bytes(job, sp, layout, gemm, per_gemm), optim)
+    weights = 2.0 * (dense + expert - gemm) + per_gemm * gemm
+    grads = gradient_bytes_per_param(training) * (dense + expert)
     return weights, grads, optim
+
+
+# Megatron-FSDP's weight and gradient pools hold two units (`fsdp_double_buffer`: `FixedPoolAllocator(size=2)`,
+# `UB_BUFFER_NUM = 2`, megatron_fsdp `param_and_grad_buffer.py`); without it prefetch still keeps the current and the
+# next unit gathered ("at least two FSDP units worth of un-sharded weight memory", Megatron-LM docs megatron_fsdp.md)
+FSDP_UNITS_GATHERED = 2
+FSDP_GRAD_BYTES = 2.0  # main grads in the parameters' dtype, bf16 (`megatron_fsdp_main_grads_dtype` None)
+
+
+def fsdp_state_bytes(job: Job, sp: StageParams, layout: Layout, gemm: float, per_gemm: float) -> tuple[float, float]:
+    """(weights, gradients) bytes of one GPU under Megatron-FSDP `optim_grads_params` (ZeRO-3; the table in
+    docs/design/megatron-fsdp-and-offload.md (b), megatron_fsdp `param_and_grad_buffer.py::
+    _init_each_parameter_group_buffers`).
+
+    Weights: the primary copy sharded over DP x CP (dense) and expert-DP (experts) — bf16 (2 B), or with
+    `fp8_param_gather` the FP8 / MXFP8 bytes of `gemm_weight_bytes_per_param` for GEMM weights (TE's quantized
+    copies of a bf16 primary, without it, stay whole: the module caches them) — plus the non-unit modules
+    (embedding, output layer) gathered all step and two gathered units (`FSDP_UNITS_GATHERED` x the largest layer's
+    GEMM weights at `per_gemm`). Gradients: bf16 main grads sharded the same way (`grad_reduce_in_fp32` does not
+    reach Megatron-FSDP), two units' gathered gradient buckets, and the non-unit gradients, whole until their
+    reduce-scatter at the end of the backward. The experts' parameters count as GEMM weights."""
+    training = job.training
+    n_dense, n_expert = layout.dp * layout.cp, max(1, layout.expert_dp)
+    dense, expert = float(sp.dense_params_per_gpu), float(sp.expert_params_per_gpu)
+    quantized_primary = job.gemm_recipe is not None and training.fp8_param_gather and job.gemm_recipe != "nvfp4"
+    primary = per_gemm if (quantized_primary or job.gemm_recipe is None) else 2.0
+    cache = per_gemm - primary  # TE's quantized copies of a bf16 primary
+    expert_gemm = min(expert, gemm)
+    dense_gemm = gemm - expert_gemm
+    sharded = (2.0 * (dense - dense_gemm) + primary * dense_gemm) / n_dense + primary * expert_gemm / n_expert
+    model = job.model
+    unit = fsdp_unit_params_per_gpu(model, sp, layout.tp, layout.ep, layout.expert_tp)
+    nonunit = nonunit_params_per_gpu(model, sp, layout.tp)
+    weights = sharded + cache * gemm + 2.0 * nonunit + FSDP_UNITS_GATHERED * unit * per_gemm
+    grads = FSDP_GRAD_BYTES * (dense / n_dense + expert / n_expert + FSDP_UNITS_GATHERED * unit + nonunit)
+    return weights, grads
 
 
 def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
@@ -223,7 +263,8 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
     `optimizer/distrib_optimizer.py`), a new 4 B copy per parameter of this GPU's shard when the grad buffer is
     bf16; none when it is fp32 already or with the precision-aware optimizer (`use_precision_aware_optimizer`:
     the bf16 gradients are handed to TE's FusedAdam as they are, `decoupled_grad`)."""
-    if job.training.grad_reduce_in_fp32 or job.training.precision_aware(layout.dist_opt):
+    fp32_grads = job.training.grad_reduce_in_fp32 and not layout.fsdp  # Megatron-FSDP's main grads are bf16
+    if fp32_grads or job.training.precision_aware(layout.dist_opt):
         return 0.0
     if not layout.dist_opt:
         return 4.0 * sp.params_per_gpu
@@ -369,6 +410,10 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
             activations += n_inflight * sum(delta.values())
             for name, value in delta.items():
                 bf16_terms[name] = bf16_terms.get(name, 0.0) + n_inflight * value
+    offloaded = offloaded_activation_bytes(job, layout, unit, chunks, inflight)
+    if offloaded:
+        activations -= offloaded
+        bf16_terms["cpu_offloaded"] = bf16_terms.get("cpu_offloaded", 0.0) - offloaded
     breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
         _with_terms, partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
                              has_output=sp.has_output, has_moe=has_moe, mtp=mtp, pattern=pattern), bf16_terms)
@@ -387,6 +432,38 @@ def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp
         workspace_bytes=workspace, overhead_bytes=sum(overhead.values()), stage=sp.stage,
         params_per_gpu=sp.params_per_gpu, phase=phase, overhead_terms=tuple(overhead.items()), _breakdown=breakdown,
     )
+
+
+def offloaded_activation_bytes(job: Job, layout: Layout, unit: UnitActivations,
+                               chunks: tuple[tuple[int, int, int], ...], inflight: tuple[int, ...]) -> float:
+    """What layer-level activation offload (`Layout.offload_layers` = k, megatron-core `cpu_offloading_num_layers`)
+    takes off the GPU: the saved tensors of the block's first k layers (TE `get_cpu_offload_context(num_layers=k,
+    model_layers=L)`, opened around each layer by `TransformerBlock.forward`), which wait in host memory until the
+    backward reloads them one layer ahead. The rules allow it at PP 1 only, where the stage's one chunk starts at
+    layer 0; the in-flight micro-batches of that chunk (one at PP 1) each offload theirs."""
+    k = layout.offload_layers
+    if not k or not chunks or chunks[0][1] != 0:
+        return 0.0
+    model = job.model
+    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    _, start, n = chunks[0]
+    dense, moe, mamba, attention = chunk_kinds(model.hybrid_pattern, first_dense, start, min(k, n))
+    per_microbatch = unit.chunk(dense=dense, moe=moe, has_embedding=False, has_output=False, mamba=mamba,
+                                attention=attention)
+    return (inflight[0] if inflight else 1) * per_microbatch
+
+
+def offload_host_bytes(job: Job, layout: Layout, assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> float:
+    """Host memory one GPU's offloaded activations take at the end of a forward (0 without offload): compared with
+    `GPUSpec.host_memory_bytes` (`estimate` prints both)."""
+    if not layout.offload_layers:
+        return 0.0
+    model = job.model
+    stages, unit = _lookups(job, layout, assumptions)
+    counts = chunk_layer_counts(model.num_layers, layout.pp, layout.vpp_size, pipeline_split(layout))
+    microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
+    inflight = inflight_microbatches_per_chunk(layout.pp, layout.vpp_size, microbatches, 0)
+    return offloaded_activation_bytes(job, layout, unit, ((0, 0, counts[0]),), inflight)
 
 
 def _with_terms(base: Callable[[], tuple[tuple[str, float], ...]], extra: dict[str, float],

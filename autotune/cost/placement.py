@@ -32,7 +32,8 @@ from search_spaces.model import VOCAB_DIVISOR, ModelSpec, padded_vocab_size
 
 __all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "chunk_mtp_counts", "chunk_kinds",
            "bf16_chunk_kinds", "bf16_stage_layers", "layer_gemm_params_per_gpu",
-           "padded_vocab_size", "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR"]
+           "padded_vocab_size", "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR", "fsdp_unit_params_per_gpu",
+           "nonunit_params_per_gpu"]
 
 # (first_stage_layers, last_stage_layers, embedding_loss_split, pipeline_layout); 3-tuples (no layout string)
 # are accepted too
@@ -165,6 +166,29 @@ def layer_gemm_params_per_gpu(model: ModelSpec, tp: int, ep: int, etp: int,
     mtp_mlp = moe if model.moe is not None else b["dense_mlp_gemm"]
     return (attn + b["dense_mlp_gemm"], attn + moe, b["mamba_gemm"], b["attention_gemm"],
             b["mtp_extra_gemm"] + b["attention_gemm"] + mtp_mlp)
+
+
+def fsdp_unit_params_per_gpu(model: ModelSpec, sp: StageParams, tp: int, ep: int, etp: int) -> int:
+    """Parameters of the largest Megatron-FSDP unit one GPU gathers: one decoder layer's GEMM weights after the
+    TP / EP split (`TransformerLayer`, `MoETransformerLayer`, `MambaLayer` are the units of `optim_grads_params`,
+    megatron-core `distributed/fsdp/mcore_fsdp_adapter.py`), the largest kind the stage has; an MTP layer is a unit
+    too. Norms are left out (a few thousand parameters)."""
+    per = layer_gemm_params_per_gpu(model, tp, ep, etp)
+    counts = (sp.dense_layers, sp.moe_layers, sp.mamba_layers, sp.attention_layers, sp.mtp_layers)
+    return max((g for g, n in zip(per, counts, strict=True) if n), default=0)
+
+
+def nonunit_params_per_gpu(model: ModelSpec, sp: StageParams, tp: int,
+                           divisible_by: int = VOCAB_DIVISOR) -> int:
+    """Parameters outside every FSDP unit on one GPU of stage `sp`: the word embedding (and learned positions) and
+    the untied output layer, split over TP; Megatron-FSDP keeps them gathered all step ("Non-unit modules remain
+    persistently un-sharded", Megatron-LM docs `megatron_fsdp.md`; `AllGatherPipeline.release_bucket`)."""
+    h = model.hidden_size
+    vocab = padded_vocab_size(model.vocab_size, tp, divisible_by)
+    out = vocab // tp * h + model.max_position_embeddings * h if sp.has_embedding else 0
+    if sp.has_output and not (model.tied_embeddings and sp.has_embedding):
+        out += vocab // tp * h
+    return out
 
 
 def _attention_params_per_gpu(model: ModelSpec, tp: int, mla_down_split: bool = False) -> tuple[int, int]:

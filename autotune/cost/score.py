@@ -189,6 +189,10 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
     if time_for not in ("all", "fits"):
         raise ValueError(f"time_for must be 'all' or 'fits', but got {time_for!r}.")
     capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)
+    if len(table) and (table.fsdp.any() or table.offload_layers.any()):
+        raise ValueError("the vectorised scorer does not model Megatron-FSDP or activation offload yet (the default "
+                         "space has neither); score such layouts one at a time with estimate_time / "
+                         "estimate_memory (`python -m autotune estimate --layout ...`).")
     if len(table) == 0:
         return _empty(job, table, capacity)
     t = _Rows(table)
@@ -411,6 +415,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     breakdown["dp_comm"] = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
                             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
                                        & training.overlap_grad_reduce, params, cal))
+    breakdown["offload"] = np.zeros(n)  # no row offloads (score_layouts refuses those)
     breakdown["optimizer"] = optimizer
     breakdown["overhead"] = np.full(n, cal.step_overhead_s)
     breakdown = {k: breakdown[k] for k in TIME_KEYS}

@@ -22,8 +22,16 @@ from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration, gemm_cost
 from autotune.cost.flops import model_flops_per_step, padded_vocab_size
 from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_mlp_block, fp8_cast_s, shape_of
 from autotune.cost.mamba_time import mamba_block
+from autotune.cost.memory import offload_host_bytes
 from autotune.cost.moe_time import moe_block
-from autotune.cost.placement import StageParams, bf16_stage_layers, heaviest_stage, pipeline_split, stage_params
+from autotune.cost.placement import (
+    StageParams,
+    bf16_stage_layers,
+    heaviest_stage,
+    nonunit_params_per_gpu,
+    pipeline_split,
+    stage_params,
+)
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
@@ -31,7 +39,7 @@ __all__ = ["TimeEstimate", "LayerTimes", "layer_times", "estimate_time", "pipeli
            "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS", "BF16_KINDS", "bf16_job", "bf16_delta"]
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_p2p", "pp_bubble", "dp_comm",
-             "optimizer", "overhead")
+             "offload", "optimizer", "overhead")
 LAYER_KEYS = TIME_KEYS[:6]
 # Cross-entropy bytes per logit (forward + backward): TE's fused kernel reads the bf16 logits twice (max/sum, then
 # loss and gradient) and writes the gradient (3 x 2 B); megatron's native fused vocab-parallel loss works in fp32
@@ -353,6 +361,62 @@ def _exposed_dp_s(comm_s: float, window_s: float, overlap: bool, params: float, 
     return max(last_bucket, comm_s - window_s)
 
 
+def fsdp_comm_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) -> tuple[float, float, float]:
+    """Megatron-FSDP (`optim_grads_params`) traffic of one micro-batch before overlap: (all-gather of the weights
+    before the forward, again before the backward, reduce-scatter of the gradients after it), over the dense DP x
+    CP group and the expert-DP group (`_dp_groups`). Every unit is gathered for each pass of each micro-batch and
+    its gradients reduced after each backward (megatron_fsdp `megatron_fsdp.py::_pre_forward_param_unshard`,
+    `_pre_backward_param_unshard`, `grad_reduce_every_bprop`); the non-unit modules stay gathered, so only their
+    gradients move. Weights travel as stored: FP8 primary weights 1 B (MXFP8 one of its two copies each pass,
+    1 + 1/32 B), else bf16; gradients in bf16 (`megatron_fsdp_grad_comm_dtype` None: the main grads' dtype)."""
+    t = job.training
+    recipe = job.gemm_recipe
+    fp8_weights = recipe is not None and recipe != "nvfp4" and t.fp8_param_gather
+    weight_bytes = (1.0 + 1.0 / 32 if recipe == "mxfp8" else 1.0) if fp8_weights else 2.0
+    nonunit = float(nonunit_params_per_gpu(job.model, heavy, layout.tp))
+    ag = rs = 0.0
+    for k, (params, group, stride) in enumerate(_dp_groups(layout, heavy)):
+        if params <= 0 or group <= 1:
+            continue
+        gathered = params - nonunit if k == 0 else params
+        ag += group_collective_s(max(gathered, 0.0) * weight_bytes, group, stride, job.cluster, cal)
+        rs += group_collective_s(params * 2.0, group, stride, job.cluster, cal)
+    return ag, ag, rs
+
+
+def fsdp_exposed_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams, fwd_window: float,
+                   bwd_window: float) -> float:
+    """Megatron-FSDP time one micro-batch leaves on the critical path: each unit's all-gather runs under the
+    previous unit's compute and its reduce-scatter under the next unit's backward (prefetch on
+    `side_stream_for_param_gather`, Megatron-LM docs megatron_fsdp.md), so what shows is the first unit's gather of
+    each pass, the last unit's reduce-scatter (drained by `finish_grad_sync`), and whatever of a pass's traffic its
+    compute cannot cover."""
+    ag_fwd, ag_bwd, rs = fsdp_comm_s(job, layout, cal, heavy)
+    layers = max(heavy.layers + heavy.mtp_layers, 1)
+    edge = (ag_fwd + ag_bwd + rs) / layers  # one unit of each
+    return edge + max(0.0, ag_fwd - fwd_window) + max(0.0, ag_bwd + rs - bwd_window)
+
+
+# a GPU whose host link the cluster file does not give (a YAML GPU): PCIe Gen5 x16, 64 GB/s each way
+ASSUMED_HOST_LINK_BYTES_PER_S = 64e9
+
+
+def offload_exposed_s(job: Job, layout: Layout, offloaded_bytes: float, fwd_window: float,
+                      bwd_window: float) -> float:
+    """Layer-level activation offload time one micro-batch leaves on the critical path: the offloaded layers'
+    saved tensors go to the host during their forward and come back (one layer ahead) during their backward, over
+    the GPU's host link (`GPUSpec.host_link_bytes_per_s`: PCIe on HGX, NVLink-C2C on Grace; Transformer Engine
+    `cpu_offload.py`, copies on their own streams), hidden by those layers' compute where the link is fast
+    enough."""
+    k = layout.offload_layers
+    if not k or offloaded_bytes <= 0:
+        return 0.0
+    link = job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S
+    copy_s = offloaded_bytes / link
+    share = k / max(job.model.num_layers, 1)
+    return max(0.0, copy_s - fwd_window * share) + max(0.0, copy_s - bwd_window * share)
+
+
 def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) -> float:
     """Adam over this GPU's shard (1/DP of it with the distributed optimizer), memory-bound: per parameter read
     and write the fp32 master (8 B) and both moments (2 x 2 x 4 B, or 2 B each in bf16), read the gradient (2 or
@@ -420,9 +484,16 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
     if bf16:
         bwd_window += bf16_delta(bf16[slow], lt, blt, "bwd")
         fwd_window += bf16_delta(bf16[slow], lt, blt, "fwd")
-    breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-                            + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
-                                            and training.overlap_grad_reduce, params, cal))
+    if layout.fsdp:
+        breakdown["dp_comm"] = m * fsdp_exposed_s(job, layout, cal, heavy, fwd_window, bwd_window)
+    else:
+        breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
+                                + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
+                                                and training.overlap_grad_reduce, params, cal))
+    if layout.offload_layers:
+        # PP 1 (rules.offload_needs_pp1): one micro-batch in flight, so the host holds one micro-batch's layers
+        breakdown["offload"] = m * offload_exposed_s(job, layout, offload_host_bytes(job, layout), fwd_window,
+                                                     bwd_window)
     breakdown["optimizer"] = optimizer_step_s(job, layout, cal, heavy)
     breakdown["overhead"] = cal.step_overhead_s
 

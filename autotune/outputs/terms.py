@@ -18,7 +18,8 @@ __all__ = ["TIME_TERMS", "MEMORY_TERMS", "time_label", "bound_cell", "BOUND_HEAD
 
 _TIME_LABELS = {"compute": "compute", "recompute": "recompute", "tp_comm": "TP comm", "cp_comm": "CP ring",
                 "ep_comm": "EP all-to-all", "host": "host", "pp_p2p": "PP p2p", "pp_bubble": "PP bubble",
-                "dp_comm": "DP comm", "optimizer": "optimizer", "overhead": "overhead"}
+                "dp_comm": "DP comm", "offload": "activation offload", "optimizer": "optimizer",
+                "overhead": "overhead"}
 TIME_TERMS: dict[str, str] = {k: _TIME_LABELS.get(k, k.replace("_", " ")) for k in TIME_KEYS}
 MEMORY_TERMS: dict[str, str] = {k: k for k in MEMORY_KEYS}
 BOUND_HEADER = "largest non-compute"

@@ -50,10 +50,12 @@ GIB = 1024**3
 
 def switch_count(table: LayoutTable) -> np.ndarray:
     """Switches a layout turns on beyond its sizes: recompute, CUDA graphs, the MoE all-to-all overlap, an uneven
-    pipeline split (or layout string). SP and the distributed optimizer are the standard setting, not counted."""
+    pipeline split (or layout string), Megatron-FSDP, activation offload. SP and the distributed optimizer are the
+    standard setting, not counted."""
     split = ((table.first_stage_layers > 0) | (table.last_stage_layers > 0) | table.embedding_loss_split
              | (table.pipeline_layout > 0))
-    return ((table.recompute > 0).astype(np.int64) + (table.cuda_graphs > 0) + table.ep_overlap + split)
+    return ((table.recompute > 0).astype(np.int64) + (table.cuda_graphs > 0) + table.ep_overlap + split
+            + table.fsdp + (table.offload_layers > 0))
 
 
 def complexity(table: LayoutTable) -> np.ndarray:

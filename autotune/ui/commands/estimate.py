@@ -102,6 +102,14 @@ def _print_rich(job, m, headroom: float, calibration=None) -> None:
                       f"{headroom / GIB:.1f} GiB headroom)")
         console.print(breakdown_table("GiB", {k: v / GIB for k, v in m.memory.items()}, m.memory_bytes / GIB,
                                       ".2f", ".0%"))
+        if m.layout.offload_layers:
+            from autotune.cost.memory import offload_host_bytes
+
+            host = offload_host_bytes(job, m.layout) / GIB
+            have = (f"of the {gpu.host_memory_bytes / GIB:.0f} GiB per GPU the catalog gives" if gpu.host_memory_bytes
+                    else "the catalog does not give this GPU's host memory: check the server's")
+            console.print(f"activation offload: {m.layout.offload_layers} layers' saved activations wait in host "
+                          f"memory, {host:.1f} GiB per GPU ({have})", markup=False, highlight=False)
     if m.time:
         low, high = m.extra.get("tokens_per_s_per_gpu_low"), m.extra.get("tokens_per_s_per_gpu_high")
         band = f" ({low:,.0f}-{high:,.0f})" if low and high else ""
