@@ -28,7 +28,7 @@ WIDE_WIDTH = 100_000  # --wide: no column is dropped, no cell is wrapped
 FLAGS_TEXT = ("sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), cg CUDA graphs (te: "
               "Transformer Engine's per layer, full: full-iteration, local: megatron-core's per layer), a2a MoE "
               "all-to-all overlap, split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss "
-              "count as layers)")
+              "count as layers), fsdp Megatron-FSDP (ZeRO-3), off=N activations of N layers offloaded to the host")
 FLAGS_LEGEND = "flags: " + FLAGS_TEXT
 MARKS_LEGEND = "* the pick, = tied with the pick (the model cannot tell them apart)"
 _GRAPH_FLAGS = {"transformer_engine": "te", "full_iteration": "full", "local": "local"}
@@ -63,6 +63,10 @@ def layout_flags(layout: Layout) -> str:
         flags.append("cg=" + _GRAPH_FLAGS[layout.cuda_graphs])
     if layout.ep_overlap:
         flags.append("a2a")
+    if layout.fsdp:
+        flags.append("fsdp")
+    if layout.offload_layers:
+        flags.append(f"off={layout.offload_layers}")
     if layout.embedding_loss_split:
         flags.append("split=emb+loss")
     elif layout.first_stage_layers is not None or layout.last_stage_layers is not None:
