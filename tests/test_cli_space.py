@@ -21,7 +21,8 @@ MEGATRON_KEYS = {"tensor_model_parallel_size", "pipeline_model_parallel_size", "
                  "sequence_parallel", "micro_batch_size", "use_distributed_optimizer", "recompute_granularity",
                  "dp", "expert_dp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                 "pipeline_model_parallel_layout", "cuda_graphs", "ep_overlap"}
+                 "pipeline_model_parallel_layout", "cuda_graphs", "ep_overlap", "cpu_offloading",
+                 "cpu_offloading_num_layers", "fsdp", "offload_layers"}
 
 
 def _layout_split(text: str, pp: int, v: int, num_layers: int, mtp: int) -> bool:

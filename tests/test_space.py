@@ -61,7 +61,9 @@ def _job(spec):
 def _level(rule) -> int:
     """The dimension at which a rule becomes checkable (dp is known once pp is, the split once vpp is)."""
     reads = {"pp" if name == "dp" else "vpp" if name in SPLIT_FIELDS else name for name in rule.reads}
-    return max(DIMENSIONS.index(name) for name in reads)
+    # the switches the space never turns on (fsdp, offload_layers) are off in every row: such a rule is checkable
+    # with the dimensions it reads beside them
+    return max((DIMENSIONS.index(name) for name in reads if name in DIMENSIONS), default=0)
 
 
 def _brute_force(job, options):
