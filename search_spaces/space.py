@@ -13,12 +13,14 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
     mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
     sp         False when TP == 1; True for MoE with TP > 1; both for dense TP > 1 (when the sequence splits)
     ep_overlap SpaceOptions.ep_overlap; True only for MoE with EP > 1, VPP when PP > 1 (and 0.16.1's MTP rules)
-    dist_opt   SpaceOptions.dist_opt (free)
-    recompute  SpaceOptions.recompute, less what ep_overlap and the training settings forbid
+    fsdp       SpaceOptions.fsdp; True only with PP 1 and no ep_overlap (`fsdp_rules`)
+    offload_layers 0, or SpaceOptions.offload_step, 2x it, ... below num_layers, with PP 1 for a GPT model
+    dist_opt   SpaceOptions.dist_opt (free; True only with fsdp)
+    recompute  SpaceOptions.recompute, less what ep_overlap, offload and the training settings forbid
     cuda_graphs SpaceOptions.cuda_graphs (default: the release's, `cuda_graph_options`), less what the model,
-               ep_overlap and recompute forbid
+               ep_overlap, offload and recompute forbid
 The last three are the layout's switches: which (dist_opt, recompute, cuda_graphs) a shape takes depends only on its
-ep_overlap (`FeasibleSpace.switches`).
+switch context, (ep_overlap, fsdp, offload_layers > 0) (`FeasibleSpace.switches`, `switch_context`).
 
 Every prefix the space offers has at least one valid completion, so a define-by-run search never
 reaches a dead end. The search driver builds its Optuna space like this:
@@ -75,13 +77,23 @@ from search_spaces.rules import (
 __all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
            "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
            "pipeline_fields", "hybrid_split_for", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS",
+           "CONTEXT_DIMENSIONS", "CONTEXTS", "switch_context", "offload_values",
            "DEFAULT_CUDA_GRAPHS",
            "cuda_graph_options"]
 
-DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "ep_overlap", "dist_opt",
-                                "recompute", "cuda_graphs")
-SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:9]  # the switches after them depend on ep_overlap alone
-SWITCH_DIMENSIONS: tuple[str, ...] = DIMENSIONS[9:]
+DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "ep_overlap", "fsdp",
+                                "offload_layers", "dist_opt", "recompute", "cuda_graphs")
+SHAPE_DIMENSIONS: tuple[str, ...] = DIMENSIONS[:11]  # the switches after them depend on the switch context alone
+SWITCH_DIMENSIONS: tuple[str, ...] = DIMENSIONS[11:]
+CONTEXT_DIMENSIONS: tuple[str, ...] = ("ep_overlap", "fsdp", "offload_layers")  # the shape's last three
+SwitchContext = tuple[bool, bool, bool]  # (ep_overlap, fsdp, offload_layers > 0)
+CONTEXTS: tuple[SwitchContext, ...] = tuple((a, f, o) for a in (False, True) for f in (False, True)
+                                            for o in (False, True))
+
+
+def switch_context(ep_overlap: object, fsdp: object, offload_layers: object) -> SwitchContext:
+    """The switch context of a shape: what its (dist_opt, recompute, cuda_graphs) choices depend on."""
+    return bool(ep_overlap), bool(fsdp), bool(offload_layers)
 # the CUDA graphs the default space searches (SpaceOptions.cuda_graphs None): every kind, less per-layer "local"
 # graphs on a release whose Megatron-Bridge refuses them (0.6: `releases.local_layer_graphs_refused`); asked for by
 # name (`--cuda-graphs local`), they are offered on any release (Megatron-LM's launcher takes them)
@@ -97,8 +109,10 @@ class SpaceOptions:
     expert_within_node: for MoE, EP*ETP groups stay inside one NVLink domain (nvlink_domain % (EP*ETP) == 0).
     min_pp_for_vpp: interleaving needs PP >= this; 2 is megatron-core's rule, 3 is Megatron-LM's
         training-script rule when --overlap-p2p-comm is off.
-    cuda_graphs, ep_overlap: the values of these layout switches to search (one value: the switch is fixed);
+    cuda_graphs, ep_overlap, fsdp: the values of these layout switches to search (one value: the switch is fixed);
         cuda_graphs None: the release's own (`cuda_graph_options`).
+    offload_step: the layer-level activation offload counts searched are its multiples below num_layers (Bridge's
+        Llama FSDP recipes offload 20, 40 and 95 layers); 0 searches no offload.
     max_*: caps on a dimension (None: no cap beyond validity).
     """
 
@@ -109,6 +123,8 @@ class SpaceOptions:
     dist_opt: tuple[bool, ...] = (False, True)
     cuda_graphs: tuple[str, ...] | None = None
     ep_overlap: tuple[bool, ...] = (False, True)
+    fsdp: tuple[bool, ...] = (False, True)
+    offload_step: int = 5
     min_pp_for_vpp: int = 2
     max_tp: int | None = None
     max_cp: int | None = None
@@ -126,6 +142,11 @@ class SpaceOptions:
             raise ValueError("dist_opt choices must not be empty; use (False,), (True,) or (False, True).")
         if not self.ep_overlap:
             raise ValueError("ep_overlap choices must not be empty; use (False,), (True,) or (False, True).")
+        if not self.fsdp:
+            raise ValueError("fsdp choices must not be empty; use (False,), (True,) or (False, True).")
+        if type(self.offload_step) is not int or self.offload_step < 0:
+            raise ValueError(f"`offload_step >= 0` (a whole number; 0: no offload) must hold, but got "
+                             f"({self.offload_step!r}).")
         if self.cuda_graphs is not None and (not self.cuda_graphs
                                              or any(g not in CUDA_GRAPH_CHOICES for g in self.cuda_graphs)):
             raise ValueError(f"cuda_graphs choices must be a non-empty subset of {CUDA_GRAPH_CHOICES}, "
@@ -221,10 +242,21 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
         "mbs": tuple(options.micro_batch_sizes),
         "sp": (False, True),
         "ep_overlap": tuple(options.ep_overlap) if moe else (False,),
+        "fsdp": tuple(options.fsdp),
+        "offload_layers": offload_values(job, options),
         "dist_opt": tuple(options.dist_opt),
         "recompute": tuple(options.recompute),
         "cuda_graphs": cuda_graph_options(job, options),
     }
+
+
+def offload_values(job: Job, options: SpaceOptions) -> tuple[int, ...]:
+    """The layer-offload counts the space searches: 0, then the multiples of `offload_step` below num_layers
+    (`fsdp_rules.offload_layers_lt_num_layers`); only 0 for a hybrid model (`offload_hybrid`)."""
+    step = options.offload_step
+    if not step or job.model.is_hybrid:
+        return (0,)
+    return (0, *range(step, job.model.num_layers, step))
 
 
 def hybrid_split_for(num_layers: int, pp: int) -> PipelineSplit | None:
@@ -294,10 +326,12 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
 
 
 def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
-    """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap), each dimension's options from the earlier choices."""
+    """Valid (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap, fsdp, offload_layers), each dimension's options from
+    the earlier choices."""
     m, world = job.model, job.world_size
     seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
     overlaps = tuple(v for v in options.ep_overlap if not v or switch_choices(job, options, True))
+    offloads = offload_values(job, options)
     for tp in _tp_values(job, options):
         for cp in _capped(divisors(world // tp), options.max_cp):
             if cp > 1 and seq % (2 * cp) or not mamba_cp_ok(job, tp, cp):
@@ -320,7 +354,11 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
                                 continue
                             for sp in sps:
                                 for ep_overlap in eps:
-                                    yield (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap)
+                                    # fsdp_rules: FSDP and offload at PP 1; FSDP without the EP overlap
+                                    fsdps = options.fsdp if pp == 1 and not ep_overlap else (False,)
+                                    for fsdp in dict.fromkeys(fsdps):
+                                        for offload in (offloads if pp == 1 else (0,)):
+                                            yield (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap, fsdp, offload)
 
 
 def _ep_overlap_fits(job: Job, pp: int, vpp: int | None, ep: int) -> bool:
@@ -379,18 +417,19 @@ def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterato
 # --- the space as an index of prefixes ---------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FeasibleSpace:
-    """All valid shapes of a job, indexed by prefix; each shape takes the switches of its ep_overlap."""
+    """All valid shapes of a job, indexed by prefix; each shape takes the switches of its switch context."""
 
     job: Job
     options: SpaceOptions
     shapes: tuple[tuple, ...]
-    switches: Mapping[bool, tuple[tuple[bool, str, str], ...]]  # ep_overlap -> valid (dist_opt, recompute, graphs)
+    # switch context (ep_overlap, fsdp, offload > 0) -> valid (dist_opt, recompute, graphs)
+    switches: Mapping[SwitchContext, tuple[tuple[bool, str, str], ...]]
     _children: Mapping[tuple, tuple] = field(repr=False)
 
     @property
     def size(self) -> int:
         counts = {k: len(v) for k, v in self.switches.items()}
-        return sum(counts.get(shape[-1], 0) for shape in self.shapes)
+        return sum(counts.get(switch_context(*shape[-3:]), 0) for shape in self.shapes)
 
     @property
     def recompute(self) -> tuple[str, ...]:
@@ -407,12 +446,12 @@ class FeasibleSpace:
             raise ValueError(f"unknown dimension {name!r}; dimensions in order: {', '.join(DIMENSIONS)}.")
         if name in SWITCH_DIMENSIONS:
             k = SWITCH_DIMENSIONS.index(name)
-            earlier = ("ep_overlap",) + SWITCH_DIMENSIONS[:k]
+            earlier = CONTEXT_DIMENSIONS + SWITCH_DIMENSIONS[:k]
             missing = [d for d in earlier if d not in partial]
             if missing:
                 raise ValueError(f"choices for {name!r} need the earlier dimensions {', '.join(missing)} chosen first.")
             chosen = tuple(partial[d] for d in SWITCH_DIMENSIONS[:k])
-            combos = self.switches.get(bool(partial["ep_overlap"]), ())
+            combos = self.switches.get(switch_context(*(partial[d] for d in CONTEXT_DIMENSIONS)), ())
             return tuple(dict.fromkeys(s[k] for s in combos if s[:k] == chosen))
         prefix = self._prefix(name, partial)
         if not self.shapes:
@@ -437,38 +476,43 @@ class FeasibleSpace:
         shape = tuple(values[d] for d in SHAPE_DIMENSIONS)
         switch = tuple(values[d] for d in SWITCH_DIMENSIONS)
         if shape[:-1] not in self._children or shape[-1] not in self._children[shape[:-1]] \
-                or switch not in self.switches.get(bool(shape[-1]), ()):
+                or switch not in self.switches.get(switch_context(*shape[-3:]), ()):
             raise ValueError(f"{dict(values)} is not a layout of this space.")
         return _layout(self.job, shape, switch)
 
     def param_name(self, name: str, partial: Mapping[str, object]) -> str:
         """A parameter name unique to the prefix the choices of `name` depend on (for Optuna)."""
-        if name in SWITCH_DIMENSIONS:  # the switches' choices depend on ep_overlap and the switches before them
-            earlier = ("ep_overlap",) + SWITCH_DIMENSIONS[:SWITCH_DIMENSIONS.index(name)]
-            return "_".join([name, *(f"{d}{partial[d]}" for d in earlier if d in partial)])
+        if name in SWITCH_DIMENSIONS:  # the switches' choices depend on the context and the switches before them
+            context = dict(zip(CONTEXT_DIMENSIONS, switch_context(*(partial.get(d) for d in CONTEXT_DIMENSIONS)),
+                               strict=True))
+            parts = [f"{d}{context[d]}" for d in CONTEXT_DIMENSIONS if d in partial and (d != "offload_layers"
+                                                                                         or context[d])]
+            earlier = SWITCH_DIMENSIONS[:SWITCH_DIMENSIONS.index(name)]
+            return "_".join([name, *parts, *(f"{d}{partial[d]}" for d in earlier if d in partial)])
         prefix = self._prefix(name, partial)
         return "_".join([name, *(f"{d}{v}" for d, v in zip(SHAPE_DIMENSIONS, prefix, strict=False))])
 
     def layouts(self) -> Iterator[Layout]:
         for shape in self.shapes:
-            for switch in self.switches[shape[-1]]:
+            for switch in self.switches[switch_context(*shape[-3:])]:
                 yield _layout(self.job, shape, switch)
 
 
 def _layout(job: Job, shape: tuple, switch: tuple) -> Layout:
-    tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap = shape
+    tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap, fsdp, offload_layers = shape
     dist_opt, recompute, cuda_graphs = switch
     return Layout(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp), mbs=mbs, sp=sp,
-                  dist_opt=dist_opt, recompute=recompute, cuda_graphs=cuda_graphs,
-                  ep_overlap=ep_overlap, **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers,
-                                                           hybrid=job.model.is_hybrid))
+                  dist_opt=dist_opt, recompute=recompute, cuda_graphs=cuda_graphs, ep_overlap=ep_overlap, fsdp=fsdp,
+                  offload_layers=offload_layers,
+                  **pipeline_fields(job.model.num_layers, pp, vpp, job.model.mtp_num_layers,
+                                    hybrid=job.model.is_hybrid))
 
 
 @lru_cache(maxsize=32)
 def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> FeasibleSpace:
     """Build (once per job and options) the index of valid shapes."""
-    switches = {v: switch_choices(job, options, v) for v in (False, True)}
-    shapes = tuple(s for s in _shapes(job, options) if switches[s[-1]])
+    switches = {c: switch_choices(job, options, *c) for c in CONTEXTS}
+    shapes = tuple(s for s in _shapes(job, options) if switches[switch_context(*s[-3:])])
     children: dict[tuple, list] = {}
     for shape in shapes:
         for k in range(len(SHAPE_DIMENSIONS)):
@@ -480,16 +524,23 @@ def feasible_space(job: Job, options: SpaceOptions = SpaceOptions()) -> Feasible
 
 
 @lru_cache(maxsize=256)
-def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool) -> tuple[tuple[bool, str, str], ...]:
-    """The (dist_opt, recompute, cuda_graphs) a shape with `ep_overlap` may take, in option order: CUDA graphs the
-    model and ep_overlap allow (`rules.cuda_graph_modules_refused`, `full_iteration_moe_refused`,
-    `ep_overlap_cuda_graphs_refused`), recompute less what ep_overlap forbids (no full; in 0.19 no selective
-    recompute of "moe") and, per graph kind, what graphs forbid (`full_recompute_cuda_graphs_refused`,
-    `te_graphs_moe_recompute_refused`)."""
+def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool, fsdp: bool = False,
+                   offload: bool = False) -> tuple[tuple[bool, str, str], ...]:
+    """The (dist_opt, recompute, cuda_graphs) a shape of switch context (ep_overlap, fsdp, offload) may take, in
+    option order: CUDA graphs the model and ep_overlap allow (`rules.cuda_graph_modules_refused`,
+    `full_iteration_moe_refused`, `ep_overlap_cuda_graphs_refused`), recompute less what ep_overlap forbids (no
+    full; in 0.19 no selective recompute of "moe") and, per graph kind, what graphs forbid
+    (`full_recompute_cuda_graphs_refused`, `te_graphs_moe_recompute_refused`); with fsdp only the distributed
+    optimizer (`fsdp_rules.fsdp_needs_dist_opt`), with offload no recompute and no CUDA graphs but 0.19's
+    full-iteration ones of a dense model (`offload_no_recompute`, `offload_cuda_graphs`)."""
     t, version = job.training, job.training.megatron_core
     out = []
     graphs = cuda_graph_options(job, options)
+    dist_opts = tuple(d for d in options.dist_opt if d or not fsdp)
     for cuda_graphs in graphs:
+        if offload and cuda_graphs != "none" and not (cuda_graphs == "full_iteration" and version >= "0.17"
+                                                      and not job.model.is_moe):
+            continue
         if cuda_graph_modules_refused(job, cuda_graphs, version):
             continue
         if cuda_graphs == "full_iteration" and full_iteration_moe_refused(job, version):
@@ -497,13 +548,15 @@ def switch_choices(job: Job, options: SpaceOptions, ep_overlap: bool) -> tuple[t
         if ep_overlap and ep_overlap_cuda_graphs_refused(job, cuda_graphs, version):
             continue
         for recompute in options.recompute:
+            if offload and recompute != "none":
+                continue
             if recompute == "full" and (ep_overlap or full_recompute_cuda_graphs_refused(cuda_graphs)
                                         or (job.model.is_hybrid and t.recompute_num_layers is not None)):
                 continue  # the last: hybrid_rules.hybrid_block_recompute
             if recompute == "selective" and "moe" in t.recompute_modules and (
                     (ep_overlap and version >= "0.17") or te_graphs_moe_recompute_refused(job, cuda_graphs)):
                 continue
-            out += [(dist_opt, recompute, cuda_graphs) for dist_opt in options.dist_opt]
+            out += [(dist_opt, recompute, cuda_graphs) for dist_opt in dist_opts]
     return tuple(sorted(out, key=lambda s: (options.dist_opt.index(s[0]), options.recompute.index(s[1]),
                                             graphs.index(s[2]))))
 

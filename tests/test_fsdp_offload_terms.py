@@ -86,7 +86,9 @@ def test_offload_is_hidden_behind_nvlink_c2c_and_exposed_over_pcie() -> None:
     assert estimate_time(_job("gb200"), layout).breakdown["offload"] == 0.0
     b200 = _job("b200", nodes=8)
     exposed = estimate_time(b200, layout).breakdown["offload"]
-    host_s = offload_host_bytes(b200, layout) / b200.cluster.gpu.host_link_bytes_per_s
+    link = b200.cluster.gpu.host_link_bytes_per_s
+    assert link is not None
+    host_s = offload_host_bytes(b200, layout) / link
     assert 0.5 * host_s < exposed / 2 < 2 * host_s  # 2 micro-batches: most of each copy shows
 
 

@@ -203,8 +203,8 @@ def test_choices_need_the_earlier_dimensions() -> None:
 
 def test_layout_of_values_outside_the_space_is_refused() -> None:
     space = feasible_space(make_job("tiny-gpt", 8))
-    values = dict(tp=1, cp=1, pp=1, vpp=None, ep=1, etp=None, mbs=1, sp=True, ep_overlap=False, dist_opt=False,
-                  recompute="none", cuda_graphs="none")
+    values = dict(tp=1, cp=1, pp=1, vpp=None, ep=1, etp=None, mbs=1, sp=True, ep_overlap=False, fsdp=False,
+                  offload_layers=0, dist_opt=False, recompute="none", cuda_graphs="none")
     with pytest.raises(ValueError, match="not a layout of this space"):
         space.layout(values)  # SP with TP 1
     assert space.layout({**values, "sp": False}).dp == 8  # 8 / (1 * 1 * 1)
@@ -324,8 +324,8 @@ def test_layout_strings_balance_the_pipeline_ranks(model, nodes) -> None:
 def test_layout_of_values_adds_the_split() -> None:
     # 14 layers on PP 4: (14 + 2) / 4 = 4 per stage with the embedding and the loss counted as layers
     space = feasible_space(_job(GQA14_JOB), SMALL)
-    values = dict(tp=1, cp=1, pp=4, vpp=None, ep=1, etp=None, mbs=1, sp=False, ep_overlap=False, dist_opt=False,
-                  recompute="none", cuda_graphs="none")
+    values = dict(tp=1, cp=1, pp=4, vpp=None, ep=1, etp=None, mbs=1, sp=False, ep_overlap=False, fsdp=False,
+                  offload_layers=0, dist_opt=False, recompute="none", cuda_graphs="none")
     layout = space.layout(values)
     assert layout.embedding_loss_split and layout.stage_layer_counts(14) == (3, 4, 4, 3)
 

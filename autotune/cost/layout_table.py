@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES, Layout
-from search_spaces.space import FeasibleSpace, pipeline_fields
+from search_spaces.space import CONTEXTS, FeasibleSpace, pipeline_fields
 
 __all__ = ["LayoutTable", "COLUMNS"]
 
@@ -117,18 +117,24 @@ class LayoutTable:
         """Every layout of `space`, row i being the i-th of `space.layouts()` (shape, then its switches in order),
         built from the space's shapes without a Layout per row."""
         job = space.job
-        shapes = np.array([[s[0], s[1], s[2], s[3] or 0, s[4], s[5] or 0, s[6], int(s[7]), int(s[8])]
-                           for s in space.shapes], dtype=np.int64).reshape(-1, 9)
-        # each shape repeated once per switch of its ep_overlap; the switches laid out shape after shape
-        switch = {v: np.array([(int(d), RECOMPUTE_CHOICES.index(r), CUDA_GRAPH_CHOICES.index(g))
-                               for d, r, g in space.switches.get(v, ())], dtype=np.int64).reshape(-1, 3)
-                  for v in (False, True)}
-        counts = np.where(shapes[:, 8] == 1, len(switch[True]), len(switch[False]))
-        tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap = (np.repeat(shapes[:, k], counts) for k in range(9))
+        shapes = np.array([[s[0], s[1], s[2], s[3] or 0, s[4], s[5] or 0, s[6], int(s[7]), int(s[8]), int(s[9]),
+                            s[10]] for s in space.shapes], dtype=np.int64).reshape(-1, 11)
+        # each shape repeated once per switch of its switch context (ep_overlap, fsdp, offload > 0); the switches
+        # laid out shape after shape
+        switch = [np.array([(int(d), RECOMPUTE_CHOICES.index(r), CUDA_GRAPH_CHOICES.index(g))
+                            for d, r, g in space.switches.get(c, ())], dtype=np.int64).reshape(-1, 3)
+                  for c in CONTEXTS]
+        context = shapes[:, 8] * 4 + shapes[:, 9] * 2 + (shapes[:, 10] > 0)  # the index into CONTEXTS
+        sizes = np.array([len(x) for x in switch], dtype=np.int64)
+        offsets = np.cumsum(sizes) - sizes
+        counts = sizes[context]
+        tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap, fsdp, offload = (np.repeat(shapes[:, k], counts)
+                                                                       for k in range(11))
         start = np.repeat(np.cumsum(counts) - counts, counts)
         position = np.arange(len(tp)) - start  # the row's index in its shape's switch list
-        both = np.concatenate([switch[False], switch[True]])
-        chosen = both[np.where(ep_overlap == 1, len(switch[False]) + position, position)] if len(tp) else both[:0]
+        every = np.concatenate(switch)
+        row_context = np.repeat(context, counts)
+        chosen = every[offsets[row_context] + position] if len(tp) else every[:0]
         dist_opt, recompute, cuda_graphs = chosen[:, 0].astype(bool), chosen[:, 1], chosen[:, 2]
         split = {"first_stage_layers": np.zeros(len(tp), np.int64), "last_stage_layers": np.zeros(len(tp), np.int64),
                  "embedding_loss_split": np.zeros(len(tp), bool), "pipeline_layout": np.zeros(len(tp), np.int64)}
@@ -146,7 +152,8 @@ class LayoutTable:
                     split[name][rows] = int(value)
         return cls.from_arrays(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, dp=job.world_size // (tp * cp * pp),
                                mbs=mbs, sp=sp, dist_opt=dist_opt, recompute=recompute, cuda_graphs=cuda_graphs,
-                               ep_overlap=ep_overlap.astype(bool), layout_strings=tuple(strings), **split)
+                               ep_overlap=ep_overlap.astype(bool), fsdp=fsdp.astype(bool), offload_layers=offload,
+                               layout_strings=tuple(strings), **split)
 
     # --- reading --------------------------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -49,15 +49,18 @@ from autotune.cost.memory import (
     _optimizer_step_bytes,
     _state_bytes,
     bf16_chunk_terms,
+    offload_host_bytes,
 )
 from autotune.cost.placement import bf16_chunk_kinds, bf16_stage_layers, heaviest_stage, stage_params
 from autotune.cost.throughput import (
+    ASSUMED_HOST_LINK_BYTES_PER_S,
     BF16_KINDS,
     LAYER_KEYS,
     TIME_KEYS,
     bf16_job,
     dp_comm_s,
     ep_unpaired_share,
+    fsdp_comm_s,
     layer_times,
     optimizer_step_s,
     pipeline_p2p_s,
@@ -189,10 +192,6 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
     if time_for not in ("all", "fits"):
         raise ValueError(f"time_for must be 'all' or 'fits', but got {time_for!r}.")
     capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)
-    if len(table) and (table.fsdp.any() or table.offload_layers.any()):
-        raise ValueError("the vectorised scorer does not model Megatron-FSDP or activation offload yet (the default "
-                         "space has neither); score such layouts one at a time with estimate_time / "
-                         "estimate_memory (`python -m autotune estimate --layout ...`).")
     if len(table) == 0:
         return _empty(job, table, capacity)
     t = _Rows(table)
@@ -390,14 +389,17 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
     heavy_ids: dict[tuple[int, int], int] = {}
     heavy_of = np.array([heavy_ids.setdefault((h.dense_params_per_gpu, h.expert_params_per_gpu), len(heavy_ids))
                          for h in heavy])[t.placement.inverse]
-    dp = _group(heavy_of, table.tp, table.ep, t.etp, table.dp, table.cp, table.dist_opt)
+    dp = _group(heavy_of, table.tp, table.ep, t.etp, table.dp, table.cp, table.dist_opt, table.fsdp)
 
-    def dp_and_optimizer(i: int) -> tuple[float, float, float, float]:
+    def dp_and_optimizer(i: int) -> tuple[float, ...]:
         layout, stage = t.layout(i), heavy[t.placement.inverse[i]]
-        return (*dp_comm_s(job, layout, cal, stage), optimizer_step_s(job, layout, cal, stage))
+        fsdp = fsdp_comm_s(job, layout, cal, stage) if layout.fsdp else (0.0, 0.0, 0.0)
+        return (*dp_comm_s(job, layout, cal, stage), optimizer_step_s(job, layout, cal, stage), *fsdp,
+                float(max(stage.layers + stage.mtp_layers, 1)))
 
     dp_terms = dp.values(dp_and_optimizer)
-    grads, gather, params, optimizer = (_gather([v[j] for v in dp_terms], dp) for j in range(4))
+    grads, gather, params, optimizer, ag_fwd, ag_bwd, rs, units = (_gather([v[j] for v in dp_terms], dp)
+                                                                   for j in range(8))
     bwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_bwd_s)
                   + pace["moe"] * per_layer(lambda lt: lt.moe_bwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_bwd_s))
     fwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_fwd_s)
@@ -412,10 +414,23 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
                                       for part, name in zip(BF16_KINDS, bf16_names, strict=True))
         fwd_window = fwd_window + sum(pace[name] * delta[part]["fwd"]
                                       for part, name in zip(BF16_KINDS, bf16_names, strict=True))
-    breakdown["dp_comm"] = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-                            + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
-                                       & training.overlap_grad_reduce, params, cal))
-    breakdown["offload"] = np.zeros(n)  # no row offloads (score_layouts refuses those)
+    zero1 = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
+             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
+                        & training.overlap_grad_reduce, params, cal))
+    # Megatron-FSDP (`throughput.fsdp_exposed_s`): one unit's traffic plus what each pass's compute cannot cover
+    zero3 = m * ((ag_fwd + ag_bwd + rs) / units + np.maximum(0.0, ag_fwd - fwd_window)
+                 + np.maximum(0.0, ag_bwd + rs - bwd_window))
+    breakdown["dp_comm"] = np.where(table.fsdp, zero3, zero1)
+    breakdown["offload"] = np.zeros(n)
+    offloading = table.offload_layers > 0
+    if offloading.any():  # `throughput.offload_exposed_s` of each offloading row
+        off = _group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute, table.cuda_graphs,
+                     table.offload_layers, table.pp, t.vpp, m)
+        host = _gather(off.values(lambda i: offload_host_bytes(job, t.layout(i))), off)
+        copy_s = host / (job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S)
+        share = table.offload_layers / max(job.model.num_layers, 1)
+        exposed = np.maximum(0.0, copy_s - fwd_window * share) + np.maximum(0.0, copy_s - bwd_window * share)
+        breakdown["offload"] = np.where(offloading & (host > 0), m * exposed, 0.0)
     breakdown["optimizer"] = optimizer
     breakdown["overhead"] = np.full(n, cal.step_overhead_s)
     breakdown = {k: breakdown[k] for k in TIME_KEYS}
@@ -487,7 +502,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
             stage_params_per_gpu[g, c] = stage_lists[g][p].params_per_gpu
 
     # per stage state: weights, gradients, optimizer, optimizer-step transient
-    state = _group(t.placement.inverse, table.dist_opt, table.dp, table.cp)
+    state = _group(t.placement.inverse, table.dist_opt, table.dp, table.cp, table.fsdp)
     state_values = np.zeros((len(state), width, 4))
     for g, i in enumerate(state.first):
         layout, stages = t.layout(int(i)), stage_lists[t.placement.inverse[i]]
@@ -510,6 +525,7 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     overhead_terms = {name: _gather([d[name] for d in allow_terms], allow) for name in OVERHEAD_TERMS[:-1]}
     overhead = _gather([sum(d.values()) for d in allow_terms], allow)
     full_graphs = table.cuda_graphs == CUDA_GRAPH_CHOICES.index("full_iteration")
+    offload = table.offload_layers
     held_out = np.zeros(n)  # `memory.graph_pool_held_bytes` of each row's peak stage
 
     result = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer", "activations", "workspace")}
@@ -543,6 +559,9 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
                     value = value + uu["embedding"]
                 if is_last:
                     value = value + uu["output"]
+                if start == 0 and offload.any():  # `memory.offloaded_activation_bytes`: the first k layers
+                    value = value - _offloaded(offload[idx], count, first_dense, model.hybrid_pattern, split_unit,
+                                               full, uu)
                 if bf16_units is not None:
                     kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers,
                                              training.bf16_edges, start, count)
@@ -579,6 +598,22 @@ def _memory(job: Job, t: _Rows, assumptions: MemoryAssumptions) -> dict[str, Any
     return {"memory": memory, "overhead_terms": overhead_terms, "allocated_bytes": allocated, "total_bytes": total,
             "memory_stage": stage_out, "optimizer_phase": phase_out, "params_per_gpu": params_out,
             "dominant_memory_index": dominant}
+
+
+def _offloaded(k: np.ndarray, count: int, first_dense: int, pattern: str | None, units: Mapping[bool, Any],
+               full: np.ndarray, u: Mapping[str, np.ndarray]) -> np.ndarray:
+    """What the first min(k, count) layers of a stage's first chunk save per micro-batch, per row (0 where k is 0):
+    `memory.offloaded_activation_bytes` over arrays."""
+    out = np.zeros(len(k))
+    for value in np.unique(k[k > 0]):
+        rows = k == value
+        dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, 0, min(int(value), count))
+        rd, rm, kd, km = _layer_split(units, full, dense, moe)
+        saved = rd * u["dense_layer"] + rm * u["moe_layer"] + kd * u["dense_kept"] + km * u["moe_kept"]
+        if mamba or attention:
+            saved = saved + mamba * u["mamba_layer"] + attention * u["attention_layer"]
+        out = np.where(rows, saved, out)
+    return out
 
 
 def _layer_split(units: Mapping[bool, Any], full: np.ndarray, dense: int, moe: int) -> tuple[np.ndarray, ...]:
