@@ -4,6 +4,7 @@ inside the default space, and is the search's pick predicted at least as fast?
     .venv/bin/python bench/bench_recipes_in_space.py          # one line per distinct recipe, then the counts
     .venv/bin/python bench/bench_recipes_in_space.py --json
     .venv/bin/python bench/bench_recipes_in_space.py --held-out   # GB300 / B300's recipes (never fitted)
+    .venv/bin/python bench/bench_recipes_in_space.py --arch dense  # the dense recipes (Megatron-FSDP ones included)
 
 Rows: `bench/recipe_rows.py`'s scored MoE rows on B200 and GB200 (the GPUs the model is fitted on), one per
 distinct (job, layout): the same recipe published by several releases is one job per release, since the release
@@ -58,14 +59,14 @@ FITTED_GPUS = ("b200", "gb200")
 MEDIAN_TARGET = 0.15  # issue 25: the claimed gain over the recipe has a median of at most 1.15x
 
 
-def evaluate(gpus: tuple[str, ...] = FITTED_GPUS) -> list[dict[str, Any]]:
+def evaluate(gpus: tuple[str, ...] = FITTED_GPUS, arch: str = "moe") -> list[dict[str, Any]]:
     """One comparison per distinct (job, layout) of the MoE recipes on `gpus`. A job here is (model, GPU type and
     count, precision) across releases: `newest` marks its newest release's recipe (the one a user copies today),
     and `later_published_gain` is how much faster NVIDIA's fastest later release of the same job measured than this
     recipe (None for the newest): a measured lower bound on what a better setup gains, kernels of the later release
     included."""
     order = {name: i for i, name in enumerate(release_names())}
-    recipes = [r for r in load_recipe_rows() if not r.skip and r.arch == "moe" and r.gpu in gpus
+    recipes = [r for r in load_recipe_rows() if not r.skip and r.arch == arch and r.gpu in gpus
                and r.job is not None and r.layout is not None and r.published]
     by_job: dict[tuple[object, ...], list[RecipeRow]] = {}
     for r in recipes:
@@ -124,9 +125,10 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--held-out", action="store_true",
                         help=f"the {'/'.join(sorted(HELD_OUT_GPUS))} recipes (never fitted) instead of B200/GB200's")
+    parser.add_argument("--arch", choices=("moe", "dense"), default="moe", help="which recipes (default: moe)")
     args = parser.parse_args()
     gpus = tuple(sorted(HELD_OUT_GPUS)) if args.held_out else FITTED_GPUS
-    rows = evaluate(gpus)
+    rows = evaluate(gpus, args.arch)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -139,7 +141,7 @@ def main() -> int:
                   f"({gain:+.1%})  {x['seconds']:.1f} s  {later}\n    recipe {x['recipe']}\n    pick   {x['pick']}")
     outside = [x for x in rows if not x["recipe_in_space"]]
     slower = [x for x in rows if not x["pick_at_least_recipe"]]
-    print(f"{len(rows)} distinct MoE recipes on {'/'.join(gpus)}: {len(rows) - len(outside)} inside the "
+    print(f"{len(rows)} distinct {'MoE' if args.arch == 'moe' else 'dense'} recipes on {'/'.join(gpus)}: {len(rows) - len(outside)} inside the "
           f"default space, pick at least as fast (within {TIE_TOLERANCE:.1%}) for {len(rows) - len(slower)}",
           file=sys.stderr)
     print(f"  pick's predicted gain over every recipe: {gains(rows)}", file=sys.stderr)

@@ -106,8 +106,14 @@ def test_fsdp_traffic_is_paid_every_micro_batch() -> None:
     assert t_large.breakdown["dp_comm"] == pytest.approx(4 * t_small.breakdown["dp_comm"], rel=1e-9)
 
 
-def test_the_vectorised_scorer_refuses_what_it_does_not_model() -> None:
+def test_the_vectorised_scorer_scores_fsdp_and_offload_as_the_scalar_models() -> None:
     job = _job()
-    table = LayoutTable.from_layouts([parse_layout(FSDP, world_size=64)])
-    with pytest.raises(ValueError, match="does not model Megatron-FSDP"):
-        score_layouts(job, table)
+    layouts = [parse_layout(FSDP + extra, world_size=64) for extra in ("", ",offload_layers=40", ",offload_layers=5")]
+    layouts.append(parse_layout("tp=4,pp=1,sp=true,mbs=2,dist_opt=true,offload_layers=20", world_size=64))
+    scores = score_layouts(job, LayoutTable.from_layouts(layouts))
+    for i, layout in enumerate(layouts):
+        t, m = estimate_time(job, layout), estimate_memory(job, layout)
+        assert scores.step_time_s[i] == pytest.approx(t.step_time_s, rel=1e-9)
+        assert scores.breakdown["offload"][i] == pytest.approx(t.breakdown["offload"], rel=1e-9, abs=1e-12)
+        assert scores.breakdown["dp_comm"][i] == pytest.approx(t.breakdown["dp_comm"], rel=1e-9)
+        assert scores.total_bytes[i] == pytest.approx(m.total_bytes, rel=1e-9)

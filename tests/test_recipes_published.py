@@ -123,3 +123,17 @@ def test_the_search_picks_at_least_the_newest_gb200_moe_recipes(recipes) -> None
         assert got["recipe_in_space"], f"{r.model}: {r.layout} is not in the default space"
         assert got["pick"] is not None and got["recipe_tokens_per_s_per_gpu"] is not None
         assert got["pick_at_least_recipe"], got  # pick >= recipe * (1 - TIE_TOLERANCE)
+
+
+def test_the_search_picks_at_least_the_newest_gb200_fsdp_recipe(recipes) -> None:
+    """The newest GB200 Llama3-70B recipe (Megatron-FSDP with 40 layers' activations offloaded) is a row of the
+    search's default space and the pick is predicted at least as fast, within the tie tolerance (every B200 /
+    GB200 dense recipe: `bench/bench_recipes_in_space.py --arch dense`)."""
+    from bench.bench_recipes_in_space import compare
+
+    fsdp = [r for r in recipes if not r.skip and r.gpu == "gb200" and r.model == "LLAMA3_70B" and r.layout.fsdp]
+    newest = max(fsdp, key=lambda r: r.release)
+    assert newest.layout.offload_layers == 40
+    got = compare(newest)
+    assert got["recipe_in_space"], f"{newest.layout} is not in the default space"
+    assert got["pick_at_least_recipe"], got

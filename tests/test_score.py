@@ -64,6 +64,9 @@ CASES = [
     # BF16 edge layers of a low-precision run (first_last_layers_bf16): per-stage BF16 counts, uneven splits
     ("bf16-edges-fp8-b200", _job("llama3-70b", 4, gpu="b200", precision="fp8", bf16_layers_at_start=1,
                                  bf16_layers_at_end=3, global_batch_size=128), SpaceOptions()),
+    # Megatron-FSDP and layer-level activation offload (PP 1 only): NVIDIA's Llama3-70B GB200 recipe's job
+    ("fsdp-offload-70b-gb200", _job("llama3-70b", 16, gpu="gb200", precision="fp8", fp8_recipe="tensorwise",
+                                    seq_length=8192, global_batch_size=256), SpaceOptions(max_pp=1)),
     # Nemotron-3 Super's NVFP4 recipe: the last 14 pattern layers and the MTP layer (never FP4) in BF16
     ("bf16-edges-nvfp4-hybrid-mtp", _job("nemotron-3-super-120b-a12b", 16, gpu="gb200", precision="fp4",
                                          bf16_layers_at_end=14, global_batch_size=512), SpaceOptions(max_pp=4)),
@@ -125,6 +128,19 @@ def test_spread_of_the_space_equals_the_scalar_models(case) -> None:
         assert (int(scores.memory_stage[i]), scores.dominant_memory(i)) == (m.stage, m.dominant)
         assert bool(scores.optimizer_phase[i]) == (m.phase == "optimizer step")
         assert int(scores.params_per_gpu[i]) == m.params_per_gpu
+
+
+def test_fsdp_and_offload_rows_equal_the_scalar_models() -> None:
+    _, job, options = next(c for c in CASES if c[0] == "fsdp-offload-70b-gb200")
+    table = LayoutTable.from_space(feasible_space(job, options))
+    scores = score_layouts(job, table)
+    rows = [i for i in range(len(table)) if table.fsdp[i] or table.offload_layers[i]]
+    assert any(table.fsdp[i] and table.offload_layers[i] for i in rows)
+    assert any(table.offload_layers[i] and not table.fsdp[i] for i in rows)
+    for i in random.Random(1).sample(rows, 40):
+        _assert_same(job, scores, i)
+    recipe = Layout(tp=1, pp=1, dp=64, mbs=2, dist_opt=True, fsdp=True, offload_layers=40)
+    assert recipe in set(table.layouts())  # NVIDIA's recipe is a row of the space
 
 
 def test_verdicts_follow_the_headroom() -> None:
