@@ -141,7 +141,8 @@ def main() -> int:
                   f"({gain:+.1%})  {x['seconds']:.1f} s  {later}\n    recipe {x['recipe']}\n    pick   {x['pick']}")
     outside = [x for x in rows if not x["recipe_in_space"]]
     slower = [x for x in rows if not x["pick_at_least_recipe"]]
-    print(f"{len(rows)} distinct {'MoE' if args.arch == 'moe' else 'dense'} recipes on {'/'.join(gpus)}: {len(rows) - len(outside)} inside the "
+    kind = "MoE" if args.arch == "moe" else "dense"
+    print(f"{len(rows)} distinct {kind} recipes on {'/'.join(gpus)}: {len(rows) - len(outside)} inside the "
           f"default space, pick at least as fast (within {TIE_TOLERANCE:.1%}) for {len(rows) - len(slower)}",
           file=sys.stderr)
     print(f"  pick's predicted gain over every recipe: {gains(rows)}", file=sys.stderr)
