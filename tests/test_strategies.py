@@ -20,7 +20,8 @@ from search_spaces.training import TrainingSpec
 
 JOB = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=4),
           training=TrainingSpec(seq_length=256, global_batch_size=16))
-OPTIONS = SpaceOptions(recompute=("none",), dist_opt=(True,), cuda_graphs=("none",))  # the truth ignores graphs
+# the truth ignores graphs; Megatron-FSDP and offload stay out (the strategies' test needs a space of one kind)
+OPTIONS = SpaceOptions(recompute=("none",), dist_opt=(True,), cuda_graphs=("none",), fsdp=(False,), offload_step=0)
 
 
 def _truth(answer) -> dict[Layout, float]:
