@@ -192,11 +192,22 @@ NAMES: dict[str, Name] = {n.core: n for n in (
     # strategy is ZeRO-3, `optim_grads_params`, with the two-unit double buffer every Bridge FSDP recipe sets;
     # Megatron-LM asserts `--ckpt-format fsdp_dtensor` with it ("Megatron-FSDP requires the `fsdp_dtensor`
     # checkpointing format.", arguments.py validate_args), Bridge only when it saves or loads
-    _n("use_megatron_fsdp", _D, "bool", "--use-megatron-fsdp", "ddp.use_megatron_fsdp"),
+    # Bridge turns Megatron-FSDP on when either its DDP or its distributed-init switch is set (training/config.py
+    # `ConfigContainer.validate` :1345, `_validate_and_apply_megatron_fsdp_configs` :1070-1071), and some recipes set
+    # only the second (perf_recipes/nemotronh/gb200/nemotronh.py :652): the line sets both
+    _n("use_megatron_fsdp", _D, "bool", "--use-megatron-fsdp", "ddp.use_megatron_fsdp", "dist.use_megatron_fsdp"),
     _n("data_parallel_sharding_strategy", _D, "str", "--data-parallel-sharding-strategy",
        "ddp.data_parallel_sharding_strategy"),
     _n("fsdp_double_buffer", _D, "bool", "--fsdp-double-buffer", "ddp.fsdp_double_buffer"),
     _n("ckpt_format", _R, "str", "--ckpt-format", "checkpoint.ckpt_format"),
+    # the model built on the meta device and materialised shard by shard by Megatron-FSDP (transformer_config.py
+    # :405 "only works when megatron fsdp is turned on"; Megatron-LM training.py `get_model` :1768-1827), as every
+    # Bridge FSDP recipe sets it (perf_recipes/llama/gb200/llama3.py :219): without it each GPU first allocates the
+    # whole unsharded model. Off otherwise, explicitly: a Bridge FSDP recipe's True would leave a DDP model on meta
+    # tensors (Bridge's `get_model` skips `.cuda()` for it and, unlike Megatron-LM, never materialises it,
+    # models/model_provider.py :647-689)
+    _n("init_model_with_meta_device", _T, "bool", "--init-model-with-meta-device",
+       "model.init_model_with_meta_device"),
     # layer-level activation offload (TransformerConfig via ModelParallelConfig; Megatron-LM has no
     # `--cpu-offloading` flag: `--cpu-offloading-num-layers N` with N > 0 turns it on, arguments.py validate_args)
     _n("cpu_offloading", _T, "bool", None, "model.cpu_offloading"),
@@ -218,7 +229,8 @@ LAYOUT_NAMES: dict[str, tuple[str, ...]] = {
     "recompute": ("recompute_granularity",),
     "cuda_graphs": ("cuda_graph_impl", "cuda_graph_modules", "use_te_rng_tracker", "check_for_nan_in_loss_and_grad"),
     "ep_overlap": ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute"),
-    "fsdp": ("use_megatron_fsdp", "data_parallel_sharding_strategy", "fsdp_double_buffer", "ckpt_format"),
+    "fsdp": ("use_megatron_fsdp", "data_parallel_sharding_strategy", "fsdp_double_buffer", "ckpt_format",
+             "init_model_with_meta_device"),
     "offload_layers": ("cpu_offloading", "cpu_offloading_num_layers"),
     "first_stage_layers": ("num_layers_in_first_pipeline_stage",),
     "last_stage_layers": ("num_layers_in_last_pipeline_stage",),
@@ -376,6 +388,7 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     # --overlap-grad-reduce" (arguments.py L597-603)
     out["overlap_param_gather"] = (t.overlap_param_gather and layout.dist_opt and t.overlap_grad_reduce) or layout.fsdp
     out["use_megatron_fsdp"] = layout.fsdp
+    out["init_model_with_meta_device"] = layout.fsdp
     if layout.fsdp:
         out["data_parallel_sharding_strategy"] = "optim_grads_params"
         out["fsdp_double_buffer"] = True

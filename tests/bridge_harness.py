@@ -256,13 +256,15 @@ _RENAMED = {"check_for_nan_in_loss_and_grad": ("rerun_state_machine", "check_for
 _WHERE = {"micro_batch_size": "train", "global_batch_size": "train", "use_distributed_optimizer": "ddp",
           "grad_reduce_in_fp32": "ddp", "overlap_grad_reduce": "ddp", "overlap_param_gather": "ddp",
           "fp8_param_gather": "ddp", "reuse_grad_buf_for_mxfp8_param_ag": "ddp",
-          "use_precision_aware_optimizer": "optimizer", "exp_avg_dtype": "optimizer", "exp_avg_sq_dtype": "optimizer"}
+          "use_precision_aware_optimizer": "optimizer", "exp_avg_dtype": "optimizer", "exp_avg_sq_dtype": "optimizer",
+          "use_megatron_fsdp": "ddp", "data_parallel_sharding_strategy": "ddp", "fsdp_double_buffer": "ddp",
+          "ckpt_format": "checkpoint"}
 
 
 def read_values(cfg: Any, names: list[str]) -> dict[str, Any]:
     """Each megatron-core setting's value in the finished ConfigContainer (`model.<name>` unless `_WHERE` says
-    otherwise; dtypes by their short name), plus the dataset's sequence length and the optimizer's copy of
-    use_distributed_optimizer."""
+    otherwise; dtypes by their short name), plus the dataset's sequence length, the optimizer's copy of
+    use_distributed_optimizer, `dist.use_megatron_fsdp` and the CUDA_DEVICE_MAX_CONNECTIONS in effect."""
     out: dict[str, Any] = {}
     for name in names:
         group, attr = _RENAMED.get(name, (_WHERE.get(name, "model"), name))
@@ -272,6 +274,9 @@ def read_values(cfg: Any, names: list[str]) -> dict[str, Any]:
     out["optimizer.use_distributed_optimizer"] = cfg.optimizer.use_distributed_optimizer
     out["rng.te_rng_tracker"] = cfg.rng.te_rng_tracker
     out["data_parallel_size"] = cfg.data_parallel_size
+    out["dist.use_megatron_fsdp"] = cfg.dist.use_megatron_fsdp
+    # the value Bridge's validation saw (the recipe's env_vars applied, before `run_case` puts the environment back)
+    out["env.CUDA_DEVICE_MAX_CONNECTIONS"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
     return out
 
 

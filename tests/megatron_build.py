@@ -46,7 +46,8 @@ __all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device
            "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "timed_megatron_decisions",
            "flex_dispatcher_decisions",
            "param_counts", "stage_param_counts", "MEGATRON_ONLY_PARAMS", "hybrid_stage_param_counts",
-           "hybrid_stage_layers", "hybrid_parity"]
+           "hybrid_stage_layers", "hybrid_parity", "offload_config_decisions", "fsdp_mesh_decisions",
+           "fsdp_offload_decisions"]
 
 _FUSIONS_OFF = dict(gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
                     persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False)
@@ -190,8 +191,10 @@ def meta_device():
         yield
 
 
-def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, training: Any = None) -> dict[str, Any]:
-    """TransformerConfig keyword arguments of the model in the layout (megatron-core names)."""
+def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, training: Any = None,
+                  offload: bool = False) -> dict[str, Any]:
+    """TransformerConfig keyword arguments of the model in the layout (megatron-core names); the layer offload
+    (`cpu_offloading`) only with `offload`, for a config that is checked and not built."""
     torch, F = mc.torch, mc.F
     dtype = torch.bfloat16 if bf16 else torch.float32
     kw: dict[str, Any] = dict(
@@ -239,6 +242,11 @@ def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, traini
         kw.pop("num_query_groups")
         kw.pop("kv_channels")
     kw.update(overlap_moe_expert_parallel_comm=layout.ep_overlap)
+    if offload and layout.offload_layers:
+        # the layer offload for the config's checks only: megatron-core's local layer spec has no offload context
+        # (Transformer Engine's: "CPU Offloading is enabled when TE is not present", transformer/transformer_block.py
+        # :313-316 in 0.19.2), so models are built without it
+        kw.update(cpu_offloading=True, cpu_offloading_num_layers=layout.offload_layers)
     if layout.cuda_graphs != "none":
         # the layout's graphs as megatron_names.job_settings spells them for the installed release: 0.16.1 has no
         # cuda_graph_impl "full_iteration" but local graphs of the scope ["full_iteration"]
@@ -451,7 +459,7 @@ def _init_rng_tracker(job: Any, layout: Layout) -> None:
 def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tuple[bool, str]:
     """megatron-core's own decision on `layout` in `job`, in the order a training run meets it:
 
-    1. `TransformerConfig` (its `__post_init__` checks, the layout string's validation);
+    1. `TransformerConfig` (its `__post_init__` checks, the layout string's validation, the layer offload's);
     2. for every pipeline stage, on the stage's first rank of a fake process group of the job's world:
        `initialize_model_parallel`, every virtual chunk's `GPTModel` (layers and their offsets, MTP, the
        splits over TP / EP / ETP), then the pipeline schedule up to its first forward step;
@@ -470,6 +478,8 @@ def megatron_decision(job: Any, layout: Layout, *, schedule: bool = True) -> tup
 
             config = megatron_hybrid_build.hybrid_config(model, layout)
         else:
+            if layout.offload_layers:  # 1 with the layer offload's checks
+                make_config(model, layout, training=job.training, offload=True)
             config = make_config(model, layout, training=job.training)  # 1
         num_microbatches = max(1, gbs // (layout.mbs * max(1, job.world_size // (layout.tp * layout.pp * layout.cp))))
         for stage in range(layout.pp):  # 2
@@ -631,3 +641,61 @@ def hybrid_parity(param_cases: list[tuple[ModelSpec, Layout]], split_cases: list
     """The hybrid checks in one child process: (`hybrid_stage_param_counts`, `hybrid_stage_layers`,
     `megatron_decisions`)."""
     return hybrid_stage_param_counts(param_cases), hybrid_stage_layers(split_cases), megatron_decisions(decision_cases)
+
+
+# --- Megatron-FSDP and layer-level activation offload (tests/test_fsdp_offload_launch.py) ----------------------
+def offload_config_decisions(cases: list[tuple[Any, Layout, dict[str, Any]]]) -> list[tuple[bool, str]]:
+    """`TransformerConfig` (its `__post_init__` only: no model, no process group) of each (job, layout) with the
+    extra keywords given (the launch line's `cpu_offloading`, `cpu_offloading_num_layers` and, where the line sets
+    it, the paged stash), the layout's graphs and recompute as `config_kwargs` spells them for the installed
+    release. A model is not built: megatron-core's local layer spec refuses offload on its own ("CPU Offloading
+    is enabled when TE is not present", transformer/transformer_block.py :313-316 in 0.19.2), which a GPU node
+    with Transformer Engine does not. Returns (True, "") or (False, "<exception type>: <message>")."""
+    setup()
+    out = []
+    for job, layout, extra in cases:
+        kw = {**config_kwargs(job.model, layout, training=job.training), **extra}
+        try:
+            (mc.MLATransformerConfig if job.model.mla is not None else mc.TransformerConfig)(**kw)
+            out.append((True, ""))
+        except Exception as error:  # noqa: BLE001 - any exception is megatron-core refusing the config
+            out.append((False, f"{type(error).__name__}: {str(error)[:300]}"))
+    return out
+
+
+def fsdp_mesh_decisions(cases: list[tuple[Layout, int]]) -> list[tuple[bool, str]]:
+    """Megatron-FSDP's device meshes for each (layout, world) on the first rank of every pipeline stage of a fake
+    process group: `mcore_fsdp_adapter._get_dp_tp_mesh` over the DP x CP and TP groups, and for a layout with EP
+    the expert mesh over the expert-DP and expert-TP groups with the EP size, as `FullyShardedDataParallel.
+    _init_dist_index` calls them (distributed/fsdp/mcore_fsdp_adapter.py :433-458 in 0.19.2). Needs einops (the
+    0.19.2 interpreter has it). Returns (True, "") or (False, "pp rank <s>: <exception type>: <message>")."""
+    setup()
+    from megatron.core.distributed.fsdp.mcore_fsdp_adapter import _get_dp_tp_mesh
+
+    ps = mc.parallel_state
+    out = []
+    for layout, world in cases:
+        where = "pp rank 0"
+        try:
+            for stage in range(layout.pp):
+                where = f"pp rank {stage}"
+                init_rank(layout, stage_first_rank(world, layout, stage), world=world)
+                _get_dp_tp_mesh(ps.get_data_parallel_group(with_context_parallel=True),
+                                ps.get_tensor_model_parallel_group())
+                if layout.ep > 1:
+                    _get_dp_tp_mesh(ps.get_expert_data_parallel_group(), ps.get_expert_tensor_parallel_group(),
+                                    ep_size=ps.get_expert_model_parallel_group().size())
+                teardown()
+            out.append((True, ""))
+        except Exception as error:  # noqa: BLE001 - any exception is megatron-core refusing the mesh
+            out.append((False, f"{where}: {type(error).__name__}: {' '.join(str(error).split())[:300]}"))
+        finally:
+            teardown()
+    return out
+
+
+def fsdp_offload_decisions(config_cases: list[tuple[Any, Layout, dict[str, Any]]], mesh_cases: list[tuple[Layout, int]]
+                           ) -> tuple[list[tuple[bool, str]], list[tuple[bool, str]]]:
+    """`offload_config_decisions` and `fsdp_mesh_decisions` in one child process (the mesh ones only where
+    mesh_cases are given: they need einops)."""
+    return offload_config_decisions(config_cases), fsdp_mesh_decisions(mesh_cases) if mesh_cases else []

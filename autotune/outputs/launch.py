@@ -72,13 +72,20 @@ _ONLY_WITH = {"fp4_recipe": "fp4", "num_layers_at_start_in_bf16": "first_last_la
 def _shown(settings: dict[str, object]) -> dict[str, object]:
     """`settings` less those `_ONLY_WITH` says mean nothing here (what a launch line spells out)."""
     return {k: v for k, v in settings.items() if k not in _ONLY_WITH or settings.get(_ONLY_WITH[k])}
-_GROUP_ORDER = ("model", "train", "dataset", "ddp", "optimizer", "checkpoint", "rng", "rerun_state_machine")
+_GROUP_ORDER = ("model", "train", "dataset", "ddp", "dist", "optimizer", "checkpoint", "rng", "rerun_state_machine")
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_.\-]+")  # a value Hydra's override grammar reads unquoted
 # keys a Bridge release's recipes may still set that would fight the line's: megatron-core 0.19 migrates a
 # deprecated `cuda_graph_scope` over `cuda_graph_modules` and refuses both together (transformer_config.py), and
 # Bridge 0.6's recipes still write the old name (perf_recipes/llama/*/llama3.py: ["full_iteration"])
 _BRIDGE_CLEARED = {"0.6.2": ("model.cuda_graph_scope",)}
+# Megatron-FSDP asserts "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset." (Bridge 0.6.2 training/config.py
+# `_validate_and_apply_megatron_fsdp_configs` :1102-1104), and a Hopper TP recipe's env_vars set it to 1
+# (perf_recipes/llama/h100/llama3.py :57), which `runtime_config_update` applies before it validates
+# (`apply_environment_variables` :1832-1850, :1870): the FSDP line sets the 32 of NVIDIA's FSDP recipes
+# (perf_recipes/llama/gb200/llama3.py :236). `++` adds or replaces the key (a recipe's dict may lack it). A value
+# already in the shell still wins (os.environ.setdefault); Bridge v0.3.1 has no env_vars.
+_BRIDGE_FSDP_ENV = {"0.6.2": ("++env_vars.CUDA_DEVICE_MAX_CONNECTIONS=32",)}
 # Megatron-Bridge's `bf16_with_fp8_delayed_scaling_mixed` amax settings (`training/mixed_precision.py`)
 _DELAYED_AMAX = {"fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max"}
 
@@ -133,6 +140,7 @@ def bridge_overrides(job: Job, layout: Layout) -> list[str]:
         precision.update({k: _hydra(v) for k, v in _DELAYED_AMAX.items()})
     out += [f"{key}=null" for key in _BRIDGE_CLEARED.get(release, ())]
     out.sort(key=lambda item: _GROUP_ORDER.index(item.split(".", 1)[0]))  # stable: grouped, table order inside
+    out += list(_BRIDGE_FSDP_ENV.get(release, ())) if layout.fsdp else []
     out += ["comm_overlap=null", f"comm_overlap={_target(COMM_OVERLAP_CLASS, comm)}",
             "mixed_precision=null", f"mixed_precision={_target(MIXED_PRECISION_CLASS, precision)}"]
     return out
