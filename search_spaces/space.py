@@ -14,7 +14,7 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
     sp         False when TP == 1; True for MoE with TP > 1; both for dense TP > 1 (when the sequence splits)
     ep_overlap SpaceOptions.ep_overlap; True only for MoE with EP > 1, VPP when PP > 1 (and 0.16.1's MTP rules)
     fsdp       SpaceOptions.fsdp; True only with PP 1 and no ep_overlap (`fsdp_rules`)
-    offload_layers 0, or SpaceOptions.offload_step, 2x it, ... below num_layers, with PP 1 for a GPT model
+    offload_layers 0, or SpaceOptions.offload_step, 2x it, ... below num_layers, with PP 1 for a dense GPT model
     dist_opt   SpaceOptions.dist_opt (free; True only with fsdp)
     recompute  SpaceOptions.recompute, less what ep_overlap, offload and the training settings forbid
     cuda_graphs SpaceOptions.cuda_graphs (default: the release's, `cuda_graph_options`), less what the model,
@@ -252,9 +252,11 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
 
 def offload_values(job: Job, options: SpaceOptions) -> tuple[int, ...]:
     """The layer-offload counts the space searches: 0, then the multiples of `offload_step` below num_layers
-    (`fsdp_rules.offload_layers_lt_num_layers`); only 0 for a hybrid model (`offload_hybrid`)."""
+    (`fsdp_rules.offload_layers_lt_num_layers`); only 0 for a hybrid model (`offload_hybrid`) and, a search-space
+    choice, for a MoE model: NVIDIA's MoE recipes offload with the fine-grained `offload_modules`, which autotune
+    does not model, and layer offload multiplies the largest spaces (`--layout` still checks and estimates it)."""
     step = options.offload_step
-    if not step or job.model.is_hybrid:
+    if not step or job.model.is_hybrid or job.model.is_moe:
         return (0,)
     return (0, *range(step, job.model.num_layers, step))
 
