@@ -44,12 +44,20 @@ def fsdp_needs_dist_opt(job: Job, layout: Layout) -> Violation | None:
                      "would run as dist_opt=true).", stricter=True, fsdp=True, dist_opt=False)
 
 
-def fsdp_ep_overlap(job: Job, layout: Layout) -> Violation | None:
-    if not layout.fsdp or not layout.ep_overlap:
-        return None
-    return violation("fsdp_ep_overlap", "1F1B overlap with FSDP does not support double buffer. Please set "
-                     "fsdp_double_buffer=False in the ddp config. (autotune's Megatron-FSDP runs with the double "
-                     "buffer, as every Megatron-Bridge FSDP recipe does)", fsdp=True, ep_overlap=True)
+def _fsdp_ep_overlap(version: str) -> Check:
+    def fsdp_ep_overlap(job: Job, layout: Layout) -> Violation | None:
+        """0.19's check; 0.16.1 has none (its adapter never looks at the EP overlap): refused there as stricter,
+        with 0.19's reason."""
+        if not layout.fsdp or not layout.ep_overlap:
+            return None
+        words = ("1F1B overlap with FSDP does not support double buffer. Please set fsdp_double_buffer=False in the "
+                 "ddp config. (autotune's Megatron-FSDP runs with the double buffer, as every Megatron-Bridge FSDP "
+                 "recipe does)")
+        if version >= "0.17":
+            return violation("fsdp_ep_overlap", words, fsdp=True, ep_overlap=True)
+        return violation("fsdp_ep_overlap", f"{STRICTER} megatron-core 0.19 refuses it: {words}", stricter=True,
+                         fsdp=True, ep_overlap=True)
+    return fsdp_ep_overlap
 
 
 def offload_layers_lt_num_layers(job: Job, layout: Layout) -> Violation | None:
@@ -108,7 +116,7 @@ def _offload_cuda_graphs(version: str) -> Check:
 def fsdp_rule_checks(version: str) -> dict[str, Check]:
     """Rule name -> check, for the megatron-core `version` whose conditions to use."""
     return {"fsdp_needs_pp1": fsdp_needs_pp1, "fsdp_needs_dist_opt": fsdp_needs_dist_opt,
-            "fsdp_ep_overlap": fsdp_ep_overlap, "offload_layers_lt_num_layers": offload_layers_lt_num_layers,
+            "fsdp_ep_overlap": _fsdp_ep_overlap(version), "offload_layers_lt_num_layers": offload_layers_lt_num_layers,
             "offload_needs_pp1": offload_needs_pp1, "offload_no_recompute": offload_no_recompute,
             "offload_hybrid": offload_hybrid, "offload_cuda_graphs": _offload_cuda_graphs(version)}
 

@@ -101,6 +101,30 @@ def query_groups_vs_tp(job: Job, layout: Layout) -> Violation | None:
                       f"tensor_model_parallel_size ({tp}).", num_query_groups=groups, tp=tp)
 
 
+def qkv_output_width(model) -> int | None:  # noqa: ANN001 (a ModelSpec)
+    """Output features of a (non-MLA) attention layer's fused `linear_qkv`: (heads + 2 * query groups) * head dim,
+    megatron-core `transformer/attention.py` (SelfAttention: query_projection_size + 2 * kv_projection_size);
+    None for MLA, which has no fused QKV projection."""
+    if model.mla is not None:
+        return None
+    return model.head_dim * (model.num_attention_heads + 2 * model.query_groups)
+
+
+def qkv_divisible_by_tp(job: Job, layout: Layout) -> Violation | None:
+    """The fused QKV projection is column-parallel: its output splits over TP (`ColumnParallelLinear`,
+    `utils.divide`). Heads and groups that divide by TP give that; with TP > groups (the KV heads replicated,
+    `query_groups_vs_tp`) it is a condition of its own: 12 heads, 4 groups of 8 at TP 12 give 160 outputs."""
+    width, tp, m = qkv_output_width(job.model), layout.tp, job.model
+    if width is None or width % tp == 0:
+        return None
+    if m.num_attention_heads % tp or m.query_groups % tp == 0 or tp % m.query_groups:
+        return None  # heads_divisible_by_tp's or query_groups_vs_tp's (the split fails there first)
+    return _violation("qkv_divisible_by_tp", f"{width} is not divisible by {tp} (linear_qkv's output, "
+                      f"(num_attention_heads {m.num_attention_heads} + 2 * num_query_groups {m.query_groups}) * "
+                      f"kv_channels {m.head_dim}, split over tensor_model_parallel_size {tp}).",
+                      qkv_width=width, tp=tp)
+
+
 def ffn_divisible_by_tp(job: Job, layout: Layout) -> Violation | None:
     """Dense MLP: linear_fc1/linear_fc2 split ffn_hidden_size over TP (`divide` in tensor_parallel/layers.py)."""
     ffn, tp = job.model.ffn_hidden_size, layout.tp
@@ -472,6 +496,8 @@ _TABLE: tuple[tuple[str, frozenset[str], str], ...] = (
      _CORE + "parallel_state.py (initialize_model_parallel: data_parallel_size = world_size // model_size)"),
     ("heads_divisible_by_tp", frozenset({"tp"}), _CORE + "transformer/transformer_config.py (__post_init__)"),
     ("query_groups_vs_tp", frozenset({"tp"}), _CORE + "transformer/transformer_config.py (__post_init__)"),
+    ("qkv_divisible_by_tp", frozenset({"tp"}),
+     _CORE + "transformer/attention.py (SelfAttention.linear_qkv: ColumnParallelLinear, utils.divide)"),
     ("ffn_divisible_by_tp", frozenset({"tp"}),
      _CORE + "tensor_parallel/layers.py (ColumnParallelLinear / RowParallelLinear: utils.divide)"),
     ("shared_expert_ffn_divisible_by_tp", frozenset({"tp"}),

@@ -70,6 +70,7 @@ from search_spaces.rules import (
     ep_overlap_cuda_graphs_refused,
     full_iteration_moe_refused,
     full_recompute_cuda_graphs_refused,
+    qkv_output_width,
     rules_for,
     te_graphs_moe_recompute_refused,
 )
@@ -315,6 +316,8 @@ def _tp_values(job: Job, options: SpaceOptions) -> Iterator[int]:
         if options.tp_within_node and domain % tp:
             continue
         if m.num_attention_heads % tp or (m.query_groups % tp and tp % m.query_groups):
+            continue
+        if (qkv_output_width(m) or tp) % tp:  # rules.qkv_divisible_by_tp
             continue
         if m.num_dense_mlp_layers and m.ffn_hidden_size % tp:
             continue

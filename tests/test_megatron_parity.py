@@ -190,6 +190,8 @@ def _sample(job, hand: tuple[str, ...], rng: random.Random) -> list[Layout]:
     for _ in range(DRAWS):
         # one value per dimension, each its own type
         values: dict[str, Any] = {name: rng.choice(options) for name, options in ranges.items()}
+        if rng.random() < 0.75:  # FSDP and offload in a quarter of the draws: the other rules still break alone
+            values.update(fsdp=False, offload_layers=0)
         model_size = values["tp"] * values["cp"] * values["pp"]
         values["dp"] = max(1, job.world_size // model_size)
         layout = Layout(**values, **pipeline_fields(job.model.num_layers, values["pp"], values["vpp"],
