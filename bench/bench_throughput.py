@@ -67,6 +67,7 @@ FITTED: tuple[tuple[str, float, float], ...] = (
 
 
 MAMBA_FITTED: tuple[tuple[str, float, float], ...] = (("mamba_scan_fraction", 0.05, 1.0),)
+FSDP_FITTED: tuple[tuple[str, float, float], ...] = (("fsdp_offload_exposed", 0.0, 1.0),)
 TARGET_HYBRID_MEAN = 0.15  # issue 23: mean |error| of the published Nemotron-3 runs, fitted and held out alike
 TENSORWISE_TIED = ("tensorwise", "delayed", "blockwise")
 RELEASE_BOUNDS = (0.67, 1.5)  # a release's kernels within 1.5x of the reference release's either way
@@ -326,6 +327,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=0, help="Optuna TPE trials before the coordinate search")
     parser.add_argument("--fit-mamba", action="store_true",
                         help="fit only the Mamba constants, on the hybrid rows of H100/B200/GB200")
+    parser.add_argument("--fit-fsdp", action="store_true",
+                        help="fit only the FSDP / offload contention share, on the FSDP rows of the fitting GPUs")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     loaded = load_rows()
@@ -342,6 +345,12 @@ def main() -> int:
         cal = fit(fitting, sweeps=args.sweeps, verbose=True, names=list(MAMBA_FITTED))
         print(f"fitted on {len(fitting)} hybrid rows ({', '.join(sorted({r.gpu for r in fitting}))}):")
         for name, _, _ in MAMBA_FITTED:
+            print(f"  {name:28} {get_value(DEFAULT_CALIBRATION, name):10.4g} -> {get_value(cal, name):10.4g}")
+    if args.fit_fsdp:
+        fitting = [r for r in rows if r.layout.fsdp or r.layout.offload_layers]
+        cal = fit(fitting, cal, sweeps=args.sweeps, verbose=True, names=list(FSDP_FITTED))
+        print(f"fitted on {len(fitting)} FSDP / offload rows ({', '.join(sorted({r.gpu for r in fitting}))}):")
+        for name, _, _ in FSDP_FITTED:
             print(f"  {name:28} {get_value(DEFAULT_CALIBRATION, name):10.4g} -> {get_value(cal, name):10.4g}")
     if args.fit:
         cal = fit(rows, sweeps=args.sweeps, trials=args.trials, verbose=True)

@@ -125,6 +125,9 @@ class Calibration:
     tp_overlap_exposed: float = 0.15  # fitted: share of TP all-gather / reduce-scatter left exposed by TE userbuffers
     ep_overlap_exposed: float = 0.2  # fitted: share of the EP dispatch / combine left exposed with
     #   overlap_moe_expert_parallel_comm (1F1B all-to-all overlap across micro-batches)
+    fsdp_offload_exposed: float = 0.0  # fitted (`bench_throughput.py --fit-fsdp`, FSDP rows of the fitting GPUs only):
+    #   share of Megatron-FSDP's hidden all-gathers / reduce-scatters and the offload's hidden host copies that
+    #   their contention with the GEMMs for SMs and HBM still costs
     sfu_fraction: float = 0.5  # fitted: share of the SFU's exponential rate the fused attention softmax reaches
     softmax_serial: float = 0.5  # fitted: share of the shorter of the matmul and softmax parts not hidden under the
     #   longer one (0: FA3/FA4's ping-pong overlaps them fully; 1: they run one after the other)
@@ -219,6 +222,7 @@ DEFAULT_CALIBRATION = Calibration(  # bench/bench_throughput.py --fit --sweeps 6
     grouped_gemm_fraction=0.6482,
     tp_overlap_exposed=0.01852,
     ep_overlap_exposed=0.2197,
+    fsdp_offload_exposed=0.4826,  # `bench/bench_throughput.py --fit-fsdp`: 8 FSDP rows, GB200 (7) and H100 (1)
     cp_overlap_fraction=0.3666,
     pp_p2p_exposed=0.0003575,
     pp_step_host_s=0.0008977,

@@ -418,8 +418,9 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
              + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
                         & training.overlap_grad_reduce, params, cal))
     # Megatron-FSDP (`throughput.fsdp_exposed_s`): one unit's traffic plus what each pass's compute cannot cover
+    hidden = np.minimum(ag_fwd, fwd_window) + np.minimum(ag_bwd + rs, bwd_window)
     zero3 = m * ((ag_fwd + ag_bwd + rs) / units + np.maximum(0.0, ag_fwd - fwd_window)
-                 + np.maximum(0.0, ag_bwd + rs - bwd_window))
+                 + np.maximum(0.0, ag_bwd + rs - bwd_window) + cal.fsdp_offload_exposed * hidden)
     breakdown["dp_comm"] = np.where(table.fsdp, zero3, zero1)
     breakdown["offload"] = np.zeros(n)
     offloading = table.offload_layers > 0
@@ -429,7 +430,10 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         host = _gather(off.values(lambda i: offload_host_bytes(job, t.layout(i))), off)
         copy_s = host / (job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S)
         share = table.offload_layers / max(job.model.num_layers, 1)
-        exposed = np.maximum(0.0, copy_s - fwd_window * share) + np.maximum(0.0, copy_s - bwd_window * share)
+        fwd, bwd = fwd_window * share, bwd_window * share
+        hidden_copy = np.minimum(copy_s, fwd) + np.minimum(copy_s, bwd)
+        exposed = (np.maximum(0.0, copy_s - fwd) + np.maximum(0.0, copy_s - bwd)
+                   + cal.fsdp_offload_exposed * hidden_copy)
         breakdown["offload"] = np.where(offloading & (host > 0), m * exposed, 0.0)
     breakdown["optimizer"] = optimizer
     breakdown["overhead"] = np.full(n, cal.step_overhead_s)

@@ -390,31 +390,37 @@ def fsdp_exposed_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParam
     previous unit's compute and its reduce-scatter under the next unit's backward (prefetch on
     `side_stream_for_param_gather`, Megatron-LM docs megatron_fsdp.md), so what shows is the first unit's gather of
     each pass, the last unit's reduce-scatter (drained by `finish_grad_sync`), and whatever of a pass's traffic its
-    compute cannot cover."""
+    compute cannot cover; the traffic that is hidden still costs the fitted share `cal.fsdp_offload_exposed` (its
+    kernels take SMs and HBM bandwidth from the GEMMs they run beside)."""
     ag_fwd, ag_bwd, rs = fsdp_comm_s(job, layout, cal, heavy)
     layers = max(heavy.layers + heavy.mtp_layers, 1)
     edge = (ag_fwd + ag_bwd + rs) / layers  # one unit of each
-    return edge + max(0.0, ag_fwd - fwd_window) + max(0.0, ag_bwd + rs - bwd_window)
+    hidden = min(ag_fwd, fwd_window) + min(ag_bwd + rs, bwd_window)
+    return (edge + max(0.0, ag_fwd - fwd_window) + max(0.0, ag_bwd + rs - bwd_window)
+            + cal.fsdp_offload_exposed * hidden)
 
 
 # a GPU whose host link the cluster file does not give (a YAML GPU): PCIe Gen5 x16, 64 GB/s each way
 ASSUMED_HOST_LINK_BYTES_PER_S = 64e9
 
 
-def offload_exposed_s(job: Job, layout: Layout, offloaded_bytes: float, fwd_window: float,
+def offload_exposed_s(job: Job, layout: Layout, cal: Calibration, offloaded_bytes: float, fwd_window: float,
                       bwd_window: float) -> float:
     """Layer-level activation offload time one micro-batch leaves on the critical path: the offloaded layers'
     saved tensors go to the host during their forward and come back (one layer ahead) during their backward, over
     the GPU's host link (`GPUSpec.host_link_bytes_per_s`: PCIe on HGX, NVLink-C2C on Grace; Transformer Engine
     `cpu_offload.py`, copies on their own streams), hidden by those layers' compute where the link is fast
-    enough."""
+    enough; the hidden copies cost the fitted share `cal.fsdp_offload_exposed` (copy engines and HBM beside the
+    GEMMs)."""
     k = layout.offload_layers
     if not k or offloaded_bytes <= 0:
         return 0.0
     link = job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S
     copy_s = offloaded_bytes / link
     share = k / max(job.model.num_layers, 1)
-    return max(0.0, copy_s - fwd_window * share) + max(0.0, copy_s - bwd_window * share)
+    fwd, bwd = fwd_window * share, bwd_window * share
+    hidden = min(copy_s, fwd) + min(copy_s, bwd)
+    return max(0.0, copy_s - fwd) + max(0.0, copy_s - bwd) + cal.fsdp_offload_exposed * hidden
 
 
 def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) -> float:
@@ -492,7 +498,7 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
                                                 and training.overlap_grad_reduce, params, cal))
     if layout.offload_layers:
         # PP 1 (rules.offload_needs_pp1): one micro-batch in flight, so the host holds one micro-batch's layers
-        breakdown["offload"] = m * offload_exposed_s(job, layout, offload_host_bytes(job, layout), fwd_window,
+        breakdown["offload"] = m * offload_exposed_s(job, layout, cal, offload_host_bytes(job, layout), fwd_window,
                                                      bwd_window)
     breakdown["optimizer"] = optimizer_step_s(job, layout, cal, heavy)
     breakdown["overhead"] = cal.step_overhead_s
