@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 GIB = 1024**3
 
 SMALL = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=2),
-            training=TrainingSpec(seq_length=1024, global_batch_size=16))  # 448 layouts (tiny: every one fits)
+            training=TrainingSpec(seq_length=1024, global_batch_size=16))  # 672 layouts (tiny: every one fits)
+# SMALL's space without Megatron-FSDP and offload: 448 layouts, the set the whole-space and failure tests reason about
+SMALL_3D = SpaceOptions(fsdp=(False,), offload_step=0)
 # llama3-8b on 8 A100-40GB, 4K tokens: 320 layouts, of which memory rules out more than half.
 CONSTRAINED = Job(model=get_model("llama3-8b"), cluster=build_cluster(nodes=1, gpu="a100-40gb"),
                   training=TrainingSpec(seq_length=4096, global_batch_size=16))
@@ -104,10 +106,10 @@ def test_output_folder_holds_trials_winner_launch_forms_and_study(tmp_path):
 
 def test_space_within_budget_is_evaluated_whole(tmp_path):
     result = run_search(SMALL, trials=500, backend="analytic", measured_stage=True, seed=0, output_dir=tmp_path,
-                        progress=False)
+                        space_options=SMALL_3D, progress=False)
     assert result.mode == "exhaustive"
-    assert len(result.records) == feasible_space(SMALL, SpaceOptions()).size  # 448 layouts (tiny: every one fits)
-    best = _exhaustive_best(SMALL, SpaceOptions(), result.headroom_bytes)
+    assert len(result.records) == feasible_space(SMALL, SMALL_3D).size  # 448 layouts (tiny: every one fits)
+    best = _exhaustive_best(SMALL, SMALL_3D, result.headroom_bytes)
     assert max(_tokens(r.measurement) for r in result.records if r.feasible) == best
     # the pick is the fastest up to ties (within 2%), as the whole-space decision says
     assert result.best is not None and _tokens(result.best) >= best * 0.98
@@ -120,7 +122,7 @@ def test_failing_trials_are_recorded_with_reasons_and_the_search_goes_on(tmp_pat
     # FlakyBackend travels by value to the Ray workers (they cannot import this test module)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     result = run_search(SMALL, trials=30, backend=FlakyBackend(), seed=0, output_dir=tmp_path,
-                        exhaustive_threshold=0, progress=False)
+                        space_options=SMALL_3D, exhaustive_threshold=0, progress=False)
     reasons = [r.measurement.reason for r in result.records if r.measurement.status == "failed"]
     assert len(result.records) == 30
     assert any("simulated crash" in r for r in reasons)
