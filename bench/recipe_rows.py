@@ -200,12 +200,11 @@ def _layout(t: dict[str, str], s: dict[str, str], world: int, cuda_graphs: str, 
         if s[name] not in ("", "null"):
             text.append(f"{field}={s[name]}")
     recompute = s["recompute_granularity"] if s["recompute_granularity"] in ("selective", "full") else "none"
-    text += [f"sp={str(_on(s['sequence_parallel'])).lower()}",
-             f"dist_opt={str(_on(s['use_distributed_optimizer'])).lower()}", f"recompute={recompute}",
-             f"cuda_graphs={cuda_graphs}", f"ep_overlap={str(_on(s['overlap_moe_expert_parallel_comm'])).lower()}"]
-    if _on(s["use_megatron_fsdp"]):  # Megatron-FSDP turns the distributed optimizer on itself
-        text += ["fsdp=true", "dist_opt=true"]
-        text.remove(f"dist_opt={str(_on(s['use_distributed_optimizer'])).lower()}")
+    fsdp = _on(s["use_megatron_fsdp"])
+    dist_opt = _on(s["use_distributed_optimizer"]) or fsdp  # Megatron-FSDP turns the distributed optimizer on itself
+    text += [f"sp={str(_on(s['sequence_parallel'])).lower()}", f"dist_opt={str(dist_opt).lower()}",
+             f"recompute={recompute}", f"cuda_graphs={cuda_graphs}",
+             f"ep_overlap={str(_on(s['overlap_moe_expert_parallel_comm'])).lower()}", f"fsdp={str(fsdp).lower()}"]
     if _on(s["cpu_offloading"]) and s["cpu_offloading_num_layers"] not in ("", "null", "0"):
         text.append(f"offload_layers={s['cpu_offloading_num_layers']}")
     return parse_layout(",".join(text), world_size=world)

@@ -459,7 +459,7 @@ def offload_host_bytes(job: Job, layout: Layout, assumptions: MemoryAssumptions 
     if not layout.offload_layers:
         return 0.0
     model = job.model
-    stages, unit = _lookups(job, layout, assumptions)
+    _, unit = _lookups(job, layout, assumptions)
     counts = chunk_layer_counts(model.num_layers, layout.pp, layout.vpp_size, pipeline_split(layout))
     microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
     inflight = inflight_microbatches_per_chunk(layout.pp, layout.vpp_size, microbatches, 0)

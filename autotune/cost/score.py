@@ -53,7 +53,6 @@ from autotune.cost.memory import (
 )
 from autotune.cost.placement import bf16_chunk_kinds, bf16_stage_layers, heaviest_stage, stage_params
 from autotune.cost.throughput import (
-    ASSUMED_HOST_LINK_BYTES_PER_S,
     BF16_KINDS,
     LAYER_KEYS,
     TIME_KEYS,
@@ -61,6 +60,8 @@ from autotune.cost.throughput import (
     dp_comm_s,
     ep_unpaired_share,
     fsdp_comm_s,
+    fsdp_units,
+    host_link_bytes_per_s,
     layer_times,
     optimizer_step_s,
     pipeline_p2p_s,
@@ -395,7 +396,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         layout, stage = t.layout(i), heavy[t.placement.inverse[i]]
         fsdp = fsdp_comm_s(job, layout, cal, stage) if layout.fsdp else (0.0, 0.0, 0.0)
         return (*dp_comm_s(job, layout, cal, stage), optimizer_step_s(job, layout, cal, stage), *fsdp,
-                float(max(stage.layers + stage.mtp_layers, 1)))
+                float(fsdp_units(stage)))
 
     dp_terms = dp.values(dp_and_optimizer)
     grads, gather, params, optimizer, ag_fwd, ag_bwd, rs, units = (_gather([v[j] for v in dp_terms], dp)
@@ -428,7 +429,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         off = _group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute, table.cuda_graphs,
                      table.offload_layers, table.pp, t.vpp, m)
         host = _gather(off.values(lambda i: offload_host_bytes(job, t.layout(i))), off)
-        copy_s = host / (job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S)
+        copy_s = host / host_link_bytes_per_s(job)
         share = table.offload_layers / max(job.model.num_layers, 1)
         fwd, bwd = fwd_window * share, bwd_window * share
         hidden_copy = np.minimum(copy_s, fwd) + np.minimum(copy_s, bwd)

@@ -393,15 +393,24 @@ def fsdp_exposed_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParam
     compute cannot cover; the traffic that is hidden still costs the fitted share `cal.fsdp_offload_exposed` (its
     kernels take SMs and HBM bandwidth from the GEMMs they run beside)."""
     ag_fwd, ag_bwd, rs = fsdp_comm_s(job, layout, cal, heavy)
-    layers = max(heavy.layers + heavy.mtp_layers, 1)
-    edge = (ag_fwd + ag_bwd + rs) / layers  # one unit of each
+    edge = (ag_fwd + ag_bwd + rs) / fsdp_units(heavy)  # one unit of each
     hidden = min(ag_fwd, fwd_window) + min(ag_bwd + rs, bwd_window)
     return (edge + max(0.0, ag_fwd - fwd_window) + max(0.0, ag_bwd + rs - bwd_window)
             + cal.fsdp_offload_exposed * hidden)
 
 
+def fsdp_units(stage: StageParams) -> int:
+    """The FSDP units of a stage (its decoder and MTP layers, at least 1): its traffic is gathered unit by unit."""
+    return max(stage.layers + stage.mtp_layers, 1)
+
+
 # a GPU whose host link the cluster file does not give (a YAML GPU): PCIe Gen5 x16, 64 GB/s each way
 ASSUMED_HOST_LINK_BYTES_PER_S = 64e9
+
+
+def host_link_bytes_per_s(job: Job) -> float:
+    """The GPU's host link, one way (`GPUSpec.host_link_bytes_per_s`, else `ASSUMED_HOST_LINK_BYTES_PER_S`)."""
+    return job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S
 
 
 def offload_exposed_s(job: Job, layout: Layout, cal: Calibration, offloaded_bytes: float, fwd_window: float,
@@ -415,8 +424,7 @@ def offload_exposed_s(job: Job, layout: Layout, cal: Calibration, offloaded_byte
     k = layout.offload_layers
     if not k or offloaded_bytes <= 0:
         return 0.0
-    link = job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S
-    copy_s = offloaded_bytes / link
+    copy_s = offloaded_bytes / host_link_bytes_per_s(job)
     share = k / max(job.model.num_layers, 1)
     fwd, bwd = fwd_window * share, bwd_window * share
     hidden = min(copy_s, fwd) + min(copy_s, bwd)
