@@ -251,15 +251,22 @@ def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object,
     }
 
 
+OFFLOAD_COUNTS_MAX = 32
+
+
 def offload_values(job: Job, options: SpaceOptions) -> tuple[int, ...]:
     """The layer-offload counts the space searches: 0, then the multiples of `offload_step` below num_layers
     (`fsdp_rules.offload_layers_lt_num_layers`); only 0 for a hybrid model (`offload_hybrid`) and, a search-space
     choice, for a MoE model: NVIDIA's MoE recipes offload with the fine-grained `offload_modules`, which autotune
-    does not model, and layer offload multiplies the largest spaces (`--layout` still checks and estimates it)."""
+    does not model, and layer offload multiplies the largest spaces (`--layout` still checks and estimates it).
+    At most OFFLOAD_COUNTS_MAX counts: on a deeper stack the step grows by whole multiples of `offload_step`, so
+    a stack deeper than 160 layers at step 5 gets 32 counts (10, 20, ... on 320 layers)."""
     step = options.offload_step
     if not step or job.model.is_hybrid or job.model.is_moe:
         return (0,)
-    return (0, *range(step, job.model.num_layers, step))
+    layers = job.model.num_layers
+    step *= max(1, -(-(layers - 1) // (step * OFFLOAD_COUNTS_MAX)))
+    return (0, *range(step, layers, step))
 
 
 def hybrid_split_for(num_layers: int, pp: int) -> PipelineSplit | None:

@@ -16,11 +16,13 @@ from search_spaces.pipeline_layout import parse_stages
 from search_spaces.rules import RULES, SPLIT_FIELDS, check
 from search_spaces.space import (
     DIMENSIONS,
+    OFFLOAD_COUNTS_MAX,
     SHAPE_DIMENSIONS,
     SpaceOptions,
     dimension_ranges,
     feasible_layouts,
     feasible_space,
+    offload_values,
     pipeline_fields,
     rejections,
     space_rules,
@@ -346,3 +348,13 @@ def test_local_graphs_are_searched_where_the_releases_bridge_runs_them(release, 
     assert ("local" in graphs) is offered and {"none", "transformer_engine"} <= graphs
     asked = feasible_space(job, SpaceOptions(cuda_graphs=("local",)))
     assert asked.size and {x.cuda_graphs for x in asked.layouts()} == {"local"}
+
+
+def test_offload_counts_stay_few_on_a_deep_stack() -> None:
+    # NVIDIA's 405B FSDP recipe offloads 95 of 126 layers: at 126 layers the step stays 5; a stack of 100,000
+    # layers (a fuzzed config) gets 32 counts, each a multiple of 5, instead of 20,000
+    for layers, step in ((126, 5), (100_000, 3125)):
+        job = make_job(dataclasses.replace(GQA12, name=f"gqa{layers}", num_layers=layers), world=8, gpus_per_node=8)
+        values = offload_values(job, SpaceOptions())
+        assert values == (0, *range(step, layers, step))
+        assert len(values) <= OFFLOAD_COUNTS_MAX + 1
