@@ -182,7 +182,7 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str], str]] = {
     "reason": ("why not", _text, "wrap"),
     "group": ("reason", _text, "wrap"),
     "trials": ("trials", _num("d"), ""),
-    "example": ("example layout", _text, "text"),
+    "example": ("example layout", _text, "wrap"),  # a layout with its switches runs past 120 characters
     "closest_gib": ("least memory (GiB)", _num(".1f"), ""),
 }
 _LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "flags")
