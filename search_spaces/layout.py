@@ -398,9 +398,9 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: in
        `Et*4|(t*4|)*14tmL` (PP 4 x VPP 4, PP 16, PP 8 x VPP 2, PP 2 x VPP 8).
     1. `embedding_loss_split` when (L + 2) splits evenly over PP stages and VPP chunks, megatron's
        `account_for_embedding/loss_in_pipeline_split` (Llama-3.1-405B: 126 + 2 = 128 over PP 8 x VPP 8;
-       Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4). At least 2 slots per chunk: with 1 the first chunk holds
-       only the embedding (valid, megatron-core builds 0 layers there; the ModelZoo runs Qwen3-235B on
-       PP 32 x VPP 3 so) but autotune does not offer it.
+       Qwen3-235B: 94 + 2 = 96 over PP 8 x VPP 4). One slot per chunk is offered too: the first chunk then holds
+       only the embedding and the last only the loss (megatron-core builds 0 layers there), as NVIDIA's GB200
+       Llama-3.1-405B recipe runs (PP 16 x VPP 8) and the ModelZoo runs Qwen3-235B (PP 32 x VPP 3).
     2. Otherwise `first_stage_layers` / `last_stage_layers`: middle stages get m layers, the smallest multiple
        of VPP that is at least ceil(L / PP); the first and last stages share the remainder, the last (which
        also computes the logits and the loss) taking the smaller half, both multiples of VPP and at least VPP
@@ -419,7 +419,7 @@ def pipeline_split_for(num_layers: int, pp: int, vpp: int = 1, *, mtp_layers: in
         layout = mtp_layout(num_layers, pp, vpp, mtp_layers)
         if layout is not None:
             return {"pipeline_layout": layout}
-    if (num_layers + 2) % chunks == 0 and (num_layers + 2) // chunks >= 2:
+    if (num_layers + 2) % chunks == 0:
         return {"embedding_loss_split": True}
     per_stage = -(-num_layers // pp)
     m = -(-per_stage // vpp) * vpp

@@ -123,7 +123,7 @@ JOBS: list[tuple[ModelSpec | str, int, int, int, int, Mapping[str, object], tupl
     ("tiny-moe", 8, 8, 64, 32, {"cuda_graph_modules": ("attn", "moe_preprocess")},
      ("ep=2,cuda_graphs=transformer_engine",)),
 ]
-N_ACCEPTED, PER_RULE, N_STRINGS, DRAWS = 8, 2, 4, 3000
+N_ACCEPTED, PER_RULE, N_STRINGS, DRAWS = 8, 2, 4, 5000
 VERSIONS = ("0.16.1", "0.19.2")
 # never sampled against megatron-core (module docstring)
 NOT_SAMPLED = {"data_parallel_size_matches", "flex_dispatcher_needs_tp_ep"}

@@ -184,7 +184,8 @@ def test_searcher_covers_what_fits_when_the_budget_allows():
     # as large as the space it proposes all of them and then says it is finished
     job = _job("tiny-gpt", gpus_per_node=2, seq=1024, gbs=16)
     plan = _plan(job, budget=48, seed=2, headroom_bytes=0.0,
-                 options=SpaceOptions(micro_batch_sizes=(1,), dist_opt=(True,), fsdp=(False,), offload_step=0))
+                 options=SpaceOptions(micro_batch_sizes=(1,), dist_opt=(True,), fsdp=(False,), offload_step=0,
+                                      max_vpp=4))  # not the one-slot PP 2 x VPP 5 split
     assert plan.space.size <= 60
     _, measured = _step(plan, plan.space.size)
     answer = analytic_pass(plan.job, plan.space, capacity_bytes=plan.capacity_bytes)

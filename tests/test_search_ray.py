@@ -25,9 +25,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 GIB = 1024**3
 
 SMALL = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=2),
-            training=TrainingSpec(seq_length=1024, global_batch_size=16))  # 672 layouts (tiny: every one fits)
-# SMALL's space without Megatron-FSDP and offload: 448 layouts, the set the whole-space and failure tests reason about
-SMALL_3D = SpaceOptions(fsdp=(False,), offload_step=0)
+            training=TrainingSpec(seq_length=1024, global_batch_size=16))  # 736 layouts (tiny: every one fits)
+# SMALL's space without Megatron-FSDP, offload and the one-slot PP 2 x VPP 5 split: 448 layouts, the set the
+# whole-space and failure tests reason about
+SMALL_3D = SpaceOptions(fsdp=(False,), offload_step=0, max_vpp=4)
 # llama3-8b on 8 A100-40GB, 4K tokens: 320 layouts, of which memory rules out more than half.
 CONSTRAINED = Job(model=get_model("llama3-8b"), cluster=build_cluster(nodes=1, gpu="a100-40gb"),
                   training=TrainingSpec(seq_length=4096, global_batch_size=16))
