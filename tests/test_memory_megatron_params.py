@@ -18,7 +18,6 @@ Run alone: `python tests/test_memory_megatron_params.py '{"params": [...], "acti
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import asdict, replace
@@ -329,12 +328,10 @@ def test_microbatch_activations_match_the_saved_tensor_probe(megatron, index):
 
 
 if __name__ == "__main__":
+    from megatron_runner import exit_without_teardown
+
     _main(sys.argv[1])
-    # the answer is out: leave without the interpreter's teardown, where a live gloo group's threads can abort
-    # the process ("terminate called without an active exception", exit -6, seen once in CI)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()
 
 
 # --- every stage, on the meta device: MTP, layout strings and the new model features --------------------------
