@@ -259,8 +259,8 @@ def offload_values(job: Job, options: SpaceOptions) -> tuple[int, ...]:
     (`fsdp_rules.offload_layers_lt_num_layers`); only 0 for a hybrid model (`offload_hybrid`) and, a search-space
     choice, for a MoE model: NVIDIA's MoE recipes offload with the fine-grained `offload_modules`, which autotune
     does not model, and layer offload multiplies the largest spaces (`--layout` still checks and estimates it).
-    At most OFFLOAD_COUNTS_MAX counts: on a deeper stack the step grows by whole multiples of `offload_step`, so
-    a stack deeper than 160 layers at step 5 gets 32 counts (10, 20, ... on 320 layers)."""
+    At most OFFLOAD_COUNTS_MAX counts beside 0: the step is `offload_step` x ceil((L - 1) / (offload_step x 32)),
+    so at step 5 up to 161 layers keep step 5 and 162 to 321 layers get 10, 20, ..."""
     step = options.offload_step
     if not step or job.model.is_hybrid or job.model.is_moe:
         return (0,)
