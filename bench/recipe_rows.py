@@ -17,15 +17,15 @@ What a row becomes:
   26.02.01, Bridge v0.3.x; 0.19.2 after);
 - "(w/o MTP)" rows drop DeepSeek-V3's MTP layer; "(tokendrop)" rows set the capacity factor the recipe sets.
 
-Hybrid Mamba rows: Nemotron-3 Nano and Super are scored (catalog `nemotron-3-nano-30b-a3b`,
+Hybrid Mamba rows: Nemotron-3 Nano, Super and 3.5 Lightning are scored (catalog `nemotron-3-nano-30b-a3b`,
 `nemotron-3-super-120b-a12b`: LatentMoE and its repeated '*E' MTP layer; its NVFP4 recipe keeps the last 14
-layers in BF16, `first_last_layers_bf16`, carried as `bf16_layers_at_end`); Ultra and 3.5 Lightning
-are skipped with their reason (`HYBRID_UNMODELLED`). Skipped, each with its reason: Megatron-FSDP and CPU offloading
-(issue 20),
+layers in BF16, `first_last_layers_bf16`, carried as `bf16_layers_at_end`; `nemotron-3.5-lightning-30b-a3b`:
+Nano with Super's MTP); Ultra is skipped with its reason (`HYBRID_UNMODELLED`). Skipped, each with its reason:
+Megatron-FSDP other than `optim_grads_params` over one DP group and fine-grained or optimizer offload (issue 20),
 models outside the catalog, Kimi-K2 (the Muon optimizer), rows whose printed layout no recipe of the release
 reproduces, rows megatron-core would refuse as printed, rows without tokens/s, and two rows whose figure belongs
-to another precision (`MISPRINTS`). Where the printed micro-batch
-contradicts the exactly matching recipe (and the printed GA), the recipe's is taken.
+to another precision (`MISPRINTS`). Where the printed micro-batch contradicts the exactly matching recipe (and the
+printed GA), the recipe's is taken.
 GB300 and B300 rows are `held_out`: reported, never fitted.
 """
 
@@ -56,13 +56,12 @@ HELD_OUT_GPUS = ("gb300", "b300")  # Blackwell Ultra: how the model generalises 
 MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
           "DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
           "GPT OSS 120B": "gpt-oss-120b", "Nemotron_3_Nano": "nemotron-3-nano-30b-a3b",
-          "Nemotron_3_Super": "nemotron-3-super-120b-a12b"}
+          "Nemotron_3_Super": "nemotron-3-super-120b-a12b",
+          "Nemotron_3_5_Lightning": "nemotron-3.5-lightning-30b-a3b"}
 # hybrid rows autotune cannot score yet, with why (issue 23)
 HYBRID_UNMODELLED = {
-    "Nemotron_3_Ultra": "hybrid Mamba model Nemotron-3 Ultra: LatentMoE and hybrid MTP layers are not modelled, and "
-                        "its config.json is not available offline",
-    "Nemotron_3_5_Lightning": "hybrid Mamba model Nemotron-3.5 Lightning: its two hybrid MTP layers ('*E') are not "
-                              "modelled",
+    "Nemotron_3_Ultra": "hybrid Mamba model Nemotron-3 Ultra: its config.json is not available offline (Bridge's "
+                        "recipe reads the sizes from the Hugging Face checkpoint), so its sizes are unknown",
 }
 _LAYER_CHARS = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}
 # Rows whose printed figure contradicts the same recipe in the neighbouring releases: (release, gpu, model,

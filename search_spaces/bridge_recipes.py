@@ -45,6 +45,7 @@ def recipe_names() -> dict[str, str]:
 
 # catalog names Bridge spells otherwise: its Nemotron recipes (`perf_recipes/nemotronh/`, `recipes/nemotronh/`)
 _BRIDGE_NAMES = {"nemotron-3-nano-30b-a3b": "nemotron_3_nano", "nemotron-3-super-120b-a12b": "nemotron_3_super",
+                 "nemotron-3.5-lightning-30b-a3b": "nemotron_3_5_lightning",
                  "nemotron-h-8b": "nemotronh_8b",
                  "nemotron-h-47b": "nemotronh_47b", "nemotron-h-56b": "nemotronh_56b"}
 

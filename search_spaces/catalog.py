@@ -23,9 +23,10 @@ class PublishedCounts:
     `last_digit` is the place value of the last digit given ("37B" -> 1e9, "3.3B" -> 1e8): authors round
     or truncate to it, so a count is consistent with the figure when within max(1%, last_digit) of it.
     DeepSeek-V3's 37.55B active reads "37B" and Qwen3-30B-A3B's 3.35B reads "3.3B" (truncated).
+    `total_params` is None where the authors give no total a count can be held to (Kimi-K2's "1T").
     """
 
-    total_params: float
+    total_params: float | None
     active_params: float | None
     source: str
     last_digit: float = 0.0
@@ -99,6 +100,21 @@ DEEPSEEK_V3 = ModelSpec(
     moe=MoESpec(num_experts=256, topk=8, expert_ffn_hidden_size=2048, shared_expert_ffn_hidden_size=2048,
                 first_dense_layers=3, score_function="sigmoid", num_groups=8, group_topk=4,
                 topk_scaling_factor=2.5, expert_bias=True),
+    mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
+)
+# Kimi-K2 (Moonshot AI): DeepSeek-V3's architecture at 384 experts, 64 heads, one dense layer and no MTP. The sizes
+# are Megatron-Bridge's `models/kimi/kimi_provider.py::KimiK2Provider` (v0.3.x, the class the Kimi-K2 performance
+# recipes build): 61 layers (`moe_layer_freq` [0] + [1] * 60), hidden 7168, ffn 18432, 384 experts of 2048 top-8
+# and one shared expert of 2048, sigmoid scores with the expert bias over one group, scaled by 2.827; MLA with
+# q_lora 1536, kv_lora 512, qk 128 + 64, v 128; vocabulary 163840; untied; qk-layernorm. Counted: 1,026.4B total,
+# 32.86B active (`PUBLISHED` below).
+KIMI_K2 = ModelSpec(
+    name="kimi-k2", aliases=("kimi-k2-instruct", "kimi-k2-base", "moonshotai/kimi-k2-instruct"),
+    num_layers=61, hidden_size=7168, ffn_hidden_size=18432, num_attention_heads=64, vocab_size=163840,
+    qk_layernorm=True,
+    moe=MoESpec(num_experts=384, topk=8, expert_ffn_hidden_size=2048, shared_expert_ffn_hidden_size=2048,
+                first_dense_layers=1, score_function="sigmoid", num_groups=1, group_topk=1,
+                topk_scaling_factor=2.827, expert_bias=True),
     mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128),
 )
 # GPT-OSS-120B (Hugging Face openai/gpt-oss-120b config.json): 36 layers alternating a 128-token sliding window
@@ -199,10 +215,22 @@ NEMOTRON_3_SUPER = replace(_nemotron_h(
                 score_function="sigmoid", expert_bias=True, topk_scaling_factor=5.0, latent_size=1024)),
     mtp_num_layers=2, mtp_repeated_layer=True)
 
+# Nemotron 3.5 Lightning 30B-A3B: Nemotron-3 Nano's architecture with Super's MTP. The one published run (26.08
+# GB200 MXFP8) is Bridge v0.6.0's `perf_recipes/nemotronh/gb200/nemotronh.py::
+# nemotron_3_5_lightning_pretrain_8gpu_gb200_fp8mx_config`, which builds Nano's recipe
+# (`_build_nemotron_3_nano_gb200_mxfp8`) and adds mtp_num_layers=2, mtp_hybrid_override_pattern="*E",
+# mtp_use_repeated_layer=True (the Bridge 0.6.2 wheel, lines 597-609): every other size is Nano's. Its
+# `keep_mtp_spec_in_bf16=True` is a HybridModelProvider field nothing reads in Bridge 0.6.2 or megatron-core 0.19.2
+# (`multi_token_prediction.py` runs MTP under the global FP8 context), so the MTP layers run in FP8 there.
+NEMOTRON_35_LIGHTNING = replace(
+    NEMOTRON_3_NANO, name="nemotron-3.5-lightning-30b-a3b",
+    aliases=("nemotron-3.5-lightning", "nemotron3.5-lightning", "nvidia-nemotron-3.5-lightning-30b-a3b"),
+    mtp_num_layers=2, mtp_repeated_layer=True)
+
 _MODELS: tuple[ModelSpec, ...] = (
     LLAMA3_8B, LLAMA3_70B, LLAMA31_405B, MISTRAL_7B, MIXTRAL_8X7B, MIXTRAL_8X22B, QWEN2_7B, QWEN3_8B, QWEN3_30B_A3B,
-    QWEN3_235B_A22B, DEEPSEEK_V3, GPT_OSS_120B, GPT3_175B, NEMOTRON_H_8B, NEMOTRON_H_47B,
-    NEMOTRON_H_56B, NEMOTRON_3_NANO, NEMOTRON_3_SUPER, TINY_GPT, TINY_MOE, TINY_MLA,
+    QWEN3_235B_A22B, DEEPSEEK_V3, KIMI_K2, GPT_OSS_120B, GPT3_175B, NEMOTRON_H_8B, NEMOTRON_H_47B,
+    NEMOTRON_H_56B, NEMOTRON_3_NANO, NEMOTRON_3_SUPER, NEMOTRON_35_LIGHTNING, TINY_GPT, TINY_MOE, TINY_MLA,
 )
 
 PUBLISHED: dict[str, PublishedCounts] = {
@@ -240,6 +268,11 @@ PUBLISHED: dict[str, PublishedCounts] = {
         total_params=671e9, active_params=37e9, last_digit=1e9,
         source="DeepSeek-V3 technical report arXiv 2412.19437: 671B total, 37B activated (MTP module excluded: "
                "tests compare the counts without `mtp_params`)"),
+    "kimi-k2": PublishedCounts(
+        total_params=None, active_params=32e9, last_digit=1e9,
+        source="Hugging Face moonshotai/Kimi-K2-Instruct model card: 'Activated Parameters 32B'; its 'Total "
+               "Parameters 1T' holds a count to nothing, and the Kimi K2 report's (arXiv 2507.20534) '1.04 "
+               "trillion' is 1.3% above the 1,026.4B its published sizes give, a gap not explained here"),
     "gpt-oss-120b": PublishedCounts(
         total_params=116.83e9, active_params=None, last_digit=0.01e9,
         source="OpenAI, 'gpt-oss-120b & gpt-oss-20b Model Card' (Aug 2025), Table 1: 116.83B total; its 5.13B "
@@ -266,6 +299,11 @@ PUBLISHED: dict[str, PublishedCounts] = {
         source="Hugging Face nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 (the name; Megatron-Bridge "
                "docs/models/llm/nemotron3-super.md: '12B active parameters and 120B parameters in total'); "
                "MTP layers excluded"),
+    "nemotron-3.5-lightning-30b-a3b": PublishedCounts(
+        total_params=31.6e9, active_params=3.6e9, last_digit=0.1e9,
+        source="Nemotron-3 Nano's counts (its Hugging Face model card: 31.6B total, about 3.6B active including "
+               "embeddings), whose sizes the Lightning recipe builds; the checkpoint's name says 30B-A3B; MTP "
+               "layers excluded"),
 }
 
 

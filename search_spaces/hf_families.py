@@ -327,8 +327,9 @@ def _nemotron_h(c: HFConfig) -> dict[str, Any]:
     latent = c.int("moe_latent_size", required=False, minimum=1)
     if c.int("num_nextn_predict_layers", 0, minimum=0, required=False):
         raise ValueError(f"{c.path}: num_nextn_predict_layers > 0 (multi-token prediction in a hybrid model): "
-                         "the recipe sets the MTP depth (Bridge's Super recipes: 2, one repeated '*E' layer), so load "
-                         "the catalog's nemotron-3-super or drop the MTP keys.")
+                         "the recipe sets the MTP depth (Bridge's Super and Lightning recipes: 2, one repeated '*E' "
+                         "layer), so load the catalog's nemotron-3-super or nemotron-3.5-lightning, or drop the MTP "
+                         "keys.")
     c.str("mtp_hybrid_override_pattern")
     c.list("mtp_layers_block_type")
     c.refuse("sliding_window", None, "sliding-window attention in a hybrid model")

@@ -25,6 +25,8 @@ def _without_mtp(model: ModelSpec) -> ModelSpec:
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_total_params_match_published(name: str) -> None:
     published = PUBLISHED[name]
+    if published.total_params is None:
+        pytest.skip(f"{name}: no published total to hold the count to ({published.source})")
     model = _without_mtp(get_model(name))
     assert abs(model.total_params - published.total_params) <= published.tolerance(published.total_params)
 
