@@ -280,6 +280,23 @@ def summary(rows: list[Row], predicted: list[float]) -> dict[str, Any]:
     }
 
 
+def ultra_ratios(rows: list[Row], predicted: list[float], ultra: str = "gb300",
+                 base: str = "gb200") -> list[tuple[Row, Row, float, float]]:
+    """(GB300 row, GB200 row, published ratio, predicted ratio) of the runs that differ only in the GPU: one release,
+    model, precision, GPU count, TP, PP, VPP, CP, EP and micro-batch (issue 20's equal-layout criterion)."""
+    def key(r: Row) -> tuple[object, ...]:
+        lay = r.layout
+        return (r.source, r.model, r.job.gemm_recipe, r.job.world_size, lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep,
+                lay.mbs)
+
+    found: dict[tuple[object, ...], dict[str, tuple[Row, float]]] = defaultdict(dict)
+    for r, p in zip(rows, predicted, strict=True):
+        if r.gpu in (ultra, base):
+            found[key(r)][r.gpu] = (r, p)
+    return [(d[ultra][0], d[base][0], d[ultra][0].published / d[base][0].published, d[ultra][1] / d[base][1])
+            for d in found.values() if len(d) == 2]
+
+
 def print_rows(rows: list[Row], predicted: list[float], cal: Calibration) -> None:
     print(f"{'source':16} {'model':20} {'gpu':9} {'layout':62} {'pub':>7} {'pred':>7} {'err':>6}  largest terms")
     for r, p in zip(rows, predicted, strict=False):
@@ -377,6 +394,17 @@ def main() -> int:
     for key, pairs in (("hybrid_fitted", hybrid_fit), ("hybrid_held_out", hybrid_held)):
         result[key] = summary([r for r, _ in pairs], [p for _, p in pairs]) if pairs else None
     latent_predicted = [estimate_time(r.job, r.layout, cal).tokens_per_s_per_gpu for r in latent]
+    nemotron = [(r, p) for r, p in zip(hybrid + latent, hybrid_predicted + latent_predicted, strict=True)
+                if r.gpu in ("h100", "b200", "gb200")]
+    result["nemotron_h100_b200_gb200"] = summary([r for r, _ in nemotron], [p for _, p in nemotron]) \
+        if nemotron else None
+    ratio_pairs = ultra_ratios(rows + held_out + hybrid + latent,
+                         predicted + held_predicted + hybrid_predicted + latent_predicted)
+    ratio_errors = [pred / pub - 1 for _, _, pub, pred in ratio_pairs]
+    result["gb300_over_gb200"] = {
+        "pairs": len(ratio_pairs), "within_6_percent": sum(abs(e) <= 0.06 for e in ratio_errors),
+        "mean_abs_error": sum(map(abs, ratio_errors)) / len(ratio_pairs) if ratio_pairs else None,
+        "bias": math.expm1(sum(map(math.log1p, ratio_errors)) / len(ratio_pairs)) if ratio_pairs else None}
     for name, is_held in (("latent_moe_fitted_gpus", False), ("latent_moe_held_out", True)):
         scored = [(r, p) for r, p in zip(latent, latent_predicted, strict=True) if r.held_out == is_held]
         result[name] = summary([r for r, _ in scored], [p for _, p in scored]) if scored else None
@@ -423,6 +451,18 @@ def main() -> int:
                            ("latent_moe_held_out", "Super, held out (GB300/B300, never fitted)")):
             if result[key]:
                 print_summary(title, result[key])
+    if result["nemotron_h100_b200_gb200"]:
+        print()
+        print_summary("Nemotron-3 (Nano, Super, 3.5 Lightning) on H100/B200/GB200 (issue 23: mean <= 15%)",
+                      result["nemotron_h100_b200_gb200"])
+    ratio = result["gb300_over_gb200"]
+    if ratio_pairs:
+        print(f"\nGB300 / GB200 at equal release, model, precision, GPUs, TP, PP, VPP, CP, EP and micro-batch "
+              f"(issue 20: within 6%): {ratio['pairs']} pairs, {ratio['within_6_percent']} within 6%, mean |error| "
+              f"{ratio['mean_abs_error']:.1%}, bias {ratio['bias']:+.1%}")
+        for ultra, _, pub, pred in ratio_pairs:
+            print(f"  {ultra.source[:16]:16} {ultra.model[:24]:24} {str(ultra.job.gemm_recipe or 'bf16'):10} "
+                  f"published {pub:.3f} predicted {pred:.3f} ({pred / pub - 1:+.1%})")
     return 0
 
 

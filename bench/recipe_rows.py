@@ -15,14 +15,15 @@ What a row becomes:
   weights, optimizer dtypes, overlaps, dispatcher and flex backend, forced balance, capacity factors, graph
   modules, recompute modules, loss fusion, and the rule set of the megatron-core the release pins (0.16.1 up to
   26.02.01, Bridge v0.3.x; 0.19.2 after);
-- "(w/o MTP)" rows drop DeepSeek-V3's MTP layer; "(tokendrop)" rows set the capacity factor the recipe sets.
+- "(w/o MTP)" rows drop DeepSeek-V3's MTP layer; "(tokendrop)" rows set the capacity factor the recipe sets;
+- Kimi-K2's recipes train with `optimizer="dist_muon"`: the Muon optimizer, layer-wise distributed (`dist_opt`).
 
 Hybrid Mamba rows: Nemotron-3 Nano, Super and 3.5 Lightning are scored (catalog `nemotron-3-nano-30b-a3b`,
 `nemotron-3-super-120b-a12b`: LatentMoE and its repeated '*E' MTP layer; its NVFP4 recipe keeps the last 14
 layers in BF16, `first_last_layers_bf16`, carried as `bf16_layers_at_end`; `nemotron-3.5-lightning-30b-a3b`:
 Nano with Super's MTP); Ultra is skipped with its reason (`HYBRID_UNMODELLED`). Skipped, each with its reason:
 Megatron-FSDP other than `optim_grads_params` over one DP group and fine-grained or optimizer offload (issue 20),
-models outside the catalog, Kimi-K2 (the Muon optimizer), rows whose printed layout no recipe of the release
+models outside the catalog, rows whose printed layout no recipe of the release
 reproduces, rows megatron-core would refuse as printed, rows without tokens/s, and two rows whose figure belongs
 to another precision (`MISPRINTS`). Where the printed micro-batch contradicts the exactly matching recipe (and the
 printed GA), the recipe's is taken.
@@ -57,7 +58,7 @@ MODELS = {"LLAMA3_8B": "llama3-8b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B":
           "DeepSeekV3": "deepseek-v3", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
           "GPT OSS 120B": "gpt-oss-120b", "Nemotron_3_Nano": "nemotron-3-nano-30b-a3b",
           "Nemotron_3_Super": "nemotron-3-super-120b-a12b",
-          "Nemotron_3_5_Lightning": "nemotron-3.5-lightning-30b-a3b"}
+          "Nemotron_3_5_Lightning": "nemotron-3.5-lightning-30b-a3b", "Kimi_K2": "kimi-k2"}
 # hybrid rows autotune cannot score yet, with why (issue 23)
 HYBRID_UNMODELLED = {
     "Nemotron_3_Ultra": "hybrid Mamba model Nemotron-3 Ultra: its config.json is not available offline (Bridge's "
@@ -120,8 +121,6 @@ def _skip_reason(t: dict[str, str], s: dict[str, str]) -> str:
     reasons = []
     if base in HYBRID_UNMODELLED:
         reasons.append(HYBRID_UNMODELLED[base])
-    elif base == "Kimi_K2":
-        reasons.append("Kimi-K2 trains with the Muon optimizer, whose state autotune does not model")
     elif base not in MODELS:
         reasons.append(f"{base} is not in the catalog")
     if s["match"].startswith("untraced"):
@@ -200,7 +199,8 @@ def _layout(t: dict[str, str], s: dict[str, str], world: int, cuda_graphs: str, 
             text.append(f"{field}={s[name]}")
     recompute = s["recompute_granularity"] if s["recompute_granularity"] in ("selective", "full") else "none"
     fsdp = _on(s["use_megatron_fsdp"])
-    dist_opt = _on(s["use_distributed_optimizer"]) or fsdp  # Megatron-FSDP turns the distributed optimizer on itself
+    # Megatron-FSDP turns the distributed optimizer on itself; "dist_muon" is the layer-wise distributed Muon
+    dist_opt = _on(s["use_distributed_optimizer"]) or fsdp or s["optimizer"] == "dist_muon"
     text += [f"sp={str(_on(s['sequence_parallel'])).lower()}", f"dist_opt={str(dist_opt).lower()}",
              f"recompute={recompute}", f"cuda_graphs={cuda_graphs}",
              f"ep_overlap={str(_on(s['overlap_moe_expert_parallel_comm'])).lower()}", f"fsdp={str(fsdp).lower()}"]
@@ -222,7 +222,7 @@ def _training(t: dict[str, str], s: dict[str, str], moe: bool, modules: tuple[st
         tp_comm_overlap=_on(s["tp_comm_overlap"]), delay_wgrad_compute=_on(s["delay_wgrad_compute"]),
         cross_entropy_fusion=("none" if not _on(s["cross_entropy_loss_fusion"])
                               else "native" if s["cross_entropy_fusion_impl"] == "native" else "te"),
-        cuda_graph_modules=modules,
+        cuda_graph_modules=modules, optimizer="muon" if "muon" in s["optimizer"] else "adam",
         release=t["release"], megatron_core=release_rule_set(t["release"]),
     )
     granularity, names = s["recompute_granularity"], _json(s["recompute_modules"])

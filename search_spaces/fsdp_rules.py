@@ -9,6 +9,8 @@ under `megatron/core/`; docs/design/megatron-fsdp-and-offload.md (a) has the ful
   (`_validate_and_apply_megatron_fsdp_configs`): autotune refuses the layout that would silently become another;
 - FSDP with the EP A2A overlap: `FullyShardedDataParallel.__init__` refuses the double buffer every Bridge FSDP
   recipe (and autotune) uses;
+- FSDP with Muon: Megatron-LM asserts "Emerging optimizer does not support Megatron-FSDP for now."
+  (arguments.py `validate_args`);
 - layer offload: `transformer/transformer_config.py::__post_init__` (layers, PP, recompute, CUDA graphs, paged
   stash); megatron-core's hybrid stack (`models/hybrid/hybrid_block.py`) never opens the offload context, so a
   hybrid model offloads nothing (stricter).
@@ -58,6 +60,18 @@ def _fsdp_ep_overlap(version: str) -> Check:
         return violation("fsdp_ep_overlap", f"{STRICTER} megatron-core 0.19 refuses it: {words}", stricter=True,
                          fsdp=True, ep_overlap=True)
     return fsdp_ep_overlap
+
+
+def _muon_no_fsdp(version: str) -> Check:
+    def muon_no_fsdp(job: Job, layout: Layout) -> Violation | None:
+        """Megatron-LM 0.19's assert; 0.16.1's megatron-core refuses the distributed optimizer Megatron-FSDP runs
+        (`optimizer/muon.py::get_megatron_muon_optimizer`)."""
+        if not layout.fsdp or not job.training.muon:
+            return None
+        words = ("Emerging optimizer does not support Megatron-FSDP for now." if version >= "0.17" else
+                 "muon with dist optimizer is not supported. (Megatron-FSDP runs the distributed optimizer)")
+        return violation("muon_no_fsdp", f"{words} (--optimizer muon)", fsdp=True, optimizer="muon")
+    return muon_no_fsdp
 
 
 def offload_layers_lt_num_layers(job: Job, layout: Layout) -> Violation | None:
@@ -116,7 +130,8 @@ def _offload_cuda_graphs(version: str) -> Check:
 def fsdp_rule_checks(version: str) -> dict[str, Check]:
     """Rule name -> check, for the megatron-core `version` whose conditions to use."""
     return {"fsdp_needs_pp1": fsdp_needs_pp1, "fsdp_needs_dist_opt": fsdp_needs_dist_opt,
-            "fsdp_ep_overlap": _fsdp_ep_overlap(version), "offload_layers_lt_num_layers": offload_layers_lt_num_layers,
+            "fsdp_ep_overlap": _fsdp_ep_overlap(version), "muon_no_fsdp": _muon_no_fsdp(version),
+            "offload_layers_lt_num_layers": offload_layers_lt_num_layers,
             "offload_needs_pp1": offload_needs_pp1, "offload_no_recompute": offload_no_recompute,
             "offload_hybrid": offload_hybrid, "offload_cuda_graphs": _offload_cuda_graphs(version)}
 
@@ -129,6 +144,9 @@ FSDP_RULES: tuple[tuple[str, frozenset[str], str], ...] = (
      "megatron/core/optimizer/distrib_optimizer.py (DistributedOptimizer, Megatron-FSDP's optimizer; "
      "megatron/training/arguments.py validate_args switches it on); autotune is stricter"),
     ("fsdp_ep_overlap", frozenset({"ep_overlap", "fsdp"}), _ADAPTER + " (FullyShardedDataParallel.__init__)"),
+    ("muon_no_fsdp", frozenset({"fsdp"}),
+     "megatron/core/optimizer/muon.py (0.16.1: get_megatron_muon_optimizer); 0.19: Megatron-LM "
+     "megatron/training/arguments.py validate_args (the emerging-optimizer check, core_v0.19.2 :1684-1686)"),
     ("offload_layers_lt_num_layers", frozenset({"offload_layers"}), _CONFIG),
     ("offload_needs_pp1", frozenset({"pp", "offload_layers"}), _CONFIG),
     ("offload_no_recompute", frozenset({"recompute", "offload_layers"}), _CONFIG),

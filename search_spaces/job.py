@@ -19,8 +19,12 @@ class Job:
 
     def __post_init__(self) -> None:
         """The precision recipe must run on the GPU (Megatron-Bridge `training/mixed_precision.py`:
-        MXFP8 is Blackwell only, blockwise (sub-channel) FP8 Hopper only; A100 has no FP8 at all)."""
+        MXFP8 is Blackwell only, blockwise (sub-channel) FP8 Hopper only; A100 has no FP8 at all). Muon's step is
+        costed for GPT models only (`autotune.cost.muon`)."""
         gpu, t = self.cluster.gpu, self.training
+        if t.muon and self.model.is_hybrid:
+            raise ValueError(f"--optimizer muon: the Muon step of a hybrid Mamba model ({self.model.name}) is not "
+                             "modelled (its Mamba weights' shapes are not enumerated); use --optimizer adam.")
         if t.fp4 and gpu.fp4_flops is None:
             raise ValueError(f"NVFP4 training (--precision fp4) needs FP4 tensor cores, a Blackwell GPU (B200, GB200, "
                              f"B300, GB300), but the cluster has {gpu.name} ({gpu.arch}); use --precision fp8 or bf16.")

@@ -138,6 +138,11 @@ NAMES: dict[str, Name] = {n.core: n for n in (
        "mixed_precision:grad_reduce_in_fp32", lm_false="--grad-reduce-in-bf16"),
     _n("use_precision_aware_optimizer", _O, "bool", "--use-precision-aware-optimizer",
        "optimizer.use_precision_aware_optimizer"),
+    # Muon: "dist_muon" is the layer-wise distributed Muon in both releases (megatron-core 0.16.1
+    # `optimizer/muon.py`, Bridge `training/optim.py`: `layer_wise_distributed_optimizer="dist" in optimizer`;
+    # Megatron-LM 0.19 takes the name too, deprecated for `muon` + `--use-distributed-optimizer`, arguments.py
+    # :1672-1678); set only for a Muon job (Adam is every release's default)
+    _n("optimizer", _O, "str", "--optimizer", "optimizer.optimizer"),
     _n("exp_avg_dtype", _O, "dtype", "--exp-avg-dtype", "optimizer.exp_avg_dtype"),
     _n("exp_avg_sq_dtype", _O, "dtype", "--exp-avg-sq-dtype", "optimizer.exp_avg_sq_dtype"),
     _n("overlap_grad_reduce", _D, "bool", "--overlap-grad-reduce", "ddp.overlap_grad_reduce",
@@ -249,6 +254,7 @@ TRAINING_NAMES: dict[str, tuple[str, ...]] = {
     "grad_reduce_in_fp32": ("grad_reduce_in_fp32",),
     "optimizer_moments": ("use_precision_aware_optimizer", "exp_avg_dtype", "exp_avg_sq_dtype"),
     "precision_aware_optimizer": ("use_precision_aware_optimizer",),
+    "optimizer": ("optimizer", "use_distributed_optimizer", "overlap_param_gather", "fp8_param_gather"),
     "overlap_grad_reduce": ("overlap_grad_reduce",),
     "overlap_param_gather": ("overlap_param_gather",),
     "tp_comm_overlap": ("tp_comm_overlap",),
@@ -379,6 +385,14 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8" and not layout.fsdp
     out["fp8_dot_product_attention"] = recipe is not None and t.fp8_dot_product_attention
     out["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
+    if t.muon:
+        # the layer-wise distributed Muon with dist_opt ("dist_muon"): DDP runs without the distributed optimizer
+        # (Bridge's Muon recipes: ddp.use_distributed_optimizer=False, overlap_param_gather=False,
+        # recipes/kimi/h100/kimi_k2.py::_apply_kimi_k2_optimizer), so no FP8 primary weights either
+        out["optimizer"] = "dist_muon" if layout.dist_opt else "muon"
+        out["use_distributed_optimizer"] = False
+        out["fp8_param_gather"] = False
+        out["reuse_grad_buf_for_mxfp8_param_ag"] = False
     # bf16 moments are the precision-aware optimizer's, which megatron-core runs with the distributed optimizer
     # only ("--use-precision-aware-optimizer only supported with distributed optimizer", optimizer_config.py)
     out["use_precision_aware_optimizer"] = t.precision_aware(layout.dist_opt)
@@ -386,7 +400,8 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     out["overlap_grad_reduce"] = t.overlap_grad_reduce or layout.fsdp  # Megatron-FSDP forces both on (F18)
     # "--overlap-param-gather only supported with distributed optimizer" and "Must use --overlap-param-gather with
     # --overlap-grad-reduce" (arguments.py L597-603)
-    out["overlap_param_gather"] = (t.overlap_param_gather and layout.dist_opt and t.overlap_grad_reduce) or layout.fsdp
+    out["overlap_param_gather"] = (t.overlap_param_gather and t.adam_dist_opt(layout.dist_opt) and t.overlap_grad_reduce
+                                   or layout.fsdp)
     out["use_megatron_fsdp"] = layout.fsdp
     out["init_model_with_meta_device"] = layout.fsdp
     if layout.fsdp:

@@ -36,12 +36,15 @@ class PublishedRecipe:
     global_batch_size: int
     published_tokens_per_s_per_gpu: float | None
     layout: str
+    optimizer: str = "adam"  # TrainingSpec.optimizer of the published run (Kimi-K2's: muon)
 
     @property
     def label(self) -> str:
         variant = f" {self.table_model[self.table_model.index('('):]}" if "(" in self.table_model else ""
+        muon = ", Muon" if self.optimizer == "muon" else ""
         return (f"NVIDIA's published layout{variant}: Megatron-Bridge {self.release} performance table, "
-                f"{self.num_gpus} x {self.gpu}, {self.precision}, seq {self.seq_length}, GBS {self.global_batch_size}")
+                f"{self.num_gpus} x {self.gpu}, {self.precision}{muon}, seq {self.seq_length}, "
+                f"GBS {self.global_batch_size}")
 
 
 @lru_cache(maxsize=1)
@@ -52,7 +55,8 @@ def published_recipes() -> tuple[PublishedRecipe, ...]:
                                      num_gpus=int(r["num_gpus"]), seq_length=int(r["seq_length"]),
                                      global_batch_size=int(r["global_batch_size"]),
                                      published_tokens_per_s_per_gpu=float(r["published_tokens_per_s_per_gpu"])
-                                     if r["published_tokens_per_s_per_gpu"] else None, layout=r["layout"])
+                                     if r["published_tokens_per_s_per_gpu"] else None, layout=r["layout"],
+                                     optimizer=r["optimizer"])
                      for r in csv.DictReader(f))
 
 
@@ -60,7 +64,7 @@ def published_recipe(job: Job) -> tuple[PublishedRecipe, Layout] | None:
     """The published row a search shows as the baseline of `job` (module docstring) and its layout, or None: of
     the rows of the job's model, GPU and GPU count from releases not newer than the job's, whose layout megatron-core
     accepts for the job (a micro-batch the job's global batch takes, ...), the one of the same precision first, then
-    the newest release, the job's sequence length and global batch, no table variant."""
+    of the same optimizer, the newest release, the job's sequence length and global batch, no table variant."""
     from search_spaces.rules import check
 
     order = release_names()
@@ -70,7 +74,7 @@ def published_recipe(job: Job) -> tuple[PublishedRecipe, Layout] | None:
             and r.num_gpus == job.world_size and r.release in order and order.index(r.release) <= newest]
 
     def rank(r: PublishedRecipe) -> tuple:
-        return (r.precision != precision, -order.index(r.release),
+        return (r.precision != precision, r.optimizer != t.optimizer, -order.index(r.release),
                 (r.seq_length, r.global_batch_size) != (t.seq_length, t.global_batch_size), "(" in r.table_model)
 
     for row in sorted(rows, key=rank):

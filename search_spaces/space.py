@@ -13,7 +13,7 @@ Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on t
     mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
     sp         False when TP == 1; True for MoE with TP > 1; both for dense TP > 1 (when the sequence splits)
     ep_overlap SpaceOptions.ep_overlap; True only for MoE with EP > 1, VPP when PP > 1 (and 0.16.1's MTP rules)
-    fsdp       SpaceOptions.fsdp; True only with PP 1 and no ep_overlap (`fsdp_rules`)
+    fsdp       SpaceOptions.fsdp; True only with PP 1, no ep_overlap and Adam (`fsdp_rules`)
     offload_layers 0, or SpaceOptions.offload_step, 2x it, ... below num_layers, with PP 1 for a dense GPT model
     dist_opt   SpaceOptions.dist_opt (free; True only with fsdp)
     recompute  SpaceOptions.recompute, less what ep_overlap, offload and the training settings forbid
@@ -344,6 +344,7 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
     seq, gbs, layers = job.training.seq_length, job.training.global_batch_size, m.num_layers
     overlaps = tuple(v for v in options.ep_overlap if not v or switch_choices(job, options, True))
     offloads = offload_values(job, options)
+    muon = job.training.muon
     for tp in _tp_values(job, options):
         for cp in _capped(divisors(world // tp), options.max_cp):
             if cp > 1 and seq % (2 * cp) or not mamba_cp_ok(job, tp, cp):
@@ -366,8 +367,8 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
                                 continue
                             for sp in sps:
                                 for ep_overlap in eps:
-                                    # fsdp_rules: FSDP and offload at PP 1; FSDP without the EP overlap
-                                    fsdps = options.fsdp if pp == 1 and not ep_overlap else (False,)
+                                    # fsdp_rules: FSDP and offload at PP 1; FSDP without the EP overlap or Muon
+                                    fsdps = options.fsdp if pp == 1 and not ep_overlap and not muon else (False,)
                                     for fsdp in dict.fromkeys(fsdps):
                                         for offload in (offloads if pp == 1 else (0,)):
                                             yield (tp, cp, pp, vpp, ep, etp, mbs, sp, ep_overlap, fsdp, offload)

@@ -72,6 +72,8 @@ Dispatcher = Literal["alltoall", "allgather", "flex"]
 FlexBackend = Literal["deepep", "hybridep", "ncclep"]
 CrossEntropyFusion = Literal["te", "native", "none"]
 MomentDtype = Literal["fp32", "bf16"]
+Optimizer = Literal["adam", "muon"]
+OPTIMIZERS: tuple[str, ...] = ("adam", "muon")
 PRECISION_CHOICES: tuple[str, ...] = ("bf16", "fp8", "fp4")
 FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
 DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
@@ -97,6 +99,8 @@ class TrainingSpec:
     grad_reduce_in_fp32: bool = False  # fp32 main grads in the DDP buffer (4 B/param instead of 2)
     optimizer_moments: MomentDtype = "fp32"  # Adam exp_avg / exp_avg_sq dtype (precision-aware optimizer)
     precision_aware_optimizer: bool = True  # `use_precision_aware_optimizer`: bf16 grads feed the fp32 master directly
+    optimizer: Optimizer = "adam"  # "muon": Newton-Schulz-orthogonalised momentum on the 2-D weights, Adam on the
+    #   rest (megatron-core 0.19 `optimizer/emerging_optimizers.py`); with the layout's dist_opt, layer-wise sharded
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # needs the distributed optimizer (a layout without it has none to overlap)
     tp_comm_overlap: bool = True  # Transformer Engine userbuffers; only where TP > 1 and SP is on
@@ -136,6 +140,10 @@ class TrainingSpec:
             raise ValueError("fp8_dot_product_attention needs precision fp8 (Transformer Engine runs FP8 attention "
                              "inside its FP8 autocast only).")
         _one_of("optimizer_moments", self.optimizer_moments, ("fp32", "bf16"))
+        _one_of("optimizer", self.optimizer, OPTIMIZERS)
+        if self.optimizer == "muon" and self.optimizer_moments == "bf16":
+            raise ValueError("optimizer_moments bf16 is the precision-aware optimizer's, which needs megatron-core's "
+                             "distributed optimizer; Muon runs without it (its Adam weights keep fp32 moments).")
         if self.moe_token_dispatcher is not None:
             _one_of("moe_token_dispatcher", self.moe_token_dispatcher, DISPATCHERS)
         if self.moe_flex_backend is not None:
@@ -200,15 +208,34 @@ class TrainingSpec:
         """NVFP4 training (`bf16_with_nvfp4_mixed`)."""
         return self.precision == "fp4"
 
+    def fp8_params(self, dist_opt: bool) -> bool:
+        """FP8 primary weights in effect: `fp8_param_gather`, which needs megatron-core's distributed optimizer
+        ("--fp8-param-gather only supported with distributed optimizer", arguments.py), so not without the layout's
+        dist_opt and never with Muon (`adam_dist_opt`)."""
+        return self.fp8_param_gather and self.adam_dist_opt(dist_opt)
+
+    @property
+    def muon(self) -> bool:
+        """The Muon optimizer (megatron-core's emerging optimizers)."""
+        return self.optimizer == "muon"
+
+    def adam_dist_opt(self, dist_opt: bool) -> bool:
+        """Whether megatron-core's DistributedOptimizer (ZeRO-1, byte-level shards) runs: the layout's dist_opt
+        with Adam. With Muon, dist_opt is the layer-wise distributed optimizer instead: Megatron-LM turns
+        `use_distributed_optimizer` off for an emerging optimizer and shards it layer-wise (arguments.py 0.19.2
+        :1669-1682, `LayerWiseDistributedOptimizer`), and Bridge's Muon recipes set `ddp.use_distributed_optimizer
+        =False` with `optimizer="dist_muon"` (`recipes/kimi/h100/kimi_k2.py::_apply_kimi_k2_optimizer`)."""
+        return dist_opt and not self.muon
+
     def precision_aware(self, dist_opt: bool) -> bool:
         """Whether the precision-aware optimizer runs: megatron-core supports it with the distributed optimizer
         only ("--use-precision-aware-optimizer only supported with distributed optimizer", `optimizer_config.py`),
-        and bf16 moments are its feature."""
-        return dist_opt and (self.precision_aware_optimizer or self.optimizer_moments == "bf16")
+        and bf16 moments are its feature; Muon's layer-wise optimizer is not that optimizer (`adam_dist_opt`)."""
+        return self.adam_dist_opt(dist_opt) and (self.precision_aware_optimizer or self.optimizer_moments == "bf16")
 
     def moments(self, dist_opt: bool) -> MomentDtype:
         """The Adam moments' dtype in effect: bf16 only with the precision-aware optimizer (so dist opt)."""
-        return "bf16" if self.optimizer_moments == "bf16" and dist_opt else "fp32"
+        return "bf16" if self.optimizer_moments == "bf16" and self.adam_dist_opt(dist_opt) else "fp32"
 
 
 def default_cuda_graph_modules(is_moe: bool, hybrid: bool = False) -> tuple[str, ...]:

@@ -257,6 +257,7 @@ _WHERE = {"micro_batch_size": "train", "global_batch_size": "train", "use_distri
           "grad_reduce_in_fp32": "ddp", "overlap_grad_reduce": "ddp", "overlap_param_gather": "ddp",
           "fp8_param_gather": "ddp", "reuse_grad_buf_for_mxfp8_param_ag": "ddp",
           "use_precision_aware_optimizer": "optimizer", "exp_avg_dtype": "optimizer", "exp_avg_sq_dtype": "optimizer",
+          "optimizer": "optimizer",
           "use_megatron_fsdp": "ddp", "data_parallel_sharding_strategy": "ddp", "fsdp_double_buffer": "ddp",
           "ckpt_format": "checkpoint"}
 

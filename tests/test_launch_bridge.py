@@ -129,7 +129,7 @@ def bridge_mismatches(job: Job, layout: Layout, outcome: Outcome) -> list[str]:
     seq = job.training.seq_length
     if (got["dataset.seq_length"], got["dataset.sequence_length"]) != (seq, seq):
         out.append(f"dataset sequence length {got['dataset.seq_length']}/{got['dataset.sequence_length']} != {seq}")
-    if got["optimizer.use_distributed_optimizer"] is not layout.dist_opt:
+    if got["optimizer.use_distributed_optimizer"] is not job.training.adam_dist_opt(layout.dist_opt):
         out.append("optimizer.use_distributed_optimizer differs from ddp's")
     if got["data_parallel_size"] != layout.dp:
         out.append(f"Bridge's data_parallel_size {got['data_parallel_size']} != {layout.dp}")

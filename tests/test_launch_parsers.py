@@ -288,10 +288,12 @@ def expected_megatron_lm(job: Job, layout) -> dict[str, object]:
     t, moe = job.training, job.model.moe is not None
     fp8 = t.precision == "fp8"
     recipe = job.fp8_recipe
+    # Muon: Megatron-LM runs the layer-wise distributed Muon in place of the distributed optimizer (arguments.py)
+    dist_opt = layout.dist_opt and t.optimizer == "adam"
     want: dict[str, object] = {
         "tensor_model_parallel_size": layout.tp, "pipeline_model_parallel_size": layout.pp,
         "context_parallel_size": layout.cp, "micro_batch_size": layout.mbs, "sequence_parallel": layout.sp,
-        "use_distributed_optimizer": layout.dist_opt, "seq_length": t.seq_length,
+        "use_distributed_optimizer": dist_opt, "seq_length": t.seq_length,
         "global_batch_size": t.global_batch_size, "bf16": True,
         "decoder_first_pipeline_num_layers": layout.first_stage_layers,
         "decoder_last_pipeline_num_layers": layout.last_stage_layers,
@@ -299,17 +301,17 @@ def expected_megatron_lm(job: Job, layout) -> dict[str, object]:
         "account_for_loss_in_pipeline_split": layout.embedding_loss_split,
         "recompute_granularity": None if layout.recompute == "none" else layout.recompute,
         "overlap_grad_reduce": t.overlap_grad_reduce,
-        "overlap_param_gather": t.overlap_param_gather and t.overlap_grad_reduce and layout.dist_opt,
+        "overlap_param_gather": t.overlap_param_gather and t.overlap_grad_reduce and dist_opt,
         "tp_comm_overlap": t.tp_comm_overlap and layout.tp > 1 and layout.sp,
         "grad_reduce_in_bf16": not t.grad_reduce_in_fp32,
         "accumulate_allreduce_grads_in_fp32": t.grad_reduce_in_fp32,
         # megatron-core runs the precision-aware optimizer (and so bf16 moments) with the distributed optimizer only
-        "use_precision_aware_optimizer": (layout.dist_opt
+        "use_precision_aware_optimizer": (dist_opt
                                           and (t.precision_aware_optimizer or t.optimizer_moments == "bf16")),
-        "exp_avg_dtype": "bf16" if t.optimizer_moments == "bf16" and layout.dist_opt else "fp32",
+        "exp_avg_dtype": "bf16" if t.optimizer_moments == "bf16" and dist_opt else "fp32",
         "fp8": ({"mxfp8": "e4m3"}.get(recipe or "", "hybrid")) if fp8 else None,
         "fp8_recipe": recipe if fp8 else "delayed",  # Megatron-LM's default when unset
-        "fp8_param_gather": fp8 and t.fp8_param_gather and layout.dist_opt,
+        "fp8_param_gather": fp8 and t.fp8_param_gather and dist_opt,
         # 0.16.1 spells full-iteration graphs as local graphs of the scope ["full_iteration"]
         "cuda_graph_impl": ("local" if layout.cuda_graphs == "full_iteration" and t.megatron_core < "0.17"
                             else layout.cuda_graphs),
@@ -369,8 +371,9 @@ def check_bridge(job: Job, layout) -> None:
         assert m["pipeline_model_parallel_layout"] == getattr(layout, "pipeline_layout", None)
         assert m["sequence_parallel"] is layout.sp and m["seq_length"] == cfg["dataset"]["sequence_length"]
         assert cfg["train"]["micro_batch_size"] == layout.mbs
-        assert cfg["ddp"]["use_distributed_optimizer"] is cfg["optimizer"]["use_distributed_optimizer"] is \
-            layout.dist_opt
+        # Muon's dist_opt is its layer-wise optimizer ("dist_muon"), with DDP's distributed optimizer off
+        dist_opt = layout.dist_opt and t.optimizer == "adam"
+        assert cfg["ddp"]["use_distributed_optimizer"] is cfg["optimizer"]["use_distributed_optimizer"] is dist_opt
         assert m["recompute_granularity"] == (None if layout.recompute == "none" else layout.recompute)
         assert m["cuda_graph_impl"] == ("local" if layout.cuda_graphs == "full_iteration" else layout.cuda_graphs)
         if layout.cuda_graphs == "full_iteration":  # 0.16.1's spelling of full-iteration graphs
@@ -381,7 +384,7 @@ def check_bridge(job: Job, layout) -> None:
         overlap = cfg["comm_overlap"]
         assert overlap["tp_comm_overlap"] is (t.tp_comm_overlap and layout.tp > 1 and layout.sp)
         assert overlap["overlap_grad_reduce"] is t.overlap_grad_reduce
-        assert overlap["overlap_param_gather"] is (t.overlap_param_gather and t.overlap_grad_reduce and layout.dist_opt)
+        assert overlap["overlap_param_gather"] is (t.overlap_param_gather and t.overlap_grad_reduce and dist_opt)
         mp = cfg["mixed_precision"]
         assert mp["bf16"] is True and mp["grad_reduce_in_fp32"] is t.grad_reduce_in_fp32
         assert mp["params_dtype"]["_target_"] == "torch.bfloat16"

@@ -221,6 +221,9 @@ TRAINING_BROKEN: list[tuple[ModelSpec | str, int, dict[str, Any], str, str, str 
     (H8B, 8, {"recompute_num_layers": 2}, "recompute=full", "0.19.2", "hybrid_block_recompute"),
     ("tiny-moe", 8, FLEX, "ep=2,etp=1", "0.16.1", None),
     ("tiny-gpt", 8, {}, "offload_layers=1,cuda_graphs=transformer_engine", "0.19.2", "offload_cuda_graphs"),
+    ("tiny-gpt", 8, {"optimizer": "muon"}, "dist_opt=true,fsdp=true", "0.19.2", "muon_no_fsdp"),
+    ("tiny-gpt", 8, {"optimizer": "muon"}, "dist_opt=true,fsdp=true", "0.16.1", "muon_no_fsdp"),
+    ("tiny-gpt", 8, {"optimizer": "muon"}, "dist_opt=true", "0.19.2", None),  # layer-wise Muon: no rule
     ("tiny-gpt", 8, {}, "offload_layers=1,cuda_graphs=full_iteration", "0.19.2", None),  # 0.19: full graphs pass
     ("tiny-gpt", 8, {}, "offload_layers=1,cuda_graphs=full_iteration", "0.16.1", "offload_cuda_graphs"),
     ("tiny-moe", 8, FLEX, "ep=1,etp=1", "0.19.2", "flex_dispatcher_needs_tp_ep"),  # DeepEP (the H100 default)

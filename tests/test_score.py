@@ -70,6 +70,10 @@ CASES = [
     # Nemotron-3 Super's NVFP4 recipe: the last 14 pattern layers and the MTP layer (never FP4) in BF16
     ("bf16-edges-nvfp4-hybrid-mtp", _job("nemotron-3-super-120b-a12b", 16, gpu="gb200", precision="fp4",
                                          bf16_layers_at_end=14, global_batch_size=512), SpaceOptions(max_pp=4)),
+    # Muon (layer-wise distributed with dist_opt): its state, Newton-Schulz step and all-reduced gradients, MLA + MoE
+    ("muon-mla-moe", _job("tiny-mla", 1, seq_length=1024, optimizer="muon", global_batch_size=32), SpaceOptions()),
+    ("muon-mixtral-fp8", _job("mixtral-8x7b", 2, gpu="gb200", precision="fp8", optimizer="muon",
+                              global_batch_size=128), SpaceOptions()),
 ]
 
 

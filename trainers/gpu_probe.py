@@ -114,6 +114,8 @@ def _refusal(model: ModelSpec, layout: Layout, training: TrainingSpec, rank: int
         return f"rank must be in [0, {layout.world_size}), but got {rank}."
     if training.fp8:
         return "fp8 is not supported by the probe (bf16 only)."
+    if training.muon:
+        return "the Muon optimizer is not supported by the probe (it builds megatron-core's Adam)."
     if training.moe_token_dispatcher == "flex":
         return "the flex dispatcher (DeepEP) is not supported by the probe; use alltoall or allgather."
     if _switch(layout, training, "cuda_graphs", "cuda_graphs", "none") != "none":

@@ -28,7 +28,7 @@ from search_spaces.model import ModelSpec, MoESpec
 from search_spaces.pipeline_layout import compress, parse_stages
 from search_spaces.training import TrainingSpec
 
-__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel", "proxy_pipeline_split", "refuse_hybrid"]
+__all__ = ["ProxyPlan", "plan_proxy", "reduce_data_parallel", "proxy_pipeline_split", "refuse_hybrid", "refuse_muon"]
 
 
 def refuse_hybrid(model: ModelSpec) -> None:
@@ -39,6 +39,17 @@ def refuse_hybrid(model: ModelSpec) -> None:
         raise ValueError(f"{model.name} is a hybrid Mamba model: its Mamba layers need mamba_ssm's and causal_conv1d's "
                          "CUDA kernels, which the CPU proxy cannot run, and the megatron backend builds GPT models "
                          "only; use the analytic backend (the default) for hybrid models.")
+
+
+
+def refuse_muon(training: TrainingSpec) -> None:
+    """Raise the one-line refusal for a Muon job: the megatron backend's jobs build megatron-core's Adam
+    (`trainers/megatron_job.py::wrap_ddp_and_optimizer`), and Muon needs the emerging-optimizers package, which the
+    workers do not have, so a measurement would time another optimizer."""
+    if training.muon:
+        raise ValueError("--optimizer muon: the megatron backend's profiling jobs train with Adam (Muon needs the "
+                         "emerging-optimizers package on every worker); use the analytic backend (the default).")
+
 
 HEAD_DIM = 16
 HEADS_PER_TP = 2
@@ -199,6 +210,7 @@ def plan_proxy(
     `microbatches` (default: the layout's own count, capped at 2 * PP or 4) sets micro-batches per step.
     """
     refuse_hybrid(model)
+    refuse_muon(training)
     run_layout = reduce_data_parallel(layout, max_workers)
     reduction = "" if run_layout.dp == layout.dp else f"dp {layout.dp} -> {run_layout.dp} (max_workers={max_workers})"
     own = max(1, layout.num_microbatches(training.global_batch_size))

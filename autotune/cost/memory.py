@@ -27,6 +27,8 @@ from autotune.cost.activations import (
 )
 from autotune.cost.allowance import DEFAULT_ALLOWANCE, AllowanceAssumptions, device_terms, workspace_terms
 from autotune.cost.efficiency import OPERAND_BYTES
+from autotune.cost.muon import state_bytes as muon_state_bytes
+from autotune.cost.muon import step_transient_bytes as muon_step_transient_bytes
 from autotune.cost.placement import (
     EVEN,
     Split,
@@ -85,8 +87,10 @@ LOCAL_SPEC_ASSUMPTIONS = MemoryAssumptions(transformer_engine=False, flash_atten
 
 
 # --- bytes per parameter (Megatron-LM `theoretical_memory_usage.py`, generalised to the recipe) ------------
-def gemm_weight_bytes_per_param(training: TrainingSpec, fp8_recipe: str | None, arch: str) -> float:
-    """Bytes a transformer-layer GEMM weight costs on its GPU, primary copy plus Transformer Engine's caches.
+def gemm_weight_bytes_per_param(training: TrainingSpec, fp8_recipe: str | None, arch: str,
+                                dist_opt: bool = True) -> float:
+    """Bytes a transformer-layer GEMM weight costs on its GPU, primary copy plus Transformer Engine's caches
+    (`dist_opt`: the layout's, without which there are no FP8 primary weights, `TrainingSpec.fp8_params`).
 
     bf16: 2. FP8 (TE v2.11 `module/base.py::get_weight_workspace`, kept across micro-batches because megatron
     passes `is_first_microbatch`; `tensor/float8_tensor.py`, `tensor/mxfp8_tensor.py`):
@@ -104,7 +108,7 @@ def gemm_weight_bytes_per_param(training: TrainingSpec, fp8_recipe: str | None, 
     if fp8_recipe == "nvfp4":
         return 2.0 + 2 * OPERAND_BYTES["fp4"]
     mx = fp8_recipe == "mxfp8"
-    if training.fp8_param_gather and fp8_recipe != "blockwise":
+    if training.fp8_params(dist_opt) and fp8_recipe != "blockwise":
         if mx:
             return 2.0 + 2.0 / 32
         return 2.0 if arch == "hopper" else 1.0
@@ -211,9 +215,11 @@ def _state_bytes(job: Job, sp: StageParams, layout: Layout) -> tuple[float, floa
     dense, expert = sp.dense_params_per_gpu, sp.expert_params_per_gpu
     bf16_gemm = bf16_gemm_params_per_gpu(job, sp, layout)
     gemm = sp.gemm_params_per_gpu - bf16_gemm
-    per_gemm = gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch)
+    per_gemm = gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch, dist_opt=layout.dist_opt)
     optim = optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp) * dense
     optim += optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=max(1, layout.expert_dp)) * expert
+    if training.muon:  # the busiest rank's Muon (8 B) and Adam (12 B) weights, layer-wise (`autotune.cost.muon`)
+        optim = muon_state_bytes(job.model, sp, layout)
     if layout.fsdp:
         return (*fsdp_state_bytes(job, sp, layout, gemm, per_gemm), optim)
     weights = 2.0 * (dense + expert - gemm) + per_gemm * gemm
@@ -243,7 +249,8 @@ def fsdp_state_bytes(job: Job, sp: StageParams, layout: Layout, gemm: float, per
     training = job.training
     n_dense, n_expert = layout.dp * layout.cp, max(1, layout.expert_dp)
     dense, expert = float(sp.dense_params_per_gpu), float(sp.expert_params_per_gpu)
-    quantized_primary = job.gemm_recipe is not None and training.fp8_param_gather and job.gemm_recipe != "nvfp4"
+    quantized_primary = (job.gemm_recipe is not None and training.fp8_params(layout.dist_opt)
+                         and job.gemm_recipe != "nvfp4")
     primary = per_gemm if (quantized_primary or job.gemm_recipe is None) else 2.0
     cache = per_gemm - primary  # TE's quantized copies of a bf16 primary
     expert_gemm = min(expert, gemm)
@@ -262,7 +269,10 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
     parameters fp32 gradients, `main_param.grad = model_grad.float()` (`optimizer/optimizer.py`,
     `optimizer/distrib_optimizer.py`), a new 4 B copy per parameter of this GPU's shard when the grad buffer is
     bf16; none when it is fp32 already or with the precision-aware optimizer (`use_precision_aware_optimizer`:
-    the bf16 gradients are handed to TE's FusedAdam as they are, `decoupled_grad`)."""
+    the bf16 gradients are handed to TE's FusedAdam as they are, `decoupled_grad`). Muon's: the busiest rank's
+    copies, work tensors and all-gather buffers (`muon.step_transient_bytes`)."""
+    if job.training.muon:
+        return muon_step_transient_bytes(job, layout, sp)
     fp32_grads = job.training.grad_reduce_in_fp32 and not layout.fsdp  # Megatron-FSDP's main grads are bf16
     if fp32_grads or job.training.precision_aware(layout.dist_opt):
         return 0.0

@@ -416,7 +416,7 @@ def _time(job: Job, t: _Rows, cal: Calibration) -> dict[str, Any]:
         fwd_window = fwd_window + sum(pace[name] * delta[part]["fwd"]
                                       for part, name in zip(BF16_KINDS, bf16_names, strict=True))
     zero1 = (_exposed(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt
+             + _exposed(gather, fwd_window, training.overlap_param_gather & table.dist_opt & (not training.muon)
                         & training.overlap_grad_reduce, params, cal))
     # Megatron-FSDP (`throughput.fsdp_exposed_s`): one unit's traffic plus what each pass's compute cannot cover
     hidden = np.minimum(ag_fwd, fwd_window) + np.minimum(ag_bwd + rs, bwd_window)

@@ -24,6 +24,7 @@ from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_m
 from autotune.cost.mamba_time import mamba_block
 from autotune.cost.memory import offload_host_bytes
 from autotune.cost.moe_time import moe_block
+from autotune.cost.muon import step_s as muon_step_s
 from autotune.cost.placement import (
     StageParams,
     bf16_stage_layers,
@@ -332,21 +333,20 @@ def dp_comm_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) ->
 
     Distributed optimizer (ZeRO-1): reduce-scatter the gradients (bf16, or fp32 with `grad_reduce_in_fp32`) and
     all-gather the updated parameters (bf16, or FP8 with `fp8_param_gather`); otherwise all-reduce the gradients
-    (two ring passes). Megatron-core `distributed/param_and_grad_buffer.py`."""
+    (two ring passes). Megatron-core `distributed/param_and_grad_buffer.py`. Muon's layer-wise optimizer
+    (`autotune.cost.muon`): the gradients all-reduced, then the updated weights all-gathered."""
     t = job.training
     grad_bytes = 4.0 if t.grad_reduce_in_fp32 else 2.0
-    param_bytes = 1.0 if (t.fp8 and t.fp8_param_gather) else 2.0
+    param_bytes = 1.0 if (t.fp8 and t.fp8_params(layout.dist_opt)) else 2.0
     grads = gather = params_total = 0.0
     for params, group, stride in _dp_groups(layout, heavy):
         if params <= 0 or group <= 1:
             continue
         params_total += params
         rs = group_collective_s(params * grad_bytes, group, stride, job.cluster, cal)
+        grads += rs if t.adam_dist_opt(layout.dist_opt) else 2 * rs
         if layout.dist_opt:
-            grads += rs
             gather += group_collective_s(params * param_bytes, group, stride, job.cluster, cal)
-        else:
-            grads += 2 * rs
     return grads, gather, params_total
 
 
@@ -371,7 +371,7 @@ def fsdp_comm_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) 
     1 + 1/32 B), else bf16; gradients in bf16 (`megatron_fsdp_grad_comm_dtype` None: the main grads' dtype)."""
     t = job.training
     recipe = job.gemm_recipe
-    fp8_weights = recipe is not None and recipe != "nvfp4" and t.fp8_param_gather
+    fp8_weights = recipe is not None and recipe != "nvfp4" and t.fp8_params(layout.dist_opt)
     weight_bytes = (1.0 + 1.0 / 32 if recipe == "mxfp8" else 1.0) if fp8_weights else 2.0
     nonunit = float(nonunit_params_per_gpu(job.model, heavy, layout.tp))
     ag = rs = 0.0
@@ -435,13 +435,17 @@ def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StagePar
     """Adam over this GPU's shard (1/DP of it with the distributed optimizer), memory-bound: per parameter read
     and write the fp32 master (8 B) and both moments (2 x 2 x 4 B, or 2 B each in bf16), read the gradient (2 or
     4 B) and write the model weight (2 B, FP8 primary weights 1 B); without the precision-aware optimizer an fp32
-    copy of the gradient is written and read too (8 B). megatron-core `optimizer/distrib_optimizer.py`."""
+    copy of the gradient is written and read too (8 B). megatron-core `optimizer/distrib_optimizer.py`. Muon's
+    weights (`autotune.cost.muon`) keep one fp32 momentum instead of the two moments, and add the Newton-Schulz
+    iterations; its layer-wise shares are uneven, so the busiest rank's step."""
     t = job.training
     moments = 2 * 2 * (2.0 if t.moments(layout.dist_opt) == "bf16" else 4.0)
     grad = 4.0 if t.grad_reduce_in_fp32 else 2.0
-    weight = 1.0 if (t.fp8 and t.fp8_param_gather) else 2.0
+    weight = 1.0 if (t.fp8 and t.fp8_params(layout.dist_opt)) else 2.0
     copy = 0.0 if (t.precision_aware(layout.dist_opt) or t.grad_reduce_in_fp32) else 8.0
     per_param = 8.0 + moments + grad + weight + copy
+    if t.muon:  # a Muon weight reads and writes one fp32 momentum (8 B), not Adam's two moments; the busiest rank
+        return muon_step_s(job, layout, heavy, cal, per_param, per_param - moments + 8.0)
     dense, expert = float(heavy.dense_params_per_gpu), float(heavy.expert_params_per_gpu)
     if layout.dist_opt:
         dense /= layout.dp * layout.cp
@@ -502,7 +506,8 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
         breakdown["dp_comm"] = m * fsdp_exposed_s(job, layout, cal, heavy, fwd_window, bwd_window)
     else:
         breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-                                + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather and layout.dist_opt
+                                + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather
+                                                and training.adam_dist_opt(layout.dist_opt)
                                                 and training.overlap_grad_reduce, params, cal))
     if layout.offload_layers:
         # PP 1 (rules.offload_needs_pp1): one micro-batch in flight, so the host holds one micro-batch's layers

@@ -117,6 +117,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                    help=f"fp32 gradient buffer and reduction (default off, {from_bridge})")
     g.add_argument("--optimizer-moments", choices=("fp32", "bf16"), default=None,
                    help="dtype of Adam's moments (precision-aware optimizer; default fp32)")
+    g.add_argument("--optimizer", choices=("adam", "muon"), default=None,
+                   help="adam (default) or muon: Newton-Schulz-orthogonalised momentum on the 2-D weights, Adam on "
+                        "the rest (megatron-core's emerging optimizers; with dist_opt the layer-wise distributed "
+                        "Muon, dist_muon; GPT models only, no Megatron-FSDP)")
     for name, what in (("overlap-grad-reduce", "overlap the DP gradient reduce with backward"),
                        ("overlap-param-gather", "overlap the distributed optimizer's parameter all-gather"),
                        ("tp-comm-overlap", "overlap TP communication with GEMMs (userbuffers)"),

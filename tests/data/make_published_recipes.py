@@ -6,7 +6,8 @@ read from that release's Megatron-Bridge, with its switches).
 
 One line per scored row (skipped rows, e.g. Megatron-FSDP ones, are left out): the release, the GPU, the
 catalog model and the table's name for it, the precision (`Job.gemm_recipe`: the FP8 recipe, nvfp4, or bf16), the
-GPU count, sequence length and global batch, the published tokens/s per GPU and the layout as `str(Layout)`.
+GPU count, sequence length and global batch, the published tokens/s per GPU, the layout as `str(Layout)` and the
+optimizer (adam, or muon: Kimi-K2's).
 `--check` compares instead of writing (tests/test_answer.py runs it).
 """
 
@@ -25,7 +26,7 @@ from bench.recipe_rows import MODELS, load_recipe_rows  # noqa: E402
 
 OUT = ROOT / "search_spaces" / "data" / "published_recipes.csv"
 COLUMNS = ("release", "gpu", "model", "table_model", "precision", "num_gpus", "seq_length", "global_batch_size",
-           "published_tokens_per_s_per_gpu", "layout")
+           "published_tokens_per_s_per_gpu", "layout", "optimizer")
 
 
 def rows() -> list[dict[str, object]]:
@@ -37,7 +38,7 @@ def rows() -> list[dict[str, object]]:
                     "table_model": r.model, "precision": r.job.gemm_recipe or "bf16", "num_gpus": r.num_gpus,
                     "seq_length": r.job.training.seq_length, "global_batch_size": r.job.training.global_batch_size,
                     "published_tokens_per_s_per_gpu": "" if r.published is None else f"{r.published:g}",
-                    "layout": str(r.layout)})
+                    "layout": str(r.layout), "optimizer": r.job.training.optimizer})
     return out
 
 

@@ -83,7 +83,7 @@ def _print_rich(job, m, headroom: float, calibration=None) -> None:
     gpu = job.cluster.gpu
     console.print(f"[bold]{job.model.name}[/bold] on {job.cluster.nodes} x {job.cluster.gpus_per_node} "
                   f"{gpu.name}, seq {job.training.seq_length}, GBS {job.training.global_batch_size}, "
-                  f"{job.training.precision}, release {job.training.release}")
+                  f"{job.training.precision}{', Muon' if job.training.muon else ''}, release {job.training.release}")
     console.print(f"layout: {m.layout}", markup=False)
     from autotune.ui.commands import calibration_line
 

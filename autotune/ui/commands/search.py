@@ -116,10 +116,12 @@ def _search(args: argparse.Namespace, status: Any) -> int:
             raise ValueError("--model is required (a catalog name or a config.json path), or --resume FOLDER.")
         _job_flags_from_folder(args)
     job = job_from_args(args)
-    if args.backend == "megatron" and job.model.is_hybrid:
+    if args.backend == "megatron":
         from autotune.tuning.backends import trainer_entry
 
-        trainer_entry("trainers.proxy", "refuse_hybrid")(job.model)
+        if job.model.is_hybrid:
+            trainer_entry("trainers.proxy", "refuse_hybrid")(job.model)
+        trainer_entry("trainers.proxy", "refuse_muon")(job.training)
     from autotune.ui.commands import calibration_from_args
 
     calibration = calibration_from_args(args)
@@ -268,7 +270,8 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
     console.print(f"[bold]{j.model.name}[/] on {c.nodes} x {c.gpus_per_node} {c.gpu.name} "
                   f"({c.gpu.memory_gib:.0f} GiB; {result.capacity_bytes / GIB:.1f} GiB usable after "
                   f"{result.headroom_bytes / GIB:.1f} GiB headroom), seq {j.training.seq_length}, "
-                  f"GBS {j.training.global_batch_size}, {j.training.precision}, release {j.training.release}")
+                  f"GBS {j.training.global_batch_size}, {j.training.precision}{', Muon' if j.training.muon else ''}, "
+                  f"release {j.training.release}")
     _summary_line(console, result)
     if answer.pick is None:
         console.print(explain_impossible(result, as_text=True), markup=False, highlight=False)
