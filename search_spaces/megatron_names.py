@@ -379,7 +379,7 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     out["num_layers_at_end_in_bf16"] = end
     # FP8 primary weights need the distributed optimizer (arguments.py: "--fp8-param-gather only supported with
     # distributed optimizer ...")
-    out["fp8_param_gather"] = recipe is not None and t.fp8_param_gather and layout.dist_opt
+    out["fp8_param_gather"] = recipe is not None and t.fp8_params(layout.dist_opt)
     # Megatron-FSDP gathers MXFP8 weights from its own buffers: Megatron-LM and Bridge switch the reuse off with it
     # ("reuse_grad_buf_for_mxfp8_param_ag not implemented for Megatron FSDP", Bridge training/config.py)
     out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8" and not layout.fsdp
@@ -388,11 +388,9 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     if t.muon:
         # the layer-wise distributed Muon with dist_opt ("dist_muon"): DDP runs without the distributed optimizer
         # (Bridge's Muon recipes: ddp.use_distributed_optimizer=False, overlap_param_gather=False,
-        # recipes/kimi/h100/kimi_k2.py::_apply_kimi_k2_optimizer), so no FP8 primary weights either
+        # recipes/kimi/h100/kimi_k2.py::_apply_kimi_k2_optimizer), so no FP8 primary weights either (`fp8_params`)
         out["optimizer"] = "dist_muon" if layout.dist_opt else "muon"
         out["use_distributed_optimizer"] = False
-        out["fp8_param_gather"] = False
-        out["reuse_grad_buf_for_mxfp8_param_ag"] = False
     # bf16 moments are the precision-aware optimizer's, which megatron-core runs with the distributed optimizer
     # only ("--use-precision-aware-optimizer only supported with distributed optimizer", optimizer_config.py)
     out["use_precision_aware_optimizer"] = t.precision_aware(layout.dist_opt)

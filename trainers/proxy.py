@@ -41,7 +41,6 @@ def refuse_hybrid(model: ModelSpec) -> None:
                          "only; use the analytic backend (the default) for hybrid models.")
 
 
-
 def refuse_muon(training: TrainingSpec) -> None:
     """Raise the one-line refusal for a Muon job: the megatron backend's jobs build megatron-core's Adam
     (`trainers/megatron_job.py::wrap_ddp_and_optimizer`), and Muon needs the emerging-optimizers package, which the

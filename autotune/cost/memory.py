@@ -216,10 +216,12 @@ def _state_bytes(job: Job, sp: StageParams, layout: Layout) -> tuple[float, floa
     bf16_gemm = bf16_gemm_params_per_gpu(job, sp, layout)
     gemm = sp.gemm_params_per_gpu - bf16_gemm
     per_gemm = gemm_weight_bytes_per_param(training, job.gemm_recipe, job.cluster.gpu.arch, dist_opt=layout.dist_opt)
-    optim = optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp) * dense
-    optim += optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=max(1, layout.expert_dp)) * expert
     if training.muon:  # the busiest rank's Muon (8 B) and Adam (12 B) weights, layer-wise (`autotune.cost.muon`)
         optim = muon_state_bytes(job.model, sp, layout)
+    else:
+        optim = (optimizer_bytes_per_param(training, dist_opt=layout.dist_opt, shard_size=layout.dp * layout.cp)
+                 * dense + optimizer_bytes_per_param(training, dist_opt=layout.dist_opt,
+                                                     shard_size=max(1, layout.expert_dp)) * expert)
     if layout.fsdp:
         return (*fsdp_state_bytes(job, sp, layout, gemm, per_gemm), optim)
     weights = 2.0 * (dense + expert - gemm) + per_gemm * gemm
