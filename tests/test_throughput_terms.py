@@ -314,14 +314,26 @@ def test_the_release_changes_the_prediction_and_unknown_ones_fall_back_with_a_wa
 
 def test_the_power_limit_comes_from_the_datasheets_and_moves_no_fitted_gpu() -> None:
     """B200 and GB200 are one die rated 2.25 / 2.5 PFLOP/s at 1,000 / 1,200 W: the rate goes as TDP^0.578, so GB300
-    (2.5 PFLOP/s rated, 1,400 W) sustains 1.4^0.578 * 2.25 / 2.5 of what its peak alone says, B300 1.1^0.578."""
+    (2.5 PFLOP/s rated, 1,400 W) sustains 1.4^0.578 * 2.25 / 2.5 of what its peak alone says, B300 1.1^0.578. At
+    NVFP4 the reference B200's 9 PFLOP/s under the GPU's power limit caps Blackwell Ultra below its datasheet 15 / 14
+    PFLOP/s; B200 and GB200 stay at 1 at every precision."""
     import math
     from dataclasses import replace
 
     from autotune.cost.efficiency import power_factor
 
     k = math.log(2.5 / 2.25) / math.log(1.2)
-    assert power_factor(get_gpu("b200")) == pytest.approx(1.0) and power_factor(get_gpu("gb200")) == pytest.approx(1.0)
-    assert power_factor(get_gpu("gb300")) == pytest.approx(1.4**k * 2.25 / 2.5, rel=1e-9)
-    assert power_factor(get_gpu("b300")) == pytest.approx(1.1**k, rel=1e-9)
+    for precision in ("bf16", "fp8", "fp4"):
+        assert power_factor(get_gpu("b200"), precision) == pytest.approx(1.0)
+        assert power_factor(get_gpu("gb200"), precision) == pytest.approx(1.0)
+    for precision in ("bf16", "fp8"):
+        assert power_factor(get_gpu("gb300"), precision) == pytest.approx(1.4**k * 2.25 / 2.5, rel=1e-9)
+        assert power_factor(get_gpu("b300"), precision) == pytest.approx(1.1**k, rel=1e-9)
+    assert power_factor(get_gpu("gb300"), "fp4") == pytest.approx(9.0 * 1.4**k / 15.0, rel=1e-9)  # 0.729
+    assert power_factor(get_gpu("b300"), "fp4") == pytest.approx(9.0 * 1.1**k / 14.0, rel=1e-9)  # 0.676
+    # the sustained NVFP4 rate itself: GB300 1.09x GB200's, not the datasheets' 1.5x
+    ratio = 15.0 * power_factor(get_gpu("gb300"), "fp4") / (10.0 * power_factor(get_gpu("gb200"), "fp4"))
+    assert ratio == pytest.approx((1400 / 1200) ** k, rel=1e-9)
     assert power_factor(get_gpu("h100")) == 1.0 and power_factor(replace(get_gpu("gb300"), tdp_watts=None)) == 1.0
+    # a precision the GPU has no figure for keeps the BF16 curve (a cluster-YAML GPU without fp4_flops)
+    assert power_factor(replace(get_gpu("gb300"), fp4_flops=None), "fp4") == pytest.approx(1.4**k * 2.25 / 2.5)

@@ -294,16 +294,21 @@ POWER_CURVE_GPUS = {"blackwell": ("b200", "gb200")}
 
 
 @lru_cache(maxsize=64)
-def power_factor(gpu: GPUSpec) -> float:
-    """The sustained tensor-core rate over what the datasheet peak alone says, from the power limit: a dense GEMM at
-    full load runs at the clock the power cap allows. NVIDIA's own ratings of one die under two power limits give
-    the curve: B200 and GB200 are the same chip, rated 2.25 and 2.5 PFLOP/s for 1,000 and 1,200 W, so the rate
-    goes as TDP^k with k = ln(2.5 / 2.25) / ln(1.2) = 0.578. A GPU of that generation sustains the reference's
-    rate times (TDP / TDP_ref)^k, which is (TDP / TDP_ref)^k * peak_ref / peak times what its own peak says: 1 for
-    B200 and GB200 by construction (so no fitted row moves), 1.094 for GB300 (rated 2.5 PFLOP/s like GB200 but
-    allowed 1,400 W), 1.057 for B300 (2.25 PFLOP/s, 1,100 W). It assumes Blackwell Ultra's die follows Blackwell's
-    clock-power curve. 1 for generations without two such SKUs in the catalog and for a GPU without a power
-    figure. Nothing here is fitted: the exponent is the datasheets'."""
+def power_factor(gpu: GPUSpec, precision: str = "bf16") -> float:
+    """The sustained tensor-core rate at `precision` over what the datasheet peak alone says, from the power limit:
+    a dense GEMM at full load runs at the clock the power cap allows. NVIDIA's own ratings of one die under two power
+    limits give the curve: B200 and GB200 are the same chip, rated 2.25 and 2.5 PFLOP/s BF16 for 1,000 and 1,200 W,
+    so the rate goes as TDP^k with k = ln(2.5 / 2.25) / ln(1.2) = 0.578 (their FP8 and FP4 ratings, 4.5 / 5 and
+    9 / 10 PFLOP/s, give the same k). A GPU of that generation sustains the reference B200's rate at that precision
+    times (TDP / TDP_ref)^k: the reference's energy per operation, spent under the GPU's own power limit. That is
+    1 for B200 and GB200 at every precision by construction (so no fitted row moves); 1.094 for GB300 (rated 2.5
+    PFLOP/s BF16 like GB200 but allowed 1,400 W) and 1.057 for B300 (2.25 PFLOP/s, 1,100 W) at BF16 and FP8; and
+    below 1 at NVFP4 on Blackwell Ultra, whose datasheet FP4 (15 and 14 PFLOP/s dense against B200's 9) adds
+    tensor units per clock but no power to run them at full clock: 9 * 1.4^k / 15 = 0.73 on GB300, 9 * 1.1^k / 14
+    = 0.68 on B300. The rate is never above the GPU's BF16 power curve applied to its own peak. It assumes Blackwell
+    Ultra's die spends Blackwell's energy per operation. 1 for generations without two such SKUs in the catalog,
+    for a GPU without a power figure and for a precision the reference lacks. Nothing here is fitted: the
+    exponent and the rates are the datasheets'."""
     from search_spaces.gpus import get_gpu
 
     pair = POWER_CURVE_GPUS.get(gpu.arch)
@@ -313,7 +318,13 @@ def power_factor(gpu: GPUSpec) -> float:
     if low.tdp_watts is None or high.tdp_watts is None:
         return 1.0
     k = math.log(high.bf16_flops / low.bf16_flops) / math.log(high.tdp_watts / low.tdp_watts)
-    return (gpu.tdp_watts / low.tdp_watts) ** k * low.bf16_flops / gpu.bf16_flops
+    scale = (gpu.tdp_watts / low.tdp_watts) ** k
+    own = scale * low.bf16_flops / gpu.bf16_flops  # the BF16 curve on the GPU's own peak
+    try:
+        energy = scale * low.peak_flops(precision) / gpu.peak_flops(precision)
+    except ValueError:  # the reference (or the GPU) has no units of that precision: the BF16 curve alone
+        return own
+    return min(own, energy)
 
 
 # bytes per GEMM operand element: FP8 1; NVFP4 a 4-bit E2M1 value plus one E4M3 scale per 16 (TE
@@ -325,7 +336,7 @@ OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
 def gemm_cost(gpu: GPUSpec, precision: str, recipe: str | None, cal: Calibration) -> GemmCost:
     """The GemmCost of `gpu` at `precision` (FP8: the recipe's fraction of the FP8 peak, 1-byte operands)."""
     fraction = cal.arch(gpu).gemm(precision, recipe)
-    return GemmCost(flops_per_s=gpu.peak_flops(precision) * fraction * power_factor(gpu),
+    return GemmCost(flops_per_s=gpu.peak_flops(precision) * fraction * power_factor(gpu, precision),
                     bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_fraction,
                     element_bytes=OPERAND_BYTES.get(precision, 2.0),
                     dim_half=cal.gemm_dim_half, gap_s=cal.kernel_gap_s)
@@ -353,7 +364,7 @@ def attention_time_s(flops: float, exps: float, *, gpu: GPUSpec, cal: Calibratio
     shape = (block_tokens / (block_tokens + cal.gemm_dim_half)) ** 2
     peak = gpu.peak_flops("fp8") if fp8 else gpu.bf16_flops
     exp_rate = gpu.sfu_exp_per_s or gpu.bf16_flops / MATMUL_PER_EXP_DEFAULT
-    matmul_s = flops / (peak * cal.arch(gpu).attention * power_factor(gpu))
+    matmul_s = flops / (peak * cal.arch(gpu).attention * power_factor(gpu, "fp8" if fp8 else "bf16"))
     exp_s = exps / (exp_rate * cal.sfu_fraction)
     return (max(matmul_s, exp_s) + cal.softmax_serial * min(matmul_s, exp_s)) / shape
 
