@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
-from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings
+from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings, optimizer_settings
 from search_spaces.pipeline_layout import (
     LayoutSyntaxError,
     balanced_layout,
@@ -20,6 +20,9 @@ from search_spaces.pipeline_layout import (
     mtp_layout,
     parse_stages,
 )
+
+if TYPE_CHECKING:
+    from search_spaces.training import TrainingSpec
 
 __all__ = ["Layout", "Recompute", "CudaGraphs", "CUDA_GRAPH_CHOICES", "RECOMPUTE_CHOICES", "PipelineSplit",
            "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS", "SWITCH_FIELDS"]
@@ -217,11 +220,15 @@ class Layout:
         """GBS = MBS * DP * num_microbatches (floored; rules check divisibility)."""
         return global_batch_size // (self.mbs * self.dp)
 
-    def to_megatron(self) -> dict[str, object]:
+    def to_megatron(self, training: TrainingSpec | None = None) -> dict[str, object]:
         """megatron-core field names and values (`search_spaces.megatron_names`), plus the derived `dp` and
         `expert_dp` and the searched switches under their layout names (`cuda_graphs`, `ep_overlap`: the megatron
-        settings they stand for depend on the release, `megatron_names.job_settings`)."""
+        settings they stand for depend on the release, `megatron_names.job_settings`). With the job's `training`,
+        what its optimizer changes (`megatron_names.optimizer_settings`: Muon's dist_opt is "dist_muon" with
+        `use_distributed_optimizer` off)."""
         out = layout_settings(self)
+        if training is not None:
+            out.update(optimizer_settings(training, self))
         out["dp"] = self.dp
         out["expert_dp"] = self.expert_dp
         out["cuda_graphs"] = self.cuda_graphs

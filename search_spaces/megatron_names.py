@@ -29,9 +29,11 @@ if TYPE_CHECKING:
     from search_spaces.job import Job
     from search_spaces.layout import Layout
     from search_spaces.model import ModelSpec
+    from search_spaces.training import TrainingSpec
 
 __all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARALLEL_STATE", "layout_settings",
-           "job_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format", "architecture_settings"]
+           "job_settings", "optimizer_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format",
+           "architecture_settings"]
 
 Owner = Literal["transformer", "ddp", "optimizer", "training"]
 Kind = Literal["int", "float", "bool", "str", "list", "dtype"]
@@ -344,6 +346,17 @@ def fp8_format(recipe: str) -> str:
     return "e4m3" if recipe == "mxfp8" else "hybrid"
 
 
+def optimizer_settings(training: TrainingSpec, layout: Layout) -> dict[str, object]:
+    """What the job's optimizer changes in the layout's megatron settings: nothing for Adam; for Muon the optimizer's
+    name and `use_distributed_optimizer` off. With dist_opt Muon is the layer-wise distributed "dist_muon", and DDP
+    runs without the distributed optimizer (Bridge's Muon recipes: ddp.use_distributed_optimizer=False,
+    overlap_param_gather=False, recipes/kimi/h100/kimi_k2.py::_apply_kimi_k2_optimizer), so no FP8 primary weights
+    either (`TrainingSpec.fp8_params`)."""
+    if not training.muon:
+        return {}
+    return {"optimizer": "dist_muon" if layout.dist_opt else "muon", "use_distributed_optimizer": False}
+
+
 def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     """Every megatron setting the step-time and memory predictions assume, by megatron-core name.
 
@@ -385,12 +398,7 @@ def job_settings(job: Job, layout: Layout) -> dict[str, object]:
     out["reuse_grad_buf_for_mxfp8_param_ag"] = bool(out["fp8_param_gather"]) and recipe == "mxfp8" and not layout.fsdp
     out["fp8_dot_product_attention"] = recipe is not None and t.fp8_dot_product_attention
     out["grad_reduce_in_fp32"] = t.grad_reduce_in_fp32
-    if t.muon:
-        # the layer-wise distributed Muon with dist_opt ("dist_muon"): DDP runs without the distributed optimizer
-        # (Bridge's Muon recipes: ddp.use_distributed_optimizer=False, overlap_param_gather=False,
-        # recipes/kimi/h100/kimi_k2.py::_apply_kimi_k2_optimizer), so no FP8 primary weights either (`fp8_params`)
-        out["optimizer"] = "dist_muon" if layout.dist_opt else "muon"
-        out["use_distributed_optimizer"] = False
+    out.update(optimizer_settings(t, layout))
     # bf16 moments are the precision-aware optimizer's, which megatron-core runs with the distributed optimizer
     # only ("--use-precision-aware-optimizer only supported with distributed optimizer", optimizer_config.py)
     out["use_precision_aware_optimizer"] = t.precision_aware(layout.dist_opt)

@@ -259,3 +259,28 @@ def test_what_autotune_cannot_run_with_muon_is_one_line_and_exit_2(capsys, argv)
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--optimizer muon" in err and "Traceback" not in err
+
+
+def test_json_layouts_say_what_megatron_runs_for_muon(capsys):
+    """The --json layout objects (estimate, check, best.json, trials) carry the optimizer's megatron settings: with
+    dist_opt Muon is "dist_muon" with `use_distributed_optimizer` off, as the launch lines set it; Adam's layout is
+    the layout's own."""
+    import json
+
+    from autotune.ui.cli import main
+
+    layout = parse_layout("ep=8,etp=1,dp=16,mbs=1,dist_opt=true", world_size=16)
+    muon = _job("qwen3-30b-a3b", 2, gpu="b200", optimizer="muon").training
+    adam = _job("qwen3-30b-a3b", 2, gpu="b200").training
+    assert layout.to_megatron()["use_distributed_optimizer"] is True and "optimizer" not in layout.to_megatron()
+    assert layout.to_megatron(adam) == layout.to_megatron()
+    settings = layout.to_megatron(muon)
+    assert settings["use_distributed_optimizer"] is False and settings["optimizer"] == "dist_muon"
+    plain = parse_layout("ep=8,etp=1,dp=16,mbs=1,dist_opt=false", world_size=16)
+    assert plain.to_megatron(muon)["optimizer"] == "muon"
+    argv = ["--model", "qwen3-30b-a3b", "--nodes", "2", "--gpu", "b200", "--optimizer", "muon", "--json",
+            "--layout", "tp=1,ep=8,etp=1,mbs=1,dist_opt=true"]
+    for command in ("estimate", "check"):
+        assert main([command, *argv]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["layout"]["use_distributed_optimizer"] is False and out["layout"]["optimizer"] == "dist_muon"

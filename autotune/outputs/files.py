@@ -40,24 +40,24 @@ def launch_of(result: SearchResult) -> dict[str, str]:
 def result_json(result: SearchResult, *, top: int = 10) -> dict[str, Any]:
     """The whole search as one JSON-ready object: job, settings, the winner with its launch forms, ranking, trials
     (all from `result.answer`: `ranked[0]` is the pick)."""
-    answer = result.answer
+    answer, training = result.answer, result.job.training
     best = answer.pick
     return {
         "job": job_summary(result.job),
         "capacity_gib": result.capacity_bytes / GIB, "headroom_gib": result.headroom_bytes / GIB,
         "mode": result.mode, "backend": result.backend, "seed": result.seed, "space_size": result.space_size,
         "interrupted": result.interrupted, "output_dir": result.output_dir, "stats": result.stats,
-        "best": None if best is None else {**best.summary(), "launch": launch_of(result)},
+        "best": None if best is None else {**best.summary(training), "launch": launch_of(result)},
         "decision": answer.as_dict(),
-        "ranked": [_ranked(answer, r) for r in answer.ranked[:top]],
-        "pareto": [_ranked(answer, r) for r in answer.pareto],
+        "ranked": [_ranked(answer, r, training) for r in answer.ranked[:top]],
+        "pareto": [_ranked(answer, r, training) for r in answer.pareto],
         "yours": answer.as_dict().get("yours", []),
-        "trials": [r.summary() for r in result.records],
+        "trials": [r.summary(training) for r in result.records],
     }
 
 
-def _ranked(answer: Any, r: Any) -> dict[str, Any]:
-    return {**r.summary(), "pick": answer.is_pick(r.layout), "tied": answer.is_tied(r.layout),
+def _ranked(answer: Any, r: Any, training: Any) -> dict[str, Any]:
+    return {**r.summary(training), "pick": answer.is_pick(r.layout), "tied": answer.is_tied(r.layout),
             **({"proxy": r.measurement.extra["proxy"]} if "proxy" in r.measurement.extra else {})}
 
 
@@ -69,8 +69,8 @@ def write_outputs(result: SearchResult, folder: str | Path) -> None:
     folder = Path(folder)
     best = result.best_record
     launch = launch_of(result)
-    payload = None if best is None else {**best.summary(), "launch": launch, "job": job_summary(result.job),
-                                         "decision": result.answer.as_dict()}
+    payload = None if best is None else {**best.summary(result.job.training), "launch": launch,
+                                         "job": job_summary(result.job), "decision": result.answer.as_dict()}
     atomic_write(folder / BEST_JSON, json.dumps(payload, indent=2, default=str) + "\n")
     for key, name in LAUNCH_FILES.items():
         atomic_write(folder / name, (launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")

@@ -36,6 +36,7 @@ from search_spaces.measurement import Measurement
 
 if TYPE_CHECKING:
     from autotune.tuning.answer import Answer
+    from search_spaces.training import TrainingSpec
 
 __all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CALIBRATION_YAML", "CSV_COLUMNS"]
@@ -105,10 +106,11 @@ class TrialRecord:
         row["rank_nodes"] = json.dumps(nodes) if nodes else ""
         return row
 
-    def summary(self) -> dict[str, object]:
-        """Layout (megatron-core names) and metrics, for JSON."""
+    def summary(self, training: TrainingSpec | None = None) -> dict[str, object]:
+        """Layout (megatron-core names, with what the job's `training` optimizer changes in them) and metrics, for
+        JSON."""
         m = self.measurement
-        return {"layout": m.layout.to_megatron(), "layout_text": str(m.layout), "origin": self.origin,
+        return {"layout": m.layout.to_megatron(training), "layout_text": str(m.layout), "origin": self.origin,
                 "status": m.status, "feasible": self.feasible, "reason": m.reason,
                 "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu, "mfu": m.mfu, "tflops_per_gpu": m.tflops_per_gpu,
                 "memory_gib": m.memory_gib, "headroom_gib": self.headroom_gib, "step_time_s": m.step_time_s,

@@ -56,9 +56,10 @@ def notes(job, layout) -> list[str]:
     return out
 
 
-def megatron_fields(layout) -> dict[str, object]:
-    """`Layout.to_megatron()` plus the layout string under megatron-core's name (when the mapping lacks it)."""
-    out = layout.to_megatron()
+def megatron_fields(layout, training=None) -> dict[str, object]:
+    """`Layout.to_megatron(training)` plus the layout string under megatron-core's name (when the mapping lacks
+    it)."""
+    out = layout.to_megatron(training)
     out.setdefault("pipeline_model_parallel_layout", layout.pipeline_layout)
     return out
 
@@ -68,7 +69,7 @@ def check_object(job, layout, violations, memory: dict[str, object] | None = Non
 
     return {
         "valid": not violations,
-        "layout": megatron_fields(layout),
+        "layout": megatron_fields(layout, job.training),
         "stage_layers": list(layout.stage_layer_counts(job.model.num_layers)),
         "violations": [{"rule": v.rule, "fields": dict(v.fields), "message": v.message, "stricter": v.stricter}
                        for v in violations],

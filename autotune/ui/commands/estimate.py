@@ -49,16 +49,16 @@ def headroom_bytes(args: argparse.Namespace, job) -> float:
     return args.headroom_gib * GIB
 
 
-def estimate_object(measurement, *, usable_bytes: float | None = None,
-                    headroom: float | None = None) -> dict[str, object]:
-    """The --json object of one Measurement."""
+def estimate_object(measurement, *, usable_bytes: float | None = None, headroom: float | None = None,
+                    training=None) -> dict[str, object]:
+    """The --json object of one Measurement (its layout with what the job's `training` optimizer changes)."""
     m = measurement
     return {
         "feasible": m.status == "ok",
         "status": m.status,
         "reason": m.reason,
         "violations": list(m.violations),
-        "layout": m.layout.to_megatron(),
+        "layout": m.layout.to_megatron(training),
         "memory_gib": m.memory_gib,  # the device peak: allocated + CUDA context, NCCL, userbuffers, allocator reserve
         "allocated_memory_gib": m.allocated_gib,  # what torch.cuda.max_memory_allocated measures
         "usable_gib": None if usable_bytes is None else usable_bytes / GIB,
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         nearest = nearest_variant(job, layout, headroom, cal)
     if args.json:
         print(json.dumps({**estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom,
-                                            headroom=headroom), "release": job.training.release,
+                                            headroom=headroom, training=job.training), "release": job.training.release,
                           "band_note": _band_note(job), "nearest": nearest,
                           "calibration": None if calibration is None else calibration.summary()}, indent=2))
     else:

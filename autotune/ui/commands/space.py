@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         for i, layout in enumerate(space.layouts()):
             if args.limit is not None and i >= args.limit:
                 break
-            print(json.dumps(megatron_fields(layout)))
+            print(json.dumps(megatron_fields(layout, job.training)))
         return 0
     _print_rich(job, options, space, rejections(job, options), args.sample)
     return 0
