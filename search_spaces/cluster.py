@@ -74,6 +74,8 @@ class GPUSpec:
     """Dense NVFP4 tensor-core peak, FLOP/s; None where the GPU has no FP4 tensor cores (Hopper, Ampere)."""
     sfu_exp_per_s: float | None = None
     """Special-function-unit exponentials (MUFU.EX2) per second: what bounds softmax in attention; None: unknown."""
+    fp32_flops: float | None = None
+    """Dense FP32 peak of the CUDA cores (not the tensor cores), FLOP/s: what bounds Mamba-2's scan; None: unknown."""
     tdp_watts: float | None = None
     """Maximum board/module power (TDP / TGP), watts; None: unknown."""
     host_link_bytes_per_s: float | None = None
@@ -91,7 +93,7 @@ class GPUSpec:
         _whole_number(owner, "memory_bytes", self.memory_bytes, unit=" of bytes", upper=MAX_MEMORY_BYTES)
         _positive_number(owner, "bf16_flops", self.bf16_flops, upper=MAX_FLOPS)
         optional = (("fp8_flops", MAX_FLOPS), ("fp4_flops", MAX_FLOPS), ("sfu_exp_per_s", MAX_FLOPS),
-                             ("tdp_watts", MAX_WATTS), ("host_link_bytes_per_s", MAX_BYTES_PER_S))
+                    ("fp32_flops", MAX_FLOPS), ("tdp_watts", MAX_WATTS), ("host_link_bytes_per_s", MAX_BYTES_PER_S))
         for field_name, upper in optional:
             value = getattr(self, field_name)
             if value is not None:

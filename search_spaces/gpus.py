@@ -55,20 +55,21 @@ H100_SXM = GPUSpec(
     arch="hopper", name="h100-sxm", device_name="NVIDIA H100 80GB HBM3",
     aliases=("h100", "h100-80gb", "h100-sxm-80gb", "h100-sxm5"),
     memory_bytes=81559 * MIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=3.35e12,
-    fp4_flops=None, sfu_exp_per_s=4.5e12, tdp_watts=700, host_link_bytes_per_s=64 * GB_PER_S, host_memory_bytes=None,
-    gpus_per_node=8, nvlink_domain_gpus=None,
+    fp4_flops=None, sfu_exp_per_s=4.5e12, fp32_flops=67 * TERA, tdp_watts=700, host_link_bytes_per_s=64 * GB_PER_S,
+    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-           "sparsity (dense half: 989.4 / 1978.9), no FP4, 80 GB HBM3, 3.35 TB/s, max TDP up to 700 W, "
+           "sparsity (dense half: 989.4 / 1978.9), no FP4, FP32 67 TFLOPS, 80 GB HBM3, 3.35 TB/s, max TDP up to "
+           "700 W, "
            f"{_PCIE5}; an '80 GB' H100 shows 81,559 MiB (79.6 GiB) to software (nvidia-smi, "
            f"torch.cuda.mem_get_info); {_HOPPER_SFU}; {_HGX_SHAPE} (DGX H100)",
 )
 H200 = GPUSpec(
     arch="hopper", name="h200", device_name="NVIDIA H200", aliases=("h200-sxm", "h200-141gb", "h200-sxm-141gb"),
     memory_bytes=141 * GIB, bf16_flops=989.4 * TERA, fp8_flops=1978.9 * TERA, hbm_bytes_per_s=4.8e12,
-    fp4_flops=None, sfu_exp_per_s=4.5e12, tdp_watts=700, host_link_bytes_per_s=64 * GB_PER_S, host_memory_bytes=None,
-    gpus_per_node=8, nvlink_domain_gpus=None,
+    fp4_flops=None, sfu_exp_per_s=4.5e12, fp32_flops=67 * TERA, tdp_watts=700, host_link_bytes_per_s=64 * GB_PER_S,
+    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with "
-           f"sparsity (dense half), no FP4, 141 GB HBM3e, 4.8 TB/s, max TDP up to 700 W, {_PCIE5}; "
+           f"sparsity (dense half), no FP4, FP32 67 TFLOPS, 141 GB HBM3e, 4.8 TB/s, max TDP up to 700 W, {_PCIE5}; "
            f"{_HOPPER_SFU} (H200 is the same GH100 at the same clocks); {_HGX_SHAPE} (DGX H200)",
 )
 _A100_SFU = ("SFU exponentials 2.44e12/s, derived (NVIDIA publishes no rate for Ampere): 108 SMs x 1.41 GHz boost "
@@ -78,52 +79,60 @@ A100_80GB = GPUSpec(
     arch="ampere", name="a100-80gb", device_name="NVIDIA A100-SXM4-80GB",
     aliases=("a100", "a100-sxm", "a100-sxm-80gb", "a100-sxm4-80gb"),
     memory_bytes=80 * GIB, bf16_flops=312 * TERA, fp8_flops=None, hbm_bytes_per_s=2.039e12,
-    fp4_flops=None, sfu_exp_per_s=108 * 16 * 1.41e9, tdp_watts=400, host_link_bytes_per_s=32 * GB_PER_S,
-    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
+    fp4_flops=None, sfu_exp_per_s=108 * 16 * 1.41e9, fp32_flops=19.5 * TERA, tdp_watts=400,
+    host_link_bytes_per_s=32 * GB_PER_S, host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16 312 TFLOPS dense (624 sparse), "
-           "no FP8, no FP4, 80 GB HBM2e, 2,039 GB/s, max TDP 400 W, host link PCIe Gen4 64 GB/s bidirectional -> "
+           "no FP8, no FP4, FP32 19.5 TFLOPS, 80 GB HBM2e, 2,039 GB/s, max TDP 400 W, host link PCIe Gen4 64 GB/s "
+           "bidirectional -> "
            f"32 GB/s each way; {_A100_SFU}; {_HGX_SHAPE} (DGX A100)",
 )
 A100_40GB = GPUSpec(
     arch="ampere", name="a100-40gb", device_name="NVIDIA A100-SXM4-40GB", aliases=("a100-sxm-40gb", "a100-sxm4-40gb"),
     memory_bytes=40 * GIB, bf16_flops=312 * TERA, fp8_flops=None, hbm_bytes_per_s=1.555e12,
-    fp4_flops=None, sfu_exp_per_s=108 * 16 * 1.41e9, tdp_watts=400, host_link_bytes_per_s=32 * GB_PER_S,
-    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
+    fp4_flops=None, sfu_exp_per_s=108 * 16 * 1.41e9, fp32_flops=19.5 * TERA, tdp_watts=400,
+    host_link_bytes_per_s=32 * GB_PER_S, host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM): BF16 312 TFLOPS dense (624 sparse), "
-           "no FP8, no FP4, 40 GB HBM2, 1,555 GB/s, max TDP 400 W, host link PCIe Gen4 64 GB/s bidirectional -> "
+           "no FP8, no FP4, FP32 19.5 TFLOPS, 40 GB HBM2, 1,555 GB/s, max TDP 400 W, host link PCIe Gen4 64 GB/s "
+           "bidirectional -> "
            f"32 GB/s each way; {_A100_SFU}; {_HGX_SHAPE} (DGX A100)",
 )
 B200 = GPUSpec(
     arch="blackwell", name="b200", device_name="NVIDIA B200", aliases=("b200-sxm", "hgx-b200", "dgx-b200"),
     memory_bytes=180 * GIB, bf16_flops=2250 * TERA, fp8_flops=4500 * TERA, hbm_bytes_per_s=8e12,
-    fp4_flops=9000 * TERA, sfu_exp_per_s=5e12, tdp_watts=1000, host_link_bytes_per_s=64 * GB_PER_S,
-    host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
+    fp4_flops=9000 * TERA, sfu_exp_per_s=5e12, fp32_flops=75 * TERA, tdp_watts=1000,
+    host_link_bytes_per_s=64 * GB_PER_S, host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="NVIDIA DGX B200 / HGX B200 datasheets (8 GPUs): FP16/BF16 36 PFLOPS, FP8 72 PFLOPS and FP4 144 PFLOPS "
            "with sparsity -> 2.25 / 4.5 / 9 PFLOPS dense per GPU (HGX B200 prints FP4 '144 | 72 PFLOPS' sparse | "
            "dense); 1,440 GB HBM3e -> 180 GB, 64 TB/s -> 8 TB/s per GPU (NVIDIA's later per-GPU tables print "
            "7.7 TB/s); max power 1,000 W per GPU (HGX B200 column of the per-GPU table in NVIDIA's Blackwell "
-           "technical brief and Blackwell Ultra datasheet; nvidia-smi shows a 1000 W cap); "
+           "technical brief and Blackwell Ultra datasheet, which prints FP32 75 TFLOPS there too; nvidia-smi shows a "
+           "1000 W cap); "
            f"{_PCIE5} (PCIe Gen6 comes with Blackwell Ultra); {_BLACKWELL_SFU}; {_HGX_SHAPE}",
 )
 GB200 = GPUSpec(
     arch="blackwell", name="gb200", device_name="NVIDIA GB200", aliases=("gb200-nvl72", "gb200-nvl"),
     memory_bytes=186 * GIB, bf16_flops=2500 * TERA, fp8_flops=5000 * TERA, hbm_bytes_per_s=8e12,
-    fp4_flops=10000 * TERA, sfu_exp_per_s=5e12, tdp_watts=1200, host_link_bytes_per_s=450 * GB_PER_S,
-    host_memory_bytes=240 * 10**9, gpus_per_node=4, nvlink_domain_gpus=72,
+    fp4_flops=10000 * TERA, sfu_exp_per_s=5e12, fp32_flops=75 * TERA * 2500 / 2250, tdp_watts=1200,
+    host_link_bytes_per_s=450 * GB_PER_S, host_memory_bytes=240 * 10**9, gpus_per_node=4, nvlink_domain_gpus=72,
     source="NVIDIA GB200 NVL72 datasheet (72 GPUs): FP16/BF16 360 PFLOPS, FP8 720 PFLOPS and FP4 1,440 PFLOPS with "
            "sparsity -> 2.5 / 5 / 10 PFLOPS dense per GPU (NVIDIA's 'Inside Blackwell Ultra' table: Blackwell NVFP4 "
            "10 | 20 PFLOPS dense | sparse); 13.4 TB HBM3e -> 186 GB, 576 TB/s -> 8 TB/s per GPU; max TDP 1,200 W "
-           f"(the Blackwell column of that table); {_C2C}; {_BLACKWELL_SFU}; {_NVL72_HOST_AND_SHAPE}",
+           "(the Blackwell column of that table); FP32 83.3 TFLOPS, derived: B200's 75 (HGX B200 column of the "
+           "Blackwell technical brief's per-GPU table) times the BF16 ratings' 2.5 / 2.25, since GB200 is the same "
+           "die with the same SMs, whose CUDA cores and tensor cores run at one clock (NVIDIA prints no per-GPU FP32 "
+           f"for GB200); {_C2C}; {_BLACKWELL_SFU}; {_NVL72_HOST_AND_SHAPE}",
 )
 B300 = GPUSpec(
     arch="blackwell", name="b300", device_name="NVIDIA B300 SXM6 AC", compute_capability=(10, 3),
     aliases=("b300-sxm", "b300-sxm6", "hgx-b300", "dgx-b300", "b300-sxm-270gb"),
     memory_bytes=275040 * MIB, bf16_flops=2250 * TERA, fp8_flops=4500 * TERA, hbm_bytes_per_s=7.7e12,
-    fp4_flops=14000 * TERA, sfu_exp_per_s=10.7e12, tdp_watts=1100, host_link_bytes_per_s=128 * GB_PER_S,
+    fp4_flops=14000 * TERA, sfu_exp_per_s=10.7e12, fp32_flops=75 * TERA, tdp_watts=1100,
+    host_link_bytes_per_s=128 * GB_PER_S,
     host_memory_bytes=None, gpus_per_node=8, nvlink_domain_gpus=None,
     source="Blackwell Ultra in HGX B300 / DGX B300 (8 GPUs). DGX B300 datasheet: FP8 72 PFLOPS and FP4 144 PFLOPS "
            "with sparsity; HGX B300 column of the per-GPU table in NVIDIA's Blackwell architecture technical brief "
-           "(v2.1, table 3) and Blackwell Ultra datasheet: FP16/BF16 4.5 | 2.25 PFLOPS, FP8 9 | 4.5, FP4 18 | 14 "
+           "(v2.1, table 3) and Blackwell Ultra datasheet: FP16/BF16 4.5 | 2.25 PFLOPS, FP8 9 | 4.5, FP4 18 | 14, "
+           "FP32 75 TFLOPS "
            "(sparse | dense: Blackwell Ultra's dense FP4 is not half its sparse figure; NVIDIA's HGX B300 page at "
            "launch printed FP4 144 | 105 PFLOPS per 8 GPUs, 13.1 dense each), 270 GB HBM3e, 7.7 TB/s, 1,100 W "
            "(read through third-party copies of those PDFs, verda.com's 'GB300 NVL72' post among them; the "
@@ -140,14 +149,15 @@ GB300 = GPUSpec(
     arch="blackwell", name="gb300", device_name="NVIDIA GB300", compute_capability=(10, 3),
     aliases=("gb300-nvl72", "gb300-nvl"),
     memory_bytes=284208 * MIB, bf16_flops=2500 * TERA, fp8_flops=5000 * TERA, hbm_bytes_per_s=8e12,
-    fp4_flops=15000 * TERA, sfu_exp_per_s=10.7e12, tdp_watts=1400, host_link_bytes_per_s=450 * GB_PER_S,
-    host_memory_bytes=240 * 10**9, gpus_per_node=4, nvlink_domain_gpus=72,
+    fp4_flops=15000 * TERA, sfu_exp_per_s=10.7e12, fp32_flops=80 * TERA, tdp_watts=1400,
+    host_link_bytes_per_s=450 * GB_PER_S, host_memory_bytes=240 * 10**9, gpus_per_node=4, nvlink_domain_gpus=72,
     source="NVIDIA GB300 NVL72 datasheet (72 GPUs): FP4 1,440 PFLOPS sparse and 1,080 PFLOPS dense -> 15 PFLOPS "
            "dense per GPU (not half the sparse 20), FP8/FP6 720 PFLOPS and FP16/BF16 360 PFLOPS with sparsity "
            "-> 5 / 2.5 PFLOPS dense per GPU, 20 TB HBM3e and 576 TB/s -> 8 TB/s per GPU; NVIDIA's 'Inside "
            "Blackwell Ultra' blog: 15 PFLOPS dense NVFP4, 288 GB HBM3e, 8 TB/s, max TDP 1,400 W, NVLink 5 1.8 TB/s "
-           "bidirectional; memory 284,208 MiB as nvidia-smi shows an 'NVIDIA GB300' (public nvidia-smi logs, cap "
-           "1400 W) and NVIDIA's own MLPerf Training v5.1 system description (Theia, 1x GB300 NVL72: "
+           "bidirectional; FP32 80 TFLOPS (GB300 column of the Blackwell technical brief's per-GPU table, read "
+           "through verda.com's copy); memory 284,208 MiB as nvidia-smi shows an 'NVIDIA GB300' (public nvidia-smi "
+           "logs, cap 1400 W) and NVIDIA's own MLPerf Training v5.1 system description (Theia, 1x GB300 NVL72: "
            "'284208 MiB'); compute capability 10.3 (sm_103: NVIDIA Transformer Engine support matrix; "
            f"sgl_kernel reports 103 on GB300); {_C2C}; {_ULTRA_SFU}; {_NVL72_HOST_AND_SHAPE}",
 )

@@ -50,26 +50,30 @@ def test_gpu_datasheet_figures(name, bf16_tflops, fp8_tflops, memory_gib, hbm_tb
 
 
 @pytest.mark.parametrize(
-    ("name", "fp4_pflops", "sfu_tera_exp", "tdp_w", "host_gb_per_s", "host_memory_gb", "per_node", "domain"),
+    ("name", "fp4_pflops", "sfu_tera_exp", "tdp_w", "host_gb_per_s", "host_memory_gb", "per_node", "domain",
+     "fp32_tflops"),
     [
+        # FP32 CUDA-core peaks: H100/H200 67, A100 19.5 (datasheets), B200 / B300 75 and GB300 80 (Blackwell / Blackwell
+        # Ultra tech briefs' per-GPU columns); GB200 B200's 75 at GB200's BF16 clock ratio (2.5 / 2.25 PFLOPS)
         # no FP4 on Hopper; SFU: NVIDIA's Hopper figure (4.5 TeraExponentials/s); PCIe Gen5 128 GB/s / 2
-        ("h100", None, 4.5, 700, 64, None, 8, None),
-        ("h200", None, 4.5, 700, 64, None, 8, None),
+        ("h100", None, 4.5, 700, 64, None, 8, None, 67),
+        ("h200", None, 4.5, 700, 64, None, 8, None, 67),
         # SFU derived: 108 SMs * 16 EX2 per clock * 1.41 GHz = 2.43648e12; PCIe Gen4 64 GB/s / 2
-        ("a100-80gb", None, 2.43648, 400, 32, None, 8, None),
-        ("a100-40gb", None, 2.43648, 400, 32, None, 8, None),
-        ("b200", 9, 5, 1000, 64, None, 8, None),  # 144 PFLOPS FP4 sparse / 8 / 2
+        ("a100-80gb", None, 2.43648, 400, 32, None, 8, None, 19.5),
+        ("a100-40gb", None, 2.43648, 400, 32, None, 8, None, 19.5),
+        ("b200", 9, 5, 1000, 64, None, 8, None, 75),  # 144 PFLOPS FP4 sparse / 8 / 2
         # 1,440 PFLOPS FP4 sparse / 72 / 2; NVLink-C2C 900 GB/s / 2; 480 GB LPDDR5X per Grace / 2 GPUs
-        ("gb200", 10, 5, 1200, 450, 240, 4, 72),
+        ("gb200", 10, 5, 1200, 450, 240, 4, 72, 75 * 2500 / 2250),
         # FP4 14 dense (18 sparse) per HGX B300 GPU as NVIDIA prints it; SFU doubled; PCIe Gen6 256 GB/s / 2
-        ("b300", 14, 10.7, 1100, 128, None, 8, None),
+        ("b300", 14, 10.7, 1100, 128, None, 8, None, 75),
         # 1,080 PFLOPS FP4 dense / 72 (the sparse 1,440 / 72 = 20 is not twice it); C2C 900 / 2; 480 GB / 2
-        ("gb300", 15, 10.7, 1400, 450, 240, 4, 72),
+        ("gb300", 15, 10.7, 1400, 450, 240, 4, 72, 80),
     ],
 )
 def test_gpu_datasheet_figures_beyond_gemm(name, fp4_pflops, sfu_tera_exp, tdp_w, host_gb_per_s, host_memory_gb,
-                                           per_node, domain) -> None:
+                                           per_node, domain, fp32_tflops) -> None:
     gpu = get_gpu(name)
+    assert gpu.fp32_flops == pytest.approx(fp32_tflops * 1e12)
     assert gpu.fp4_flops == (None if fp4_pflops is None else pytest.approx(fp4_pflops * 1e15))
     assert gpu.sfu_exp_per_s == pytest.approx(sfu_tera_exp * 1e12)
     assert gpu.tdp_watts == tdp_w
@@ -96,7 +100,8 @@ def test_blackwell_ultra_is_blackwell_for_the_model() -> None:
 
 def test_every_catalog_gpu_fills_every_field_its_product_fixes() -> None:
     for gpu in list_gpus():
-        assert None not in (gpu.sfu_exp_per_s, gpu.tdp_watts, gpu.host_link_bytes_per_s, gpu.device_name), gpu.name
+        assert None not in (gpu.sfu_exp_per_s, gpu.tdp_watts, gpu.host_link_bytes_per_s, gpu.device_name,
+                            gpu.fp32_flops), gpu.name
         assert (gpu.fp8_flops is None) == (gpu.arch == "ampere"), gpu.name
         assert (gpu.fp4_flops is None) == (gpu.arch != "blackwell"), gpu.name
         # host memory is the product's only where the product fixes the host (Grace on NVL72 trays)
@@ -249,8 +254,8 @@ def test_yaml_inline_gpu_with_every_field_and_an_nvl72_shape(tmp_path: Path) -> 
         "nodes: 18\n"
         "gpu:\n  name: my-gb300\n  arch: blackwell\n  aliases: [Mine]\n  device_name: NVIDIA GB300\n"
         "  compute_capability: [10, 3]\n  memory_bytes: 298013687808\n  bf16_flops: 2.5e+15\n  fp8_flops: 5e15\n"
-        "  fp4_flops: '15e15'\n  hbm_bytes_per_s: 8e12\n  sfu_exp_per_s: 10.7e12\n  tdp_watts: 1400\n"
-        "  host_link_bytes_per_s: 450e9\n  host_memory_bytes: 240000000000\n  gpus_per_node: 4\n"
+        "  fp4_flops: '15e15'\n  hbm_bytes_per_s: 8e12\n  sfu_exp_per_s: 10.7e12\n  fp32_flops: 80e12\n"
+        "  tdp_watts: 1400\n  host_link_bytes_per_s: 450e9\n  host_memory_bytes: 240000000000\n  gpus_per_node: 4\n"
         "  nvlink_domain_gpus: 72\n  source: my datasheet\n"
         "intra_node: nvlink5\n"))
     c = build_cluster(yaml_path=path)
@@ -260,7 +265,7 @@ def test_yaml_inline_gpu_with_every_field_and_an_nvl72_shape(tmp_path: Path) -> 
     assert (g.memory_bytes, g.host_memory_bytes, g.gpus_per_node, g.nvlink_domain_gpus) == (
         284208 * MIB, 240 * 10**9, 4, 72)
     assert (g.bf16_flops, g.fp8_flops, g.fp4_flops, g.hbm_bytes_per_s) == (2.5e15, 5e15, 15e15, 8e12)
-    assert (g.sfu_exp_per_s, g.tdp_watts, g.host_link_bytes_per_s) == (10.7e12, 1400, 450e9)
+    assert (g.sfu_exp_per_s, g.fp32_flops, g.tdp_watts, g.host_link_bytes_per_s) == (10.7e12, 80e12, 1400, 450e9)
     assert (c.gpus_per_node, c.nvlink_domain, c.world_size) == (4, 72, 72)  # an NVL72 rack from the YAML alone
     assert c.link_for_group(72).name == "nvlink5"
 

@@ -140,11 +140,10 @@ class Calibration:
     moe_imbalance: float = 1.2  # assumed: busiest EP rank's tokens / mean with aux-loss routing; published
     #   benchmarks force balanced routing (`moe_router_force_load_balancing`), so they cannot fit it
     # --- hybrid Mamba models ------------------------------------------------------------
-    mamba_scan_fraction: float = 0.1201  # fitted on Nemotron rows of H100/B200/GB200 only (never GB300/B300): share of
-    #   HBM bandwidth mamba_ssm's fused conv + chunked scan reaches on the minimal traffic `mamba_time.py` counts
-    #   (bench_throughput --fit-mamba, 10 rows, 2026-12-02). Low because mamba_ssm's SSD runs five forward Triton
-    #   kernels (chunk cumsum, chunk state, state passing, C B^T, chunk scan; `ops/triton/ssd_combined.py`), each
-    #   re-reading x, B, C and dt: about four times the minimal traffic at half the bandwidth
+    mamba_scan_fraction: float = 0.4544  # fitted on Nemotron rows of H100/B200/GB200 only (never GB300/B300): share of
+    #   the FP32 CUDA-core peak (`GPUSpec.fp32_flops`) at which mamba_ssm's fused conv + SSD scan runs its FLOPs
+    #   (`mamba_time.py`; bench_throughput --fit-mamba, 11 rows, 2026-12-04). The tiles' FP32 element-wise work
+    #   (decay exponentials, masks, scaling) sets the pace, about two CUDA-core operations per counted FLOP
     # --- per-step fixed cost ------------------------------------------------------------
     step_overhead_s: float = 0.05  # fitted: data loading, logging, optimizer launch, synchronisation per iteration
     # --- uncertainty --------------------------------------------------------------------

@@ -15,9 +15,17 @@ The SSD algorithm (Sec. 6, Listing 1 `ssd_minimal_discrete`) per chunk of Q toke
 (4) the states' output C h (2 N P per token and head): forward FLOPs per token H (2 Q P + 4 N P) + 2 G Q N.
 Bytes per token (bf16 in and out, fp32 states): the kernel reads x B C (conv_dim), dt (H) and z (d_inner), writes y
 (d_inner), and writes then reads the chunk states H P N x 4 B once per Q tokens; the conv reads and writes x B C.
-The kernels are memory-bound at these sizes (Nemotron-3 Nano: ~60 kB against ~3.4 MFLOP per token, below the
-H100's 300 FLOP/B ridge), so the scan's time is bytes / (HBM bandwidth x `Calibration.mamba_scan_fraction`), the
-one fitted Mamba constant, bounded below by the FLOPs at the attention kernels' achieved rate.
+The scan's time is set by the SMs' CUDA cores, not by HBM or the tensor cores: mamba_ssm's SSD kernels
+(`ops/triton/ssd_chunk_scan.py`, `ssd_chunk_state.py`, `ssd_bmm.py`) build each Q x Q and Q x P tile from FP32
+element-wise work (the decays exp(dA_cs_m - dA_cs_k), the causal mask, the dt scaling, FP32 accumulation), which
+grows with the same tiles as the FLOPs above, so the time is FLOPs / (the GPU's FP32 CUDA-core peak
+`GPUSpec.fp32_flops` x `Calibration.mamba_scan_fraction`), the one fitted Mamba constant, never below the bytes at
+the achieved HBM bandwidth or the FLOPs at the attention kernels' tensor rate. The published Nano rows say so:
+H100 -> B200 raises HBM bandwidth and tensor peaks 2.3-2.4x but the FP32 peak only 1.12x (67 -> 75 TFLOPS), and
+a bandwidth-bound scan fitted with one constant predicted the H100 rows 14% slow and the GB200 rows 4% fast,
+the CUDA-core-bound scan both within 6% (mean 2.2% and 3.6%); the SFU exponential rate (doubled on Blackwell
+Ultra) would predict the held-out GB300 / B300 rows 11-14% fast, the CUDA-core rate keeps them within 9%
+(`bench/bench_throughput.py`).
 The backward recomputes the conv and the chunk states (mamba_ssm `ssd_combined.py::_mamba_chunk_scan_combined_bwd`,
 the mem-eff path saves only `zxbcdt` and the scan output) and runs the gradients of steps 1, 2 and 4: 1 + 2 = 3x
 the forward's scan traffic (`SCAN_BACKWARD`); GEMMs 2x as everywhere.
@@ -28,14 +36,17 @@ from __future__ import annotations
 from autotune.cost.comm import all_to_all_s
 from autotune.cost.efficiency import memory_bound_time_s, power_factor
 from autotune.cost.layer_time import BF16, Pass, Shape, _tp_collectives_s, _tp_passes, fp8_cast_s, host_s, tp_exposed_s
+from search_spaces.cluster import GPUSpec
 
-__all__ = ["mamba_block", "scan_flops_per_token", "scan_bytes_per_token", "MAMBA_HOST_OPS", "SCAN_BACKWARD"]
+__all__ = ["mamba_block", "scan_flops_per_token", "scan_bytes_per_token", "fp32_flops", "MAMBA_HOST_OPS",
+           "SCAN_BACKWARD"]
 
 FP32 = 4.0
 SCAN_BACKWARD = 3.0  # the backward: recompute (1x) + gradients of the diagonal, state and output steps (2x)
 # Framework ops per forward (mamba_layer.py, mamba_mixer.py): norm+in_proj, CP hooks, reshapes / rearranges (~6),
 # A = -exp(A_log), the fused scan, the gated norm, out_proj, BDA. Only their product with `host_op_s` matters.
 MAMBA_HOST_OPS = 14
+BF16_PER_FP32_DEFAULT = 989.4 / 67.0  # H100 SXM datasheet: BF16 tensor 989.4 TFLOPS dense, FP32 67 TFLOPS
 
 
 def scan_flops_per_token(x: Shape) -> float:
@@ -56,11 +67,21 @@ def scan_bytes_per_token(x: Shape) -> float:
     return conv + scan + states
 
 
+def fp32_flops(gpu: GPUSpec) -> float:
+    """The GPU's FP32 CUDA-core peak (`GPUSpec.fp32_flops`); a GPU that does not give it (a YAML GPU) is taken at
+    H100's ratio of BF16 tensor to FP32 CUDA-core peak (989.4 / 67 TFLOPS, the H100 datasheet)."""
+    return gpu.fp32_flops or gpu.bf16_flops / BF16_PER_FP32_DEFAULT
+
+
 def _scan_s(x: Shape, tokens: float) -> float:
+    """The fused conv + SSD scan of `tokens` tokens on one GPU: bound by the CUDA cores (module docstring), never
+    faster than its bytes at the achieved HBM bandwidth or its FLOPs at the attention kernels' tensor rate."""
     gpu, cal = x.job.cluster.gpu, x.cal
-    memory = tokens * scan_bytes_per_token(x) / (gpu.hbm_bytes_per_s * cal.mamba_scan_fraction)
-    math = tokens * scan_flops_per_token(x) / (gpu.bf16_flops * cal.arch(gpu).attention * power_factor(gpu))
-    return max(memory, math)
+    flops = tokens * scan_flops_per_token(x)
+    cores = flops / (fp32_flops(gpu) * cal.mamba_scan_fraction)
+    memory = memory_bound_time_s(tokens * scan_bytes_per_token(x), gpu=gpu, cal=cal)
+    tensor = flops / (gpu.bf16_flops * cal.arch(gpu).attention * power_factor(gpu))
+    return max(cores, memory, tensor)
 
 
 def mamba_block(x: Shape) -> dict[str, Pass]:
