@@ -297,6 +297,17 @@ def ultra_ratios(rows: list[Row], predicted: list[float], ultra: str = "gb300",
             for d in found.values() if len(d) == 2]
 
 
+RATIO_DIAGNOSTICS = (("gb200", "b200"), ("b300", "b200"), ("gb300", "b300"))
+
+
+def ratio_summary(pairs: list[tuple[Row, Row, float, float]]) -> dict[str, Any]:
+    """Pairs, pairs within 6%, mean |error| and bias (geometric) of predicted / published speed ratios."""
+    errors = [pred / pub - 1 for _, _, pub, pred in pairs]
+    return {"pairs": len(pairs), "within_6_percent": sum(abs(e) <= 0.06 for e in errors),
+            "mean_abs_error": sum(map(abs, errors)) / len(errors) if errors else None,
+            "bias": math.expm1(sum(map(math.log1p, errors)) / len(errors)) if errors else None}
+
+
 def print_rows(rows: list[Row], predicted: list[float], cal: Calibration) -> None:
     print(f"{'source':16} {'model':20} {'gpu':9} {'layout':62} {'pub':>7} {'pred':>7} {'err':>6}  largest terms")
     for r, p in zip(rows, predicted, strict=False):
@@ -400,11 +411,13 @@ def main() -> int:
         if nemotron else None
     ratio_pairs = ultra_ratios(rows + held_out + hybrid + latent,
                          predicted + held_predicted + hybrid_predicted + latent_predicted)
-    ratio_errors = [pred / pub - 1 for _, _, pub, pred in ratio_pairs]
-    result["gb300_over_gb200"] = {
-        "pairs": len(ratio_pairs), "within_6_percent": sum(abs(e) <= 0.06 for e in ratio_errors),
-        "mean_abs_error": sum(map(abs, ratio_errors)) / len(ratio_pairs) if ratio_pairs else None,
-        "bias": math.expm1(sum(map(math.log1p, ratio_errors)) / len(ratio_pairs)) if ratio_pairs else None}
+    result["gb300_over_gb200"] = ratio_summary(ratio_pairs)
+    every_row = rows + held_out + hybrid + latent
+    every_predicted = predicted + held_predicted + hybrid_predicted + latent_predicted
+    # the same pairing between the other Blackwell products: same die (B200 / GB200, B300 / GB300) and generation
+    # (B300 / B200); a diagnostic of what the spec sheets predict, nothing is fitted on it
+    result["equal_layout_ratios"] = {f"{u}/{b}": ratio_summary(ultra_ratios(every_row, every_predicted, u, b))
+                                     for u, b in RATIO_DIAGNOSTICS}
     for name, is_held in (("latent_moe_fitted_gpus", False), ("latent_moe_held_out", True)):
         scored = [(r, p) for r, p in zip(latent, latent_predicted, strict=True) if r.held_out == is_held]
         result[name] = summary([r for r, _ in scored], [p for _, p in scored]) if scored else None
@@ -463,6 +476,11 @@ def main() -> int:
         for ultra, _, pub, pred in ratio_pairs:
             print(f"  {ultra.source[:16]:16} {ultra.model[:24]:24} {str(ultra.job.gemm_recipe or 'bf16'):10} "
                   f"published {pub:.3f} predicted {pred:.3f} ({pred / pub - 1:+.1%})")
+    print("\nThe same pairing between the other Blackwell products (diagnostic, nothing fitted on it):")
+    for name, r in result["equal_layout_ratios"].items():
+        if r["pairs"]:
+            print(f"  {name:12} {r['pairs']:3} pairs, {r['within_6_percent']} within 6%, mean |error| "
+                  f"{r['mean_abs_error']:.1%}, bias {r['bias']:+.1%}")
     return 0
 
 

@@ -354,7 +354,7 @@ def cuda_graph_modules_refused(job: Job, cuda_graphs: str, version: str = "0.19.
         return "moe cuda graph is only supported for MoE."
     if m.is_moe and m.num_dense_mlp_layers == 0 and "mlp" in modules:
         return "mlp cuda graph is only supported for dense layers, but not found in the model."
-    drop_pad = job.training.moe_expert_capacity_factor is not None and job.training.moe_pad_expert_input_to_capacity
+    drop_pad = job.training.moe_drop_padded
     if m.is_moe and "moe" in modules and version >= "0.17" and not drop_pad:
         return "moe cuda graph is only supported with drop-padding MoE."
     if (m.is_moe and not drop_pad and "moe_preprocess" in modules and job.moe_dispatcher[0] == "alltoall"

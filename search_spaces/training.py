@@ -233,6 +233,12 @@ class TrainingSpec:
         and bf16 moments are its feature; Muon's layer-wise optimizer is not that optimizer (`adam_dist_opt`)."""
         return self.adam_dist_opt(dist_opt) and (self.precision_aware_optimizer or self.optimizer_moments == "bf16")
 
+    @property
+    def moe_drop_padded(self) -> bool:
+        """Drop-and-pad MoE (a capacity factor with every expert padded to its capacity): static shapes, which
+        per-layer CUDA graphs of the MoE block need (megatron-core `transformer_config.py`)."""
+        return self.moe_expert_capacity_factor is not None and self.moe_pad_expert_input_to_capacity
+
     def moments(self, dist_opt: bool) -> MomentDtype:
         """The Adam moments' dtype in effect: bf16 only with the precision-aware optimizer (so dist opt)."""
         return "bf16" if self.optimizer_moments == "bf16" and self.adam_dist_opt(dist_opt) else "fp32"

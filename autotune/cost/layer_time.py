@@ -119,7 +119,11 @@ def graphed(x: Shape, part: str) -> bool:
     """Whether the layout's CUDA graphs capture `part` ('attn', 'mlp', 'moe_router', 'moe_preprocess', 'moe',
     'mamba'): full-iteration graphs capture every part; per-layer graphs (`local`, `transformer_engine`) the job's
     `cuda_graph_modules` (empty: the whole layer's static parts, never a dropless MoE block,
-    megatron-core `transformer/cuda_graphs.py`; a Mamba layer whole, `ssm/mamba_layer.py:108-110`)."""
+    megatron-core `transformer/cuda_graphs.py`; a Mamba layer whole, `ssm/mamba_layer.py:108-110`). A drop-and-pad
+    MoE block under an empty scope is captured too by megatron-core's code (`transformer_layer.py::
+    create_mcore_cudagraph_manager`, "cudagraph the entire layer"), but costed eager here: of the only published
+    runs with it (five 25.09 rows, core 0.14 local graphs), the three whose host ops matter are predicted -6..0%
+    with them counted and +20..+34% graphed (2026-12-04, `bench/bench_throughput.py`)."""
     if x.cuda_graphs == "none":
         return False
     if x.cuda_graphs == "full_iteration":
