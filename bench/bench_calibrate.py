@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION  # noqa: E402
-from autotune.cost.throughput import estimate_time  # noqa: E402
+from autotune.cost.score import estimate_time  # noqa: E402
 from autotune.tuning.calibrate import Run, fit_factors  # noqa: E402
 from bench.throughput_rows import Row, load_rows  # noqa: E402
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 import autotune.cost.memory as memory_model  # noqa: E402
+import autotune.cost.score as score_model  # noqa: E402
 import autotune.cost.throughput as throughput_model  # noqa: E402
 from autotune.cost.layout_table import LayoutTable  # noqa: E402
 from autotune.cost.score import score_layouts  # noqa: E402
@@ -83,7 +84,7 @@ def bench_job(model: str, nodes: int, seq: int, gbs: int, sample: int) -> None:
     figures = []
     for layout in layouts:
         mem = memory_model.estimate_memory(job, layout)
-        est = throughput_model.estimate_time(job, layout)
+        est = score_model.estimate_time(job, layout)
         figures.append((est.tokens_per_s_per_gpu, mem.total_bytes, mem.total_bytes <= capacity))
     scalar_cpu, scalar_wall = clock.lap()
 

@@ -46,7 +46,7 @@ from autotune.cost.efficiency import (  # noqa: E402
     ReleaseFactors,
     fit_group,
 )
-from autotune.cost.throughput import estimate_time  # noqa: E402
+from autotune.cost.score import estimate_time  # noqa: E402
 from bench.throughput_rows import Row, load_rows  # noqa: E402
 from search_spaces.releases import release_names  # noqa: E402
 

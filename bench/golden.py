@@ -11,7 +11,7 @@ The bench set:
 - the analytic search's pick on each job in `SEARCHED` (the README job among them), with the default headroom.
 
 Each layout's figures are what `estimate` reads: the step time and its twelve terms, tokens/s per GPU with its
-band, TFLOP/s and MFU (`autotune.cost.throughput.estimate_time`), the six memory terms, the allocated and device
+band, TFLOP/s and MFU (`autotune.cost.score.estimate_time`), the six memory terms, the allocated and device
 peaks, the peak stage, its phase and parameters, and the device-overhead terms (`autotune.cost.memory
 .estimate_memory`). `tests/test_golden.py` recomputes them, through both the one-layout calls and the vectorised
 scorer, and holds them to `REL` relative.
@@ -30,8 +30,7 @@ from typing import Any, cast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.memory import estimate_memory  # noqa: E402
-from autotune.cost.score import Scores  # noqa: E402
-from autotune.cost.throughput import estimate_time  # noqa: E402
+from autotune.cost.score import Scores, estimate_time  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402

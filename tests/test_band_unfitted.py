@@ -8,7 +8,7 @@ import math
 import pytest
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, fit_group
-from autotune.cost.throughput import estimate_time
+from autotune.cost.score import estimate_time
 from autotune.ui.cli import main
 from bench.bench_throughput import fitted_groups
 from bench.throughput_rows import load_rows

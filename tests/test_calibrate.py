@@ -16,7 +16,7 @@ from megatron_logs import bridge_summary, job_arguments, megatron_lm_log, publis
 
 from autotune.cost.calibration_file import FACTOR_BOUNDS, read_calibration
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
-from autotune.cost.throughput import estimate_time
+from autotune.cost.score import estimate_time
 from autotune.tuning.calibrate import Run, fit_factors
 from autotune.tuning.training_log import parse_log, read_log, steady_step_s
 from autotune.ui.cli import main

@@ -15,8 +15,8 @@ from autotune.cost.memory import (
     offload_host_bytes,
 )
 from autotune.cost.placement import fsdp_unit_params_per_gpu, nonunit_params_per_gpu, stage_params
-from autotune.cost.score import score_layouts
-from autotune.cost.throughput import estimate_time, fsdp_comm_s
+from autotune.cost.score import estimate_time, score_layouts
+from autotune.cost.throughput import fsdp_comm_s
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

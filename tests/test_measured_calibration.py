@@ -23,7 +23,7 @@ import pytest
 from autotune.cost.calibration_file import PROXY_SOURCE, apply_factors, read_calibration
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.cost.placement import stage_params
-from autotune.cost.throughput import estimate_time
+from autotune.cost.score import estimate_time
 from autotune.tuning.calibrate import Run, fit_factors
 from autotune.tuning.driver import write_measured_calibration
 from autotune.tuning.measured_calibration import collective_timings, search_runs, stage_probe

@@ -24,7 +24,8 @@ from autotune.cost.muon import (
     step_s,
 )
 from autotune.cost.placement import layer_gemm_params_per_gpu, stage_params
-from autotune.cost.throughput import dp_comm_s, estimate_time, optimizer_step_s
+from autotune.cost.score import estimate_time
+from autotune.cost.throughput import dp_comm_s, optimizer_step_s
 from autotune.outputs.launch import bridge_overrides, megatron_lm_args
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster

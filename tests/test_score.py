@@ -15,8 +15,8 @@ import pytest
 from autotune.cost.analytic import AnalyticBackend
 from autotune.cost.layout_table import LayoutTable
 from autotune.cost.memory import LOCAL_SPEC_ASSUMPTIONS, estimate_memory
-from autotune.cost.score import score_layouts
-from autotune.cost.throughput import TIME_KEYS, estimate_time
+from autotune.cost.score import estimate_time, score_layouts
+from autotune.cost.throughput import TIME_KEYS
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

@@ -11,7 +11,8 @@ import pytest
 from autotune.cost.comm import group_collective_s, ring_collective_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, gemm_efficiency
 from autotune.cost.flops import forward_flops_per_token, model_flops_per_step
-from autotune.cost.throughput import TIME_KEYS, estimate_time, pipeline_bubble_s
+from autotune.cost.score import estimate_time
+from autotune.cost.throughput import TIME_KEYS, pipeline_bubble_s
 from search_spaces.catalog import get_model
 from search_spaces.cluster import ClusterSpec, LinkSpec
 from search_spaces.gpus import build_cluster, get_gpu
@@ -123,7 +124,7 @@ def test_group_collective_shares_the_node_nics() -> None:
 @pytest.mark.parametrize(("pp", "vpp", "expected"), [(1, None, 0.0), (4, None, 3.0), (4, 3, 1.0), (8, 7, 1.0)])
 def test_bubble_is_pp_minus_one_over_vpp(pp, vpp, expected) -> None:
     # equal stages of 1 s: (sum - max) / v = (p - 1) / v
-    assert pipeline_bubble_s((1.0,) * pp, Layout(pp=pp, vpp=vpp)) == pytest.approx(expected)
+    assert pipeline_bubble_s(1.0 * pp, 1.0, Layout(pp=pp, vpp=vpp).vpp_size) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(("stages", "vpp", "expected"), [
@@ -132,7 +133,8 @@ def test_bubble_is_pp_minus_one_over_vpp(pp, vpp, expected) -> None:
     ((1.0, 1.0, 5.0), None, 2.0),
 ])
 def test_uneven_bubble_is_the_other_stages(stages, vpp, expected) -> None:
-    assert pipeline_bubble_s(stages, Layout(pp=len(stages), vpp=vpp)) == pytest.approx(expected)
+    assert pipeline_bubble_s(sum(stages), max(stages), Layout(pp=len(stages), vpp=vpp).vpp_size) \
+        == pytest.approx(expected)
 
 
 # 14 layers, a tiny vocabulary (the logits cost next to nothing): splits of PP 4

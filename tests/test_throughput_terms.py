@@ -9,7 +9,8 @@ import pytest
 
 from autotune.cost.comm import dispatch_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
-from autotune.cost.throughput import estimate_time, layer_times
+from autotune.cost.score import estimate_time
+from autotune.cost.throughput import layer_times
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster, get_gpu
 from search_spaces.job import Job

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from autotune.cost.throughput import estimate_time
+from autotune.cost.score import estimate_time
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement, Status

@@ -1,43 +1,35 @@
-"""Step time of one layout: layers, pipeline, data-parallel communication and optimizer, as a visible sum.
+"""The step-time terms of a layout: each layer's passes, the pipeline, data-parallel communication, the optimizer.
 
-    step = m * stage_max + bubble + m * p2p + dp_exposed + optimizer + overhead
-
-m = GBS / (b * DP) micro-batches; stage_* is one micro-batch's forward + backward (+ recompute) through a
-pipeline stage: its dense and MoE layers (`autotune/cost/layer_time.py`, `moe_time.py`, each pass max(GPU, host)),
-the embedding on the first stage and the logits and loss on the last. The heaviest stage paces the steady state;
-the others fill and drain the pipeline (Narayanan et al. 2021, arXiv 2104.04473, eq. 1 and Sec. 2.2.2). DP
-communication overlaps with the backward (gradient reduce-scatter) and the forward (parameter all-gather) when the
-training spec turns the overlap on; what cannot hide stays exposed. Every fitted or assumed constant is in
-`autotune/cost/efficiency.py`; see docs/throughput-model.md for the terms, their sources and the fit.
+`layer_times` gives one micro-batch's forward + backward (+ recompute) through each kind of layer (dense, MoE,
+Mamba, attention-only, MTP) and the last stage's logits and loss (`autotune/cost/layer_time.py`, `moe_time.py`,
+`mamba_time.py`; each pass max(GPU, host)); `pipeline_p2p_s`, `dp_comm_s`, `fsdp_comm_s` and `optimizer_step_s` the
+traffic and the step of a layout's stage; `pipeline_bubble_s`, `exposed_dp_s`, `fsdp_exposed_s` and
+`offload_exposed_s` what of it stays on the critical path. Each is one function with its source. They are added up
+in one place, `autotune/cost/step_time.py` (the visible sum, on arrays of layouts). Every fitted or assumed constant
+is in `autotune/cost/efficiency.py`; see docs/throughput-model.md for the terms, their sources and the fit.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from autotune.cost.comm import group_collective_s, p2p_s
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration, gemm_cost, memory_bound_time_s
-from autotune.cost.flops import model_flops_per_step, padded_vocab_size
+from autotune.cost.flops import padded_vocab_size
 from autotune.cost.layer_time import BF16, Pass, Shape, attention_block, dense_mlp_block, fp8_cast_s, shape_of
 from autotune.cost.mamba_time import mamba_block
-from autotune.cost.memory import offload_host_bytes
 from autotune.cost.moe_time import moe_block
 from autotune.cost.muon import step_s as muon_step_s
-from autotune.cost.placement import (
-    StageParams,
-    bf16_stage_layers,
-    heaviest_stage,
-    nonunit_params_per_gpu,
-    pipeline_split,
-    stage_params,
-)
+from autotune.cost.placement import StageParams, nonunit_params_per_gpu
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
-__all__ = ["TimeEstimate", "LayerTimes", "layer_times", "estimate_time", "pipeline_bubble_s", "dp_comm_s",
-           "optimizer_step_s", "ep_unpaired_share", "mixed", "TIME_KEYS", "BF16_KINDS", "bf16_job", "bf16_delta"]
+__all__ = ["TimeEstimate", "LayerTimes", "layer_times", "pipeline_bubble_s", "pipeline_p2p_s", "dp_comm_s",
+           "exposed_dp_s", "fsdp_comm_s", "fsdp_exposed_s", "fsdp_units", "offload_exposed_s", "host_link_bytes_per_s",
+           "optimizer_step_s", "ep_unpaired_share", "TIME_KEYS", "LAYER_KEYS", "BF16_KINDS", "bf16_job"]
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_p2p", "pp_bubble", "dp_comm",
              "offload", "optimizer", "overhead")
@@ -182,24 +174,6 @@ def ep_unpaired_share(layout: Layout, microbatches: int) -> float:
     return min(1.0, warm / (microbatches * v))
 
 
-def mixed(paired: LayerTimes, alone: LayerTimes, share_alone: float) -> LayerTimes:
-    """The layer times of a stage whose chunk steps run `share_alone` of the time unpaired (`alone`)."""
-    if share_alone <= 0:
-        return paired
-
-    def mix(a: float, b: float) -> float:
-        return (1 - share_alone) * a + share_alone * b
-
-    def terms(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-        return {k: mix(a[k], b[k]) for k in a}
-
-    def one(name: str) -> Any:
-        a, b = getattr(paired, name), getattr(alone, name)
-        return terms(a, b) if isinstance(a, dict) else mix(a, b)
-
-    return LayerTimes(*(one(f.name) for f in fields(LayerTimes)))
-
-
 def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
                  layout.cuda_graphs, layout.ep_overlap)
@@ -269,40 +243,15 @@ def bf16_job(job: Job, cal: Calibration) -> Job | None:
     return twin
 
 
-def bf16_delta(counts: tuple[int, ...], lt: LayerTimes, bf16: LayerTimes, key: str) -> float:
-    """What `counts` BF16 layers (by `BF16_KINDS`) add to term `key` over the same layers in the run's precision
-    (`key` a LAYER_KEYS term, or `fwd` / `bwd` for the pass walls)."""
-    total = 0.0
-    for n, kind in zip(counts, BF16_KINDS, strict=True):
-        if n:
-            if key in ("fwd", "bwd"):
-                total += n * (getattr(bf16, f"{kind}_{key}_s") - getattr(lt, f"{kind}_{key}_s"))
-            else:
-                total += n * (getattr(bf16, kind)[key] - getattr(lt, kind)[key])
-    return total
-
-
-def _stage_s(stage: StageParams, lt: LayerTimes) -> float:
-    total = stage.dense_layers * sum(lt.dense.values()) + stage.moe_layers * sum(lt.moe.values())
-    if stage.mamba_layers or stage.attention_layers:  # hybrid
-        total += stage.mamba_layers * sum(lt.mamba.values()) + stage.attention_layers * sum(lt.attention.values())
-    if stage.has_output:
-        total += sum(lt.output.values())
-    if stage.mtp_layers:
-        total += stage.mtp_layers * sum(lt.mtp.values())
-    if stage.has_embedding:
-        total += lt.embedding_s
-    return total
-
-
-def pipeline_bubble_s(stage_s: tuple[float, ...], layout: Layout) -> float:
-    """Fill and drain of a 1F1B pipeline with per-micro-batch stage times t_s: (sum t_s - max t_s) / v.
+def pipeline_bubble_s(stages_s: Any, slowest_s: Any, vpp: Any) -> Any:
+    """Fill and drain of a 1F1B pipeline with per-micro-batch stage times t_s: (sum t_s - max t_s) / v, from the
+    stages' sum and the slowest (numbers or arrays of layouts).
 
     The heaviest stage works through all m micro-batches; every other stage's one pass adds fill or drain time.
     Equal stages give (p - 1) / v * t, Narayanan et al. 2021 eq. (1) and Sec. 2.2.2 (interleaved); with an
     uneven split the heaviest stage sets the pace.
     """
-    return (sum(stage_s) - max(stage_s)) / layout.vpp_size
+    return (stages_s - slowest_s) / vpp
 
 
 def pipeline_p2p_s(job: Job, layout: Layout, cal: Calibration) -> float:
@@ -350,15 +299,14 @@ def dp_comm_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) ->
     return grads, gather, params_total
 
 
-def _exposed_dp_s(comm_s: float, window_s: float, overlap: bool, params: float, cal: Calibration) -> float:
-    """DP time left on the critical path: all of it without overlap; with it, the last bucket's share (it starts
-    after the last backward) and whatever the window cannot cover."""
-    if comm_s <= 0:
-        return 0.0
-    if not overlap:
-        return comm_s
-    last_bucket = comm_s * min(1.0, cal.dp_bucket_params / max(params, 1.0))
-    return max(last_bucket, comm_s - window_s)
+def exposed_dp_s(comm_s: np.ndarray, window_s: np.ndarray, overlap: bool | np.ndarray, params: np.ndarray,
+                 cal: Calibration) -> np.ndarray:
+    """DP time left on the critical path (arrays of layouts): all of it without overlap; with it, the last bucket's
+    share (it starts after the last backward: `cal.dp_bucket_params` of the `params` reduced) and whatever the
+    window cannot cover."""
+    last_bucket = comm_s * np.minimum(1.0, cal.dp_bucket_params / np.maximum(params, 1.0))
+    hidden = np.maximum(last_bucket, comm_s - window_s)
+    return np.where(comm_s <= 0, 0.0, np.where(overlap, hidden, comm_s))
 
 
 def fsdp_comm_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) -> tuple[float, float, float]:
@@ -384,18 +332,18 @@ def fsdp_comm_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) 
     return ag, ag, rs
 
 
-def fsdp_exposed_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams, fwd_window: float,
-                   bwd_window: float) -> float:
-    """Megatron-FSDP time one micro-batch leaves on the critical path: each unit's all-gather runs under the
-    previous unit's compute and its reduce-scatter under the next unit's backward (prefetch on
-    `side_stream_for_param_gather`, Megatron-LM docs megatron_fsdp.md), so what shows is the first unit's gather of
-    each pass, the last unit's reduce-scatter (drained by `finish_grad_sync`), and whatever of a pass's traffic its
-    compute cannot cover; the traffic that is hidden still costs the fitted share `cal.fsdp_offload_exposed` (its
-    kernels take SMs and HBM bandwidth from the GEMMs they run beside)."""
-    ag_fwd, ag_bwd, rs = fsdp_comm_s(job, layout, cal, heavy)
-    edge = (ag_fwd + ag_bwd + rs) / fsdp_units(heavy)  # one unit of each
-    hidden = min(ag_fwd, fwd_window) + min(ag_bwd + rs, bwd_window)
-    return (edge + max(0.0, ag_fwd - fwd_window) + max(0.0, ag_bwd + rs - bwd_window)
+def fsdp_exposed_s(ag_fwd: np.ndarray, ag_bwd: np.ndarray, rs: np.ndarray, units: np.ndarray,
+                   fwd_window: np.ndarray, bwd_window: np.ndarray, cal: Calibration) -> np.ndarray:
+    """Megatron-FSDP time one micro-batch leaves on the critical path, from its traffic (`fsdp_comm_s`), its units
+    (`fsdp_units`) and the passes' walls (arrays of layouts): each unit's all-gather runs under the previous unit's
+    compute and its reduce-scatter under the next unit's backward (prefetch on `side_stream_for_param_gather`,
+    Megatron-LM docs megatron_fsdp.md), so what shows is the first unit's gather of each pass, the last unit's
+    reduce-scatter (drained by `finish_grad_sync`), and whatever of a pass's traffic its compute cannot cover; the
+    traffic that is hidden still costs the fitted share `cal.fsdp_offload_exposed` (its kernels take SMs and HBM
+    bandwidth from the GEMMs they run beside)."""
+    edge = (ag_fwd + ag_bwd + rs) / units  # one unit of each
+    hidden = np.minimum(ag_fwd, fwd_window) + np.minimum(ag_bwd + rs, bwd_window)
+    return (edge + np.maximum(0.0, ag_fwd - fwd_window) + np.maximum(0.0, ag_bwd + rs - bwd_window)
             + cal.fsdp_offload_exposed * hidden)
 
 
@@ -413,22 +361,17 @@ def host_link_bytes_per_s(job: Job) -> float:
     return job.cluster.gpu.host_link_bytes_per_s or ASSUMED_HOST_LINK_BYTES_PER_S
 
 
-def offload_exposed_s(job: Job, layout: Layout, cal: Calibration, offloaded_bytes: float, fwd_window: float,
-                      bwd_window: float) -> float:
-    """Layer-level activation offload time one micro-batch leaves on the critical path: the offloaded layers'
-    saved tensors go to the host during their forward and come back (one layer ahead) during their backward, over
-    the GPU's host link (`GPUSpec.host_link_bytes_per_s`: PCIe on HGX, NVLink-C2C on Grace; Transformer Engine
-    `cpu_offload.py`, copies on their own streams), hidden by those layers' compute where the link is fast
-    enough; the hidden copies cost the fitted share `cal.fsdp_offload_exposed` (copy engines and HBM beside the
-    GEMMs)."""
-    k = layout.offload_layers
-    if not k or offloaded_bytes <= 0:
-        return 0.0
-    copy_s = offloaded_bytes / host_link_bytes_per_s(job)
-    share = k / max(job.model.num_layers, 1)
+def offload_exposed_s(copy_s: np.ndarray, share: np.ndarray, fwd_window: np.ndarray, bwd_window: np.ndarray,
+                      cal: Calibration) -> np.ndarray:
+    """Layer-level activation offload time one micro-batch leaves on the critical path (arrays of layouts): the
+    offloaded layers' saved tensors (`copy_s` over the GPU's host link, `host_link_bytes_per_s`) go to the host
+    during their forward and come back (one layer ahead) during their backward (Transformer Engine
+    `cpu_offload.py`, copies on their own streams), hidden by those layers' compute (`share` of the pass walls)
+    where the link is fast enough; the hidden copies cost the fitted share `cal.fsdp_offload_exposed` (copy engines
+    and HBM beside the GEMMs)."""
     fwd, bwd = fwd_window * share, bwd_window * share
-    hidden = min(copy_s, fwd) + min(copy_s, bwd)
-    return max(0.0, copy_s - fwd) + max(0.0, copy_s - bwd) + cal.fsdp_offload_exposed * hidden
+    hidden = np.minimum(copy_s, fwd) + np.minimum(copy_s, bwd)
+    return np.maximum(0.0, copy_s - fwd) + np.maximum(0.0, copy_s - bwd) + cal.fsdp_offload_exposed * hidden
 
 
 def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StageParams) -> float:
@@ -451,96 +394,6 @@ def optimizer_step_s(job: Job, layout: Layout, cal: Calibration, heavy: StagePar
         dense /= layout.dp * layout.cp
         expert /= max(layout.expert_dp, 1)
     return memory_bound_time_s((dense + expert) * per_param, gpu=job.cluster.gpu, cal=cal)
-
-
-def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION) -> TimeEstimate:
-    """Step time, tokens/s per GPU (with its band), model TFLOP/s per GPU and MFU of `layout` on `job`, for the
-    software release the job names (`TrainingSpec.release`: `cal`'s factors of it)."""
-    model, training = job.model, job.training
-    cal = cal.for_release(training.release)
-    m = max(layout.num_microbatches(training.global_batch_size), 1)
-    lt = layer_times(job, layout, cal)
-    if layout.ep_overlap and model.moe is not None:
-        lt = mixed(lt, layer_times(job, replace(layout, ep_overlap=False), cal), ep_unpaired_share(layout, m))
-    stages = _stages(job, layout, cal)
-    stage_s = tuple(_stage_s(s, lt) for s in stages)
-    twin = bf16_job(job, cal)
-    bf16: tuple[tuple[int, int, int, int, int], ...] = ()
-    if twin is not None:  # BF16 layers of a low-precision run: their own layer times in place of the run's
-        blt = layer_times(twin, layout, cal)
-        if layout.ep_overlap and model.moe is not None:
-            blt = mixed(blt, layer_times(twin, replace(layout, ep_overlap=False), cal), ep_unpaired_share(layout, m))
-        bf16 = bf16_stage_layers(job, layout)
-        stage_s = tuple(t + sum(bf16_delta(b, lt, blt, k) for k in LAYER_KEYS) for t, b in zip(stage_s, bf16,
-                                                                                             strict=True))
-    pp = layout.pp
-    slow = max(range(pp), key=lambda s: (stage_s[s], s))  # ties: the later stage (the last has the logits)
-    pace = stages[slow]
-    breakdown = dict.fromkeys(TIME_KEYS, 0.0)
-    dense_layers = pace.dense_layers
-    hybrid = pace.mamba_layers or pace.attention_layers
-    for key in LAYER_KEYS:
-        breakdown[key] = m * (dense_layers * lt.dense[key] + pace.moe_layers * lt.moe[key]
-                              + pace.mtp_layers * lt.mtp[key] + (lt.output[key] if pace.has_output else 0.0))
-        if hybrid:
-            breakdown[key] += m * (pace.mamba_layers * lt.mamba[key] + pace.attention_layers * lt.attention[key])
-    if bf16:
-        for key in LAYER_KEYS:
-            breakdown[key] += m * bf16_delta(bf16[slow], lt, blt, key)
-    if pace.has_embedding:
-        breakdown["compute"] += m * lt.embedding_s
-    breakdown["pp_bubble"] = pipeline_bubble_s(stage_s, layout)
-    breakdown["pp_p2p"] = m * pipeline_p2p_s(job, layout, cal)
-
-    heavy = heaviest_stage(stages)
-    grads, gather, params = dp_comm_s(job, layout, cal, heavy)
-    bwd_window = dense_layers * lt.dense_bwd_s + pace.moe_layers * lt.moe_bwd_s + pace.mtp_layers * lt.mtp_bwd_s
-    fwd_window = dense_layers * lt.dense_fwd_s + pace.moe_layers * lt.moe_fwd_s + pace.mtp_layers * lt.mtp_fwd_s
-    if hybrid:
-        bwd_window += pace.mamba_layers * lt.mamba_bwd_s + pace.attention_layers * lt.attention_bwd_s
-        fwd_window += pace.mamba_layers * lt.mamba_fwd_s + pace.attention_layers * lt.attention_fwd_s
-    if bf16:
-        bwd_window += bf16_delta(bf16[slow], lt, blt, "bwd")
-        fwd_window += bf16_delta(bf16[slow], lt, blt, "fwd")
-    if layout.fsdp:
-        breakdown["dp_comm"] = m * fsdp_exposed_s(job, layout, cal, heavy, fwd_window, bwd_window)
-    else:
-        breakdown["dp_comm"] = (_exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
-                                + _exposed_dp_s(gather, fwd_window, training.overlap_param_gather
-                                                and training.adam_dist_opt(layout.dist_opt)
-                                                and training.overlap_grad_reduce, params, cal))
-    if layout.offload_layers:
-        # PP 1 (rules.offload_needs_pp1): one micro-batch in flight, so the host holds one micro-batch's layers
-        breakdown["offload"] = m * offload_exposed_s(job, layout, cal, offload_host_bytes(job, layout), fwd_window,
-                                                     bwd_window)
-    breakdown["optimizer"] = optimizer_step_s(job, layout, cal, heavy)
-    breakdown["overhead"] = cal.step_overhead_s
-
-    step_s = sum(breakdown.values())
-    world = layout.world_size
-    flops = model_flops_per_step(model, training)
-    peak = job.cluster.gpu.peak_flops(training.precision)
-    tokens = training.global_batch_size * training.seq_length / step_s / world
-    low, high = cal.band_for(job.cluster.gpu, training.precision, model.is_moe)
-    return TimeEstimate(
-        step_time_s=step_s,
-        breakdown=breakdown,
-        tokens_per_s_per_gpu=tokens,
-        tokens_per_s_per_gpu_low=tokens * math.exp(low),
-        tokens_per_s_per_gpu_high=tokens * math.exp(high),
-        tflops_per_gpu=flops / step_s / world / 1e12,
-        mfu=flops / (step_s * peak * world),
-        model_flops_per_step=flops,
-    )
-
-
-def _stages(job: Job, layout: Layout, cal: Calibration) -> list[StageParams]:
-    memo = _memo(job, cal)
-    key = ("stages", layout.tp, layout.pp, layout.vpp_size, layout.ep, layout.expert_tp, pipeline_split(layout))
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = stage_params(job.model, layout)
-    return hit
 
 
 _MEMOS: dict[tuple[int, int], tuple[Job, Calibration, dict]] = {}

@@ -29,7 +29,7 @@ import numpy as np
 
 from autotune.cost.calibration_file import FACTORS, apply_factors, factor_bounds
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from autotune.cost.throughput import estimate_time
+from autotune.cost.score import estimate_time
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 
