@@ -41,14 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dataclasses  # noqa: E402
 
-from autotune.cost.memory import (  # noqa: E402
-    GIB,
-    MemoryAssumptions,
-    MemoryEstimate,
-    _lookups,
-    _optimizer_step_bytes,
-    estimate_memory_per_stage,
-)
+from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, _lookups, _optimizer_step_bytes  # noqa: E402
+from autotune.cost.score import estimate_memory_per_stage  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
@@ -163,7 +157,7 @@ def first_iteration_estimate(run: MeasuredRun) -> MemoryEstimate:
         return dataclasses.replace(eager, optimizer_bytes=full.optimizer_bytes - moments,
                                    activations_bytes=activations, phase="activations")
     return dataclasses.replace(full, activations_bytes=step, phase="optimizer step",
-                               _breakdown=lambda: (("optimizer_step_fp32_grads", step),))
+                               activation_terms=(("optimizer_step_fp32_grads", step),))
 
 
 def compare(runs: list[MeasuredRun]) -> list[ComparedRow]:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.memory import GIB, estimate_memory  # noqa: E402
+from autotune.cost.memory import GIB  # noqa: E402
+from autotune.cost.score import estimate_memory  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402

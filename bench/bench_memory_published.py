@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataclasses import replace  # noqa: E402
 
-from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, estimate_memory  # noqa: E402
+from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate  # noqa: E402
+from autotune.cost.score import estimate_memory  # noqa: E402
 from bench.published_runs import CSV_PATH, is_modern, job_of, layout_of  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402

@@ -1,4 +1,4 @@
-"""Speed of the analytic path: score every feasible layout of a job, scalar and vectorised side by side.
+"""Speed of the analytic path: score every feasible layout of a job, one at a time and as one table side by side.
 
     python bench/bench_score_space.py                    # the four jobs below
     python bench/bench_score_space.py --scalar-sample 0  # the scalar path over the whole space (slow)
@@ -7,8 +7,9 @@ For each job it times, in CPU seconds of this process (the machine is shared; wa
 - enumerate: `search_spaces.space.feasible_space(job)` (the validity helper's code) and the `LayoutTable` built
   from it (`LayoutTable.from_space`, no Layout object per row);
 - vectorised: `autotune.cost.score.score_layouts` over the whole table (memory, time, verdict);
-- scalar: `estimate_memory` + `estimate_time` + the verdict per Layout, over a random sample of the space
-  (`--scalar-sample`, default 3000; 0 = all), the figure per layout extrapolated;
+- scalar: `estimate_memory` + `estimate_time` + the verdict per Layout (each the one-row case of the same
+  assembly), over a random sample of the space (`--scalar-sample`, default 3000; 0 = all), the figure per layout
+  extrapolated;
 and checks that both give the same figures on the sample (largest relative difference of tokens/s and memory).
 Both paths start with cold caches (the cost models' per-job memos cleared). No torch, ray or optuna import.
 """
@@ -83,7 +84,7 @@ def bench_job(model: str, nodes: int, seq: int, gbs: int, sample: int) -> None:
     clock.lap()
     figures = []
     for layout in layouts:
-        mem = memory_model.estimate_memory(job, layout)
+        mem = score_model.estimate_memory(job, layout)
         est = score_model.estimate_time(job, layout)
         figures.append((est.tokens_per_s_per_gpu, mem.total_bytes, mem.total_bytes <= capacity))
     scalar_cpu, scalar_wall = clock.lap()

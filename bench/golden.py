@@ -29,8 +29,11 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.memory import estimate_memory  # noqa: E402
-from autotune.cost.score import Scores, estimate_time  # noqa: E402
+from autotune.cost.score import (  # noqa: E402
+    Scores,
+    estimate_memory,  # noqa: E402
+    estimate_time,
+)
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402

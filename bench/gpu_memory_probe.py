@@ -154,7 +154,7 @@ def _gpu_name(result: dict[str, Any]) -> str:
 
 def analytic(case: Case, result: dict[str, Any]) -> dict[str, Any] | None:
     """The analytic model for the probed stage, with the recipe and assumptions that ran (None if unknown)."""
-    from autotune.cost.memory import estimate_memory_per_stage
+    from autotune.cost.score import estimate_memory_per_stage
     from search_spaces.catalog import get_model
     from search_spaces.gpus import build_cluster
     from search_spaces.job import Job

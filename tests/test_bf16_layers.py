@@ -12,9 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.cost.memory import estimate_memory, estimate_memory_per_stage
 from autotune.cost.placement import bf16_chunk_kinds, bf16_stage_layers
-from autotune.cost.score import estimate_time
+from autotune.cost.score import estimate_memory, estimate_memory_per_stage, estimate_time
 from autotune.cost.throughput import LAYER_KEYS
 from autotune.outputs.launch import bridge_overrides, megatron_lm_args
 from search_spaces.catalog import get_model

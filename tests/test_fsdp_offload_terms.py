@@ -8,14 +8,9 @@ import pytest
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.cost.layout_table import LayoutTable
-from autotune.cost.memory import (
-    FSDP_UNITS_GATHERED,
-    estimate_memory,
-    microbatch_activation_terms,
-    offload_host_bytes,
-)
+from autotune.cost.memory import FSDP_UNITS_GATHERED, microbatch_activation_terms, offload_host_bytes
 from autotune.cost.placement import fsdp_unit_params_per_gpu, nonunit_params_per_gpu, stage_params
-from autotune.cost.score import estimate_time, score_layouts
+from autotune.cost.score import estimate_memory, estimate_time, score_layouts
 from autotune.cost.throughput import fsdp_comm_s
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cost.memory import estimate_memory_per_stage
+from autotune.cost.score import estimate_memory_per_stage
 from autotune.tuning.measured import proxy_memory_assumptions
 from bench.gpu_memory_probe import TINY_CASES, TRANSIENT_TERMS, Case, resolved_rank, run_case
 from search_spaces.catalog import get_model

@@ -22,9 +22,9 @@ from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.cost.flops import forward_flops_per_token
 from autotune.cost.layout_table import LayoutTable
 from autotune.cost.mamba_time import scan_bytes_per_token, scan_flops_per_token
-from autotune.cost.memory import DEFAULT_ASSUMPTIONS, estimate_memory
+from autotune.cost.memory import DEFAULT_ASSUMPTIONS
 from autotune.cost.placement import stage_params
-from autotune.cost.score import estimate_time, score_layouts
+from autotune.cost.score import estimate_memory, estimate_time, score_layouts
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

@@ -15,12 +15,11 @@ from autotune.cost.allowance import AllowanceAssumptions, communicators
 from autotune.cost.memory import (
     DEFAULT_ASSUMPTIONS,
     MemoryAssumptions,
-    estimate_memory,
-    estimate_memory_per_stage,
     gemm_weight_bytes_per_param,
     microbatch_activation_terms,
 )
 from autotune.cost.placement import stage_params
+from autotune.cost.score import estimate_memory, estimate_memory_per_stage
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

@@ -28,12 +28,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.cost.memory import (  # noqa: E402
-    LOCAL_SPEC_ASSUMPTIONS,
-    estimate_memory_per_stage,
-    microbatch_activation_terms,
-)
+from autotune.cost.memory import LOCAL_SPEC_ASSUMPTIONS, microbatch_activation_terms  # noqa: E402
 from autotune.cost.placement import padded_vocab_size, stage_params  # noqa: E402
+from autotune.cost.score import estimate_memory_per_stage  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, gemm_cost
-from autotune.cost.memory import DEFAULT_ASSUMPTIONS, estimate_memory
+from autotune.cost.memory import DEFAULT_ASSUMPTIONS
 from autotune.cost.muon import (
     ADAM_STATE_BYTES,
     MUON_STATE_BYTES,
@@ -24,7 +24,7 @@ from autotune.cost.muon import (
     step_s,
 )
 from autotune.cost.placement import layer_gemm_params_per_gpu, stage_params
-from autotune.cost.score import estimate_time
+from autotune.cost.score import estimate_memory, estimate_time
 from autotune.cost.throughput import dp_comm_s, optimizer_step_s
 from autotune.outputs.launch import bridge_overrides, megatron_lm_args
 from search_spaces.catalog import get_model

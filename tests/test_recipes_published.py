@@ -14,8 +14,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.memory import estimate_memory  # noqa: E402
-from autotune.cost.score import estimate_time  # noqa: E402
+from autotune.cost.score import (
+    estimate_memory,  # noqa: E402
+    estimate_time,  # noqa: E402
+)
 from bench.recipe_rows import load_recipe_rows  # noqa: E402
 from bench.throughput_rows import load_rows  # noqa: E402
 from search_spaces.rules import check  # noqa: E402

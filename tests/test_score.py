@@ -1,4 +1,5 @@
-"""The vectorised scorer gives, row by row, what the scalar models and the analytic backend give."""
+"""Scoring a table gives, row by row, what scoring each layout alone gives (`estimate_time`, `estimate_memory`:
+the one-row case of the same assembly, whose grouping of rows then has one group each) and the analytic backend."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 
 from autotune.cost.analytic import AnalyticBackend
 from autotune.cost.layout_table import LayoutTable
-from autotune.cost.memory import LOCAL_SPEC_ASSUMPTIONS, estimate_memory
-from autotune.cost.score import estimate_time, score_layouts
+from autotune.cost.memory import LOCAL_SPEC_ASSUMPTIONS
+from autotune.cost.score import estimate_memory, estimate_time, score_layouts
 from autotune.cost.throughput import TIME_KEYS
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster

@@ -24,6 +24,7 @@ The pipeline schedule decides how many micro-batches each stage keeps (`inflight
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from autotune.cost.efficiency import OPERAND_BYTES
 from autotune.cost.placement import chunk_kinds
@@ -33,6 +34,7 @@ from search_spaces.model import ModelSpec
 
 __all__ = [
     "ActivationAssumptions",
+    "chunk_bytes",
     "Shape",
     "shape_of",
     "attention_activation_bytes",
@@ -681,6 +683,25 @@ def transient_activation_bytes(job: Job, layout: Layout, assumptions: Activation
     return out
 
 
+def chunk_bytes(u: Any, split: tuple[Any, Any, Any, Any], *, mamba: int, attention: int, mtp: int,
+                has_embedding: bool, has_output: bool) -> Any:
+    """What one micro-batch leaves saved on a model chunk: its layers by kind, MTP layers, the embedding on the
+    first chunk and the output layer on the last, from the building blocks `u` (a `UnitActivations`, or its fields
+    as arrays of layouts) and the chunk's `split` into (recomputed dense, recomputed MoE, kept dense, kept MoE)
+    layers (`UnitActivations._split`)."""
+    rd, rm, kd, km = split
+    total = rd * u.dense_layer + rm * u.moe_layer + kd * u.dense_kept + km * u.moe_kept
+    if mamba or attention:
+        total = total + mamba * u.mamba_layer + attention * u.attention_layer
+    if mtp:
+        total = total + mtp * u.mtp
+    if has_embedding:
+        total = total + u.embedding
+    if has_output:
+        total = total + u.output
+    return total
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class UnitActivations:
     """Per-micro-batch activation bytes of the building blocks for one layout, so that a stage's activations
@@ -722,16 +743,8 @@ class UnitActivations:
     def chunk(self, *, dense: int, moe: int, has_embedding: bool, has_output: bool, mtp: int = 0, mamba: int = 0,
               attention: int = 0) -> float:
         """A chunk's layers: GPT dense and MoE layers, or a hybrid chunk's `-`, `E`, `M` and `*` layers."""
-        rd, rm, kd, km = self._split(dense, moe)
-        total = rd * self.dense_layer + rm * self.moe_layer + kd * self.dense_kept + km * self.moe_kept
-        if mamba or attention:
-            total += mamba * self.mamba_layer + attention * self.attention_layer
-        total += mtp * self.mtp
-        if has_embedding:
-            total += self.embedding
-        if has_output:
-            total += self.output
-        return total
+        return chunk_bytes(self, self._split(dense, moe), mamba=mamba, attention=attention, mtp=mtp,
+                           has_embedding=has_embedding, has_output=has_output)
 
     def transient(self, *, has_output: bool, has_moe: bool) -> float:
         return sum(v for _, v in self.transient_terms[(has_output, has_moe)])

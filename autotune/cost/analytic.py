@@ -33,7 +33,7 @@ def check_rules(job: Job, layout: Layout) -> tuple[str, ...]:
 
 
 def _memory(job: Job, layout: Layout):
-    from autotune.cost.memory import estimate_memory
+    from autotune.cost.score import estimate_memory
 
     return estimate_memory(job, layout)
 

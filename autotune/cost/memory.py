@@ -7,16 +7,19 @@
 Pure arithmetic on `Job` and `Layout` (no torch). Every term is one function that cites its source; the
 formulas, their sources and their limits are restated in `docs/memory-model.md`. Where the parameters are:
 `autotune.cost.placement` (shared with the step-time model); what activations keep:
-`autotune.cost.activations`; the allowance outside the tensors: `autotune.cost.allowance`.
-The most loaded GPU is found by evaluating every distinct pipeline stage, at two moments of the step: the
+`autotune.cost.activations`; the allowance outside the tensors: `autotune.cost.allowance`. The terms are added up in
+one place, `autotune/cost/peak_memory.py` (on arrays of layouts; one layout: `autotune.cost.score.estimate_memory`),
+which finds the most loaded GPU by evaluating every distinct pipeline stage at two moments of the step: the
 activation peak (the first backward after the pipeline's warm-up) and the optimizer step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
 
 from autotune.cost.activations import (
     ActivationAssumptions,
@@ -25,7 +28,7 @@ from autotune.cost.activations import (
     inflight_microbatches_per_chunk,
     unit_activation_bytes,
 )
-from autotune.cost.allowance import DEFAULT_ALLOWANCE, AllowanceAssumptions, device_terms, workspace_terms
+from autotune.cost.allowance import DEFAULT_ALLOWANCE, AllowanceAssumptions
 from autotune.cost.efficiency import OPERAND_BYTES
 from autotune.cost.muon import state_bytes as muon_state_bytes
 from autotune.cost.muon import step_transient_bytes as muon_step_transient_bytes
@@ -37,6 +40,7 @@ from autotune.cost.placement import (
     bf16_chunk_kinds,
     bf16_stage_layers,
     chunk_layer_counts,
+    final_norm_chunk,
     fsdp_unit_params_per_gpu,
     layer_gemm_params_per_gpu,
     nonunit_params_per_gpu,
@@ -55,8 +59,8 @@ __all__ = [
     "LOCAL_SPEC_ASSUMPTIONS",
     "MemoryEstimate",
     "TERMS",
-    "estimate_memory",
-    "estimate_memory_per_stage",
+    "offload_host_bytes",
+    "offloaded_kinds",
     "microbatch_activation_terms",
     "gemm_weight_bytes_per_param",
     "graph_pool_held_bytes",
@@ -159,12 +163,8 @@ class MemoryEstimate:
     params_per_gpu: int
     phase: str = "activations"
     overhead_terms: tuple[tuple[str, float], ...] = ()
-    _breakdown: Callable[[], tuple[tuple[str, float], ...]] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def activation_terms(self) -> tuple[tuple[str, float], ...]:
-        """`activations_bytes` by tensor (name, bytes), summed over the in-flight micro-batches of the peak stage."""
-        return self._breakdown() if self._breakdown is not None else ()
+    # `activations_bytes` by tensor (name, bytes), summed over the in-flight micro-batches of the stage
+    activation_terms: tuple[tuple[str, float], ...] = field(default=(), repr=False)
 
     @property
     def allocated_bytes(self) -> float:
@@ -284,7 +284,7 @@ def _optimizer_step_bytes(job: Job, sp: StageParams, layout: Layout) -> float:
     return 4.0 * (dense + sp.expert_params_per_gpu / max(1, layout.expert_dp))
 
 
-def graph_pool_held_bytes(layout: Layout, activations: float, step: float) -> float:
+def graph_pool_held_bytes(full_iteration: Any, activations: Any, step: Any) -> Any:
     """Device memory full-iteration CUDA graphs keep that the eager run would give to the optimizer step.
 
     The captured forward-backward allocates from a private graph pool (megatron-core `full_cuda_graph.py::
@@ -298,10 +298,9 @@ def graph_pool_held_bytes(layout: Layout, activations: float, step: float) -> fl
     step instead of state + max(activations, step); "max allocated" is unchanged (the pool's blocks are free),
     so the difference, min(activations, step), is device memory outside the allocated bytes. The eager
     iterations before the capture leave nothing cached (`torch.cuda.graph.__enter__` empties the cache).
-    `TrainingSpec` has no `optimizer_cuda_graph`; it is taken as off."""
-    if layout.cuda_graphs != "full_iteration":
-        return 0.0
-    return min(activations, step)
+    `TrainingSpec` has no `optimizer_cuda_graph`; it is taken as off. `full_iteration`: whether the layout captures
+    the full iteration (a bool, or an array of layouts', with `activations` and `step`)."""
+    return np.where(full_iteration, np.minimum(activations, step), 0.0)
 
 
 @lru_cache(maxsize=4096)
@@ -313,21 +312,31 @@ def _candidate_stages(num_layers: int, first_dense: int, pp: int, vpp: int, spli
 
     In-flight micro-batches never grow with the stage index, so among stages holding the same layers
     (same dense/MoE counts per chunk, or a hybrid `pattern`'s symbol counts, same embedding/output/MTP layers)
-    only the first can be the heaviest; `edges` (the BF16 edge layers, `TrainingSpec.bf16_edges`) tell stages with
+    only the first can be the heaviest (the chunk with the decoder's final norm, `placement.final_norm_chunk`, is
+    told apart too); `edges` (the BF16 edge layers, `TrainingSpec.bf16_edges`) tell stages with
     the same counts apart."""
     counts = chunk_layer_counts(num_layers, pp, vpp, split)
     starts = [sum(counts[:k]) for k in range(len(counts))]
     last = len(counts) - 1
+    norm = final_norm_chunk(counts, mtp is not None)
     seen: set[tuple] = set()
     out = []
     for p in range(pp):
         chunks = tuple((k, starts[k], counts[k]) for k in range(p, len(counts), pp))
-        key = tuple((k == 0, k == last, n, chunk_kinds(pattern, first_dense, start, n), mtp[k] if mtp else 0,
+        key = tuple((k == 0, k == last, k == norm, n, chunk_kinds(pattern, first_dense, start, n), mtp[k] if mtp else 0,
                      bf16_chunk_kinds(pattern, first_dense, num_layers, edges, start, n)) for k, start, n in chunks)
         if key not in seen:
             seen.add(key)
             out.append((p, chunks))
     return tuple(out)
+
+
+def _every_stage(num_layers: int, pp: int, vpp: int, split: Split = EVEN,
+                 ) -> tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]:
+    """Every stage with its chunks as (chunk index k, first layer, layers), in stage order."""
+    counts = chunk_layer_counts(num_layers, pp, vpp, split)
+    starts = [sum(counts[:k]) for k in range(len(counts))]
+    return tuple((p, tuple((k, starts[k], counts[k]) for k in range(p, len(counts), pp))) for p in range(pp))
 
 
 class _JobCache:
@@ -394,131 +403,31 @@ def _mtp_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...] | None:
     return layout.chunk_mtp_counts(model.mtp_num_layers) if model.mtp_num_layers else None
 
 
-def _stage_estimate(job: Job, layout: Layout, assumptions: MemoryAssumptions, sp: StageParams,
-                    unit: UnitActivations, chunks: tuple[tuple[int, int, int], ...]) -> MemoryEstimate:
-    """One GPU of stage `sp.stage`: its own parameters' state plus the larger of its in-flight activations
-    (with the transients of one micro-batch) and the optimizer step's transient."""
-    model = job.model
-    pp, vpp = layout.pp, layout.vpp_size
+def offloaded_kinds(model: ModelSpec, k: int, count: int) -> tuple[int, int, int, int]:
+    """The layers layer-level activation offload (`Layout.offload_layers` = k, megatron-core
+    `cpu_offloading_num_layers`) takes off the GPU, as (dense, MoE, Mamba, attention-only) counts: the first
+    min(k, count) layers of the block (TE `get_cpu_offload_context(num_layers=k, model_layers=L)`, opened around each
+    layer by `TransformerBlock.forward`), whose saved tensors wait in host memory until the backward reloads them
+    one layer ahead. The rules allow it at PP 1 only, where the stage's one chunk (of `count` layers) starts at
+    layer 0."""
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
-    microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
-    last = pp * vpp - 1
-    weights, grads, optim = _state_bytes(job, sp, layout)
-    extra = 1 if (layout.ep_overlap and model.moe is not None and vpp > 1) else 0
-    inflight = inflight_microbatches_per_chunk(pp, vpp, microbatches, sp.stage, extra_warmup=extra)
-    has_moe = sp.moe_layers > 0
-    mtp = _mtp_counts(model, layout)
-    activations = unit.transient(has_output=sp.has_output, has_moe=has_moe)
-    pattern = model.hybrid_pattern
-    bf16 = _bf16_unit(job, layout, assumptions)
-    bf16_terms: dict[str, float] = {}
-    for (k, start, n), n_inflight in zip(chunks, inflight, strict=False):
-        dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, start, n)
-        activations += n_inflight * unit.chunk(dense=dense, moe=moe, has_embedding=k == 0, has_output=k == last,
-                                               mtp=mtp[k] if mtp else 0, mamba=mamba, attention=attention)
-        if bf16 is not None:
-            kinds = bf16_chunk_kinds(pattern, first_dense, model.num_layers, job.training.bf16_edges, start, n)
-            delta = bf16_chunk_terms(unit, bf16, kinds, mtp[k] if (mtp and job.mtp_in_bf16) else 0)
-            activations += n_inflight * sum(delta.values())
-            for name, value in delta.items():
-                bf16_terms[name] = bf16_terms.get(name, 0.0) + n_inflight * value
-    offloaded = offloaded_activation_bytes(job, layout, unit, chunks, inflight)
-    if offloaded:
-        activations -= offloaded
-        bf16_terms["cpu_offloaded"] = bf16_terms.get("cpu_offloaded", 0.0) - offloaded
-    breakdown: Callable[[], tuple[tuple[str, float], ...]] = partial(
-        _with_terms, partial(unit.breakdown, chunks=chunks, inflight=inflight, first_dense=first_dense, last=last,
-                             has_output=sp.has_output, has_moe=has_moe, mtp=mtp, pattern=pattern), bf16_terms)
-    phase = "activations"
-    step = _optimizer_step_bytes(job, sp, layout)
-    held = graph_pool_held_bytes(layout, activations, step)
-    if step > activations:
-        activations, phase = step, "optimizer step"
-        breakdown = partial(lambda value: (("optimizer_step_fp32_grads", value),), step)
-    workspace = sum(workspace_terms(job, layout, has_output=sp.has_output).values())
-    overhead = device_terms(job, layout, assumptions.allowance)
-    if held:
-        overhead["graph_pool_held"] = held
-    return MemoryEstimate(
-        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=optim, activations_bytes=activations,
-        workspace_bytes=workspace, overhead_bytes=sum(overhead.values()), stage=sp.stage,
-        params_per_gpu=sp.params_per_gpu, phase=phase, overhead_terms=tuple(overhead.items()), _breakdown=breakdown,
-    )
-
-
-def offloaded_activation_bytes(job: Job, layout: Layout, unit: UnitActivations,
-                               chunks: tuple[tuple[int, int, int], ...], inflight: tuple[int, ...]) -> float:
-    """What layer-level activation offload (`Layout.offload_layers` = k, megatron-core `cpu_offloading_num_layers`)
-    takes off the GPU: the saved tensors of the block's first k layers (TE `get_cpu_offload_context(num_layers=k,
-    model_layers=L)`, opened around each layer by `TransformerBlock.forward`), which wait in host memory until the
-    backward reloads them one layer ahead. The rules allow it at PP 1 only, where the stage's one chunk starts at
-    layer 0; the in-flight micro-batches of that chunk (one at PP 1) each offload theirs."""
-    k = layout.offload_layers
-    if not k or not chunks or chunks[0][1] != 0:
-        return 0.0
-    model = job.model
-    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
-    _, start, n = chunks[0]
-    dense, moe, mamba, attention = chunk_kinds(model.hybrid_pattern, first_dense, start, min(k, n))
-    per_microbatch = unit.chunk(dense=dense, moe=moe, has_embedding=False, has_output=False, mamba=mamba,
-                                attention=attention)
-    return (inflight[0] if inflight else 1) * per_microbatch
+    return chunk_kinds(model.hybrid_pattern, first_dense, 0, min(k, count))
 
 
 def offload_host_bytes(job: Job, layout: Layout, assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> float:
-    """Host memory one GPU's offloaded activations take at the end of a forward (0 without offload): compared with
+    """Host memory one GPU's offloaded activations take at the end of a forward (0 without offload): the saved
+    tensors of the `offloaded_kinds` layers of each in-flight micro-batch (one at PP 1); compared with
     `GPUSpec.host_memory_bytes` (`estimate` prints both)."""
     if not layout.offload_layers:
         return 0.0
-    model = job.model
     _, unit = _lookups(job, layout, assumptions)
-    counts = chunk_layer_counts(model.num_layers, layout.pp, layout.vpp_size, pipeline_split(layout))
+    counts = chunk_layer_counts(job.model.num_layers, layout.pp, layout.vpp_size, pipeline_split(layout))
     microbatches = max(1, layout.num_microbatches(job.training.global_batch_size))
     inflight = inflight_microbatches_per_chunk(layout.pp, layout.vpp_size, microbatches, 0)
-    return offloaded_activation_bytes(job, layout, unit, ((0, 0, counts[0]),), inflight)
-
-
-def _with_terms(base: Callable[[], tuple[tuple[str, float], ...]], extra: dict[str, float],
-                ) -> tuple[tuple[str, float], ...]:
-    """`base()`'s named terms plus `extra`'s (the BF16 layers' difference), by name."""
-    out = dict(base())
-    for name, value in extra.items():
-        out[name] = out.get(name, 0.0) + value
-    return tuple(out.items())
-
-
-def estimate_memory(job: Job, layout: Layout,
-                    assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> MemoryEstimate:
-    """Peak memory per GPU for `layout` of `job`: every distinct pipeline stage is evaluated, the heaviest returned.
-
-    A pure function of its arguments (no torch); an infeasible layout still gets numbers (the validity rules
-    say why it is infeasible). Micro-batches per step: GBS / (MBS * DP), at least 1.
-    """
-    model = job.model
-    stages, unit = _lookups(job, layout, assumptions)
-    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
-    best: MemoryEstimate | None = None
-    for p, chunks in _candidate_stages(model.num_layers, first_dense, layout.pp, layout.vpp_size,
-                                        pipeline_split(layout), _mtp_counts(model, layout), model.hybrid_pattern,
-                                        job.training.bf16_edges):
-        est = _stage_estimate(job, layout, assumptions, stages[p], unit, chunks)
-        if best is None or est.total_bytes > best.total_bytes:
-            best = est
-    assert best is not None
-    return best
-
-
-def estimate_memory_per_stage(job: Job, layout: Layout,
-                              assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> tuple[MemoryEstimate, ...]:
-    """The estimate for one GPU of every pipeline stage, in stage order (`estimate_memory` is their maximum)."""
-    stages, unit = _lookups(job, layout, assumptions)
-    counts = chunk_layer_counts(job.model.num_layers, layout.pp, layout.vpp_size, pipeline_split(layout))
-    starts = [sum(counts[:k]) for k in range(len(counts))]
-    return tuple(
-        _stage_estimate(job, layout, assumptions, sp, unit,
-                        tuple((k, starts[k], counts[k]) for k in range(sp.stage, len(counts), layout.pp)))
-        for sp in stages
-    )
+    dense, moe, mamba, attention = offloaded_kinds(job.model, layout.offload_layers, counts[0])
+    per_microbatch = unit.chunk(dense=dense, moe=moe, has_embedding=False, has_output=False, mamba=mamba,
+                                attention=attention)
+    return inflight[0] * per_microbatch
 
 
 def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chunk: int = 0,

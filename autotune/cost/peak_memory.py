@@ -8,17 +8,19 @@ once per distinct value of the layout fields it reads (`autotune/cost/groups.py`
 arrays of layouts. The most loaded GPU is found by evaluating every pipeline stage that can be the peak
 (`memory._candidate_stages`) at two moments of the step: the activation peak (the first backward after the
 pipeline's warm-up) and the optimizer step. Estimating one layout is the one-row case
-(`autotune.cost.score.estimate_memory`).
+(`autotune.cost.score.estimate_memory`), which also asks for every stage (`every_stage`) and for the activations
+by tensor name (`by_name`): the same sums, over a column per name instead of one for the total.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from autotune.cost.activations import chunk_kinds, inflight_microbatches_per_chunk
+from autotune.cost.activations import UnitActivations, chunk_bytes, chunk_kinds, inflight_microbatches_per_chunk
 from autotune.cost.allowance import device_terms, workspace_terms
 from autotune.cost.groups import Rows, gather, group
 from autotune.cost.layout_table import LayoutTable
@@ -27,11 +29,14 @@ from autotune.cost.memory import (
     MemoryAssumptions,
     _bf16_unit,
     _candidate_stages,
+    _every_stage,
     _lookups,
     _mtp_counts,
     _optimizer_step_bytes,
     _state_bytes,
     bf16_chunk_terms,
+    graph_pool_held_bytes,
+    offloaded_kinds,
 )
 from autotune.cost.placement import bf16_chunk_kinds
 from search_spaces.job import Job
@@ -43,19 +48,75 @@ OVERHEAD_TERMS = ("cuda_context", "nccl_buffers", "tp_userbuffers", "deepep_buff
                   "allocator_reserve", "graph_pool_held")
 
 
-def _chunk_shape(chunks: tuple[tuple[int, int, int], ...], first_dense: int, last: int, pattern: str | None = None,
-                 ) -> list[tuple[int, int, bool, bool, int, int]]:
-    """(dense layers, MoE layers, embedding, output, Mamba layers, attention-only layers) of each chunk of a
-    stage, as `memory._stage_estimate` reads them (`activations.chunk_kinds`)."""
-    out = []
-    for k, start, count in chunks:
-        dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, start, count)
-        out.append((dense, moe, k == 0, k == last, mamba, attention))
-    return out
+# the UnitActivations totals and the named terms they sum
+_UNIT_FIELDS = {"dense_layer": "dense_terms", "moe_layer": "moe_terms", "dense_kept": "dense_kept_terms",
+                "moe_kept": "moe_kept_terms", "embedding": "embedding_terms", "output": "output_terms",
+                "mtp": "mtp_terms", "mamba_layer": "mamba_terms", "attention_layer": "attention_terms"}
+OFFLOADED = "cpu_offloaded"  # the named term of what activation offload takes off the GPU (negative)
+_COMBOS = [(o, h) for o in (False, True) for h in (False, True)]  # (has_output, has_moe) of the transients
 
 
-def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions) -> dict[str, Any]:
-    """The peak memory of every row's most loaded GPU, by term, its stage and phase (module docstring)."""
+class _Columns:
+    """The activation columns: one, the total (the search), or (`by_name`) one per tensor name and after them one
+    per name that says whether the name was added at all (its value may be 0: a term replaced by another)."""
+
+    def __init__(self, units: Sequence[UnitActivations | None], by_name: bool) -> None:
+        self.by_name = by_name
+        names: dict[str, int] = {}
+        if by_name:
+            for x in units:
+                if x is None:
+                    continue
+                for terms in (*(getattr(x, f) for f in _UNIT_FIELDS.values()), *x.transient_terms.values()):
+                    for name, _ in terms:
+                        names.setdefault(name, len(names))
+            names.setdefault(OFFLOADED, len(names))
+        self.names = names
+        self.width = 2 * len(names) if by_name else 1
+
+    def of(self, terms: Sequence[tuple[str, float]] | Mapping[str, float], total: float) -> np.ndarray:
+        """A vector of `terms` (named bytes) over the columns; `total` is their sum, as the unit computed it."""
+        out = np.zeros(self.width)
+        if not self.by_name:
+            out[0] = total
+            return out
+        for name, value in (terms.items() if isinstance(terms, Mapping) else terms):
+            out[self.names[name]] += value
+            out[len(self.names) + self.names[name]] = 1.0
+        return out
+
+    def total(self, a: np.ndarray) -> np.ndarray:
+        """The total of each row of (rows, columns) `a`."""
+        return a[:, :len(self.names)].sum(axis=1) if self.by_name else a[:, 0]
+
+    def offloaded(self, value: np.ndarray, off: np.ndarray) -> np.ndarray:
+        """`value` less what activation offload takes off the GPU (`off` per row), as its own named term."""
+        out = value.copy()
+        k = self.names.get(OFFLOADED, 0)
+        out[:, k] -= off
+        if self.by_name:
+            out[:, len(self.names) + k] += off > 0
+        return out
+
+    def named(self, a: np.ndarray) -> tuple[tuple[str, float], ...]:
+        """Row 0 of `a` by name: the names that were added, with their bytes."""
+        n = len(self.names)
+        return tuple((name, float(a[0, k])) for name, k in self.names.items() if a[0, n + k] > 0)
+
+
+def _unit_columns(units: Sequence[UnitActivations], cols: _Columns, rows: np.ndarray) -> SimpleNamespace:
+    """The units' fields as (rows, columns) arrays, named as `UnitActivations` names them (for `chunk_bytes`)."""
+    return SimpleNamespace(**{field: np.array([cols.of(getattr(x, terms), getattr(x, field)) for x in units])[rows]
+                              for field, terms in _UNIT_FIELDS.items()})
+
+
+def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: bool = False,
+                every_stage: bool = False) -> dict[str, Any]:
+    """The peak memory of every row's most loaded GPU, by term, its stage and phase (module docstring).
+
+    `by_name`: also the peak stage's activations by tensor name (`activation_columns`, rows x the `columns`' names;
+    `columns.named` reads a row). `every_stage` (a table of one pipeline structure, as one layout is): also
+    every stage's figures in stage order (`stages`), not only the peak's."""
     table, model, training, n = t.table, job.model, job.training, t.n
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
     m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
@@ -64,24 +125,26 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions) -> dict[str, 
     unit = group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute, table.cuda_graphs)
     units = unit.values(lambda i: _lookups(job, t.layout(i), assumptions)[1])
     u_rows = unit.inverse
-    u = {name: np.array([getattr(x, name) for x in units], dtype=np.float64)[u_rows]
-         for name in ("dense_layer", "moe_layer", "dense_kept", "moe_kept", "embedding", "output", "mtp",
-                      "mamba_layer", "attention_layer")}
-    combos = [(o, h) for o in (False, True) for h in (False, True)]
-    transients = np.array([[x.transient(has_output=o, has_moe=h) for o, h in combos] for x in units])
+    # BF16 layers of a low-precision run: their units (`memory._bf16_unit`) per unit group
+    bf16_units = unit.values(lambda i: _bf16_unit(job, t.layout(i), assumptions)) if job.has_bf16_layers else None
+    cols = _Columns([*units, *(bf16_units or ())], by_name)
+    u = _unit_columns(units, cols, u_rows)
+    transients = np.array([[cols.of(x.transient_terms[c], x.transient(has_output=c[0], has_moe=c[1]))
+                            for c in _COMBOS] for x in units])
     u_full = np.array([x.full_layers is not None for x in units])[u_rows]
     split_unit = {False: next((x for x in units if x.full_layers is None), None),
                   True: next((x for x in units if x.full_layers is not None), None)}
 
-    # candidate peak stages per pipeline structure (pp, vpp, split)
+    # the stages that can be the peak (or every stage) per pipeline structure (pp, vpp, split)
     structure = group(table.pp, t.vpp, table.first_stage_layers, table.last_stage_layers, table.embedding_loss_split,
-                       table.pipeline_layout)
+                      table.pipeline_layout)
+    if every_stage and len(structure) > 1:
+        raise ValueError(f"every_stage needs one pipeline structure, but the table has {len(structure)}.")
     mtp_of = structure.values(lambda i: _mtp_counts(model, t.layout(i)))
-    cands = [_candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
-                               mtp_of[g], model.hybrid_pattern, training.bf16_edges)
+    cands = [_every_stage(model.num_layers, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i)) if every_stage
+             else _candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
+                                    mtp_of[g], model.hybrid_pattern, training.bf16_edges)
              for g, i in enumerate(structure.first)]
-    # BF16 layers of a low-precision run: their units (`memory._bf16_unit`) per unit group
-    bf16_units = unit.values(lambda i: _bf16_unit(job, t.layout(i), assumptions)) if job.has_bf16_layers else None
     width = max(len(c) for c in cands)
     depth = int(t.vpp.max())
     s_rows = structure.inverse
@@ -115,10 +178,13 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions) -> dict[str, 
     overhead = gather([sum(d.values()) for d in allow_terms], allow)
     full_graphs = table.cuda_graphs == CUDA_GRAPH_CHOICES.index("full_iteration")
     offload = table.offload_layers
-    held_out = np.zeros(n)  # `memory.graph_pool_held_bytes` of each row's peak stage
 
-    result = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer", "activations", "workspace")}
+    result = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer", "activations", "workspace",
+                                             "held")}
     stage_out, phase_out, params_out = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.int64)
+    named: list[np.ndarray] = []
+    named_rows: list[np.ndarray] = []
+    per_stage: list[dict[str, Any]] = []
     order = np.argsort(s_rows, kind="stable")
     bounds = np.searchsorted(s_rows[order], np.arange(len(structure) + 1))
     for g in range(len(structure)):
@@ -127,92 +193,95 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions) -> dict[str, 
         pp, vpp = int(table.pp[i0]), int(t.vpp[i0])
         st = state_values[state.inverse[idx]]
         fl = flight_values[flight.inverse[idx]]
-        uu = {k: v[idx] for k, v in u.items()}
+        uu = SimpleNamespace(**{k: v[idx] for k, v in vars(u).items()})
         full = u_full[idx]
         totals, parts = [], []
         for c, (p, chunks) in enumerate(cands[g]):
             sp0 = stage_lists[t.placement.inverse[i0]][p]
             has_out, has_moe = sp0.has_output, sp0.moe_layers > 0
-            act = transients[u_rows[idx], combos.index((has_out, has_moe))]
-            shapes = _chunk_shape(chunks, first_dense, pp * vpp - 1, model.hybrid_pattern)
-            for j, ((k, start, count), (dense, moe, has_emb, is_last, mamba, attention)) in enumerate(
-                    zip(chunks, shapes, strict=True)):
-                rd, rm, kd, km = _layer_split(split_unit, full, dense, moe)
-                value = rd * uu["dense_layer"] + rm * uu["moe_layer"] + kd * uu["dense_kept"] + km * uu["moe_kept"]
-                if mamba or attention:
-                    value = value + mamba * uu["mamba_layer"] + attention * uu["attention_layer"]
+            act = transients[u_rows[idx], _COMBOS.index((has_out, has_moe))]
+            for j, (k, start, count) in enumerate(chunks):
+                dense, moe, mamba, attention = chunk_kinds(model.hybrid_pattern, first_dense, start, count)
                 mtp_k = mtp_of[g][k] if mtp_of[g] else 0
-                if mtp_k:
-                    value = value + mtp_k * uu["mtp"]
-                if has_emb:
-                    value = value + uu["embedding"]
-                if is_last:
-                    value = value + uu["output"]
-                if start == 0 and offload.any():  # `memory.offloaded_activation_bytes`: the first k layers
-                    value = value - _offloaded(offload[idx], count, first_dense, model.hybrid_pattern, split_unit,
-                                               full, uu)
+                value = chunk_bytes(uu, _layer_split(split_unit, full, dense, moe), mamba=mamba, attention=attention,
+                                    mtp=mtp_k, has_embedding=k == 0, has_output=k == pp * vpp - 1)
+                if start == 0 and offload.any():  # the first k layers (`memory.offloaded_kinds`)
+                    value = cols.offloaded(value, _offloaded(offload[idx], count, model, split_unit, full, uu, cols))
                 if bf16_units is not None:
                     kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers,
                                              training.bf16_edges, start, count)
                     b_mtp = mtp_k if job.mtp_in_bf16 else 0
-                    per_unit = np.array([sum(bf16_chunk_terms(x, b, kinds, b_mtp).values())
-                                         for x, b in zip(units, bf16_units, strict=True)])
-                    value = value + per_unit[u_rows[idx]]
-                act = act + fl[:, c, j] * value
+                    deltas = [bf16_chunk_terms(x, b, kinds, b_mtp) for x, b in zip(units, bf16_units, strict=True)]
+                    value = value + np.array([cols.of(d, sum(d.values())) for d in deltas])[u_rows[idx]]
+                act = act + fl[:, c, j, None] * value
+            total_act = cols.total(act)
             step = st[:, c, 3]
-            held = np.where(full_graphs[idx], np.minimum(act, step), 0.0)
-            optimizer_phase = step > act
-            act = np.where(optimizer_phase, step, act)
+            held = graph_pool_held_bytes(full_graphs[idx], total_act, step)
+            optimizer_phase = step > total_act
+            total_act = np.where(optimizer_phase, step, total_act)
             ws = work_values[work.inverse[idx], int(has_out)]
-            allocated = st[:, c, 0] + st[:, c, 1] + st[:, c, 2] + act + ws
+            allocated = st[:, c, 0] + st[:, c, 1] + st[:, c, 2] + total_act + ws
             totals.append(allocated + overhead[idx] + held)
-            parts.append((st[:, c, 0], st[:, c, 1], st[:, c, 2], act, ws, optimizer_phase, p, held))
+            parts.append({"weights": st[:, c, 0], "gradients": st[:, c, 1], "optimizer": st[:, c, 2],
+                          "activations": total_act, "workspace": ws, "held": held, "phase": optimizer_phase,
+                          "stage": p, "named": act, "params": stage_params_per_gpu[t.placement.inverse[idx], c]})
+        if every_stage:
+            per_stage = [{**part, "overhead": overhead[idx] + part["held"]} for part in parts]
         best = np.argmax(np.stack(totals, axis=1), axis=1)
-        for c, (w, gr, o, act, ws, phase, p, held) in enumerate(parts):
+        for c, part in enumerate(parts):
             sel = best == c
             rows = idx[sel]
-            held_out[rows] = held[sel]
-            for name, value in zip(result, (w, gr, o, act, ws), strict=True):
-                result[name][rows] = value[sel]
-            phase_out[rows] = phase[sel]
-            stage_out[rows] = p
-            params_out[rows] = stage_params_per_gpu[t.placement.inverse[rows], c]
+            for name in result:
+                result[name][rows] = part[name][sel]
+            phase_out[rows] = part["phase"][sel]
+            stage_out[rows] = part["stage"]
+            params_out[rows] = part["params"][sel]
+            if by_name:
+                named.append(part["named"][sel])
+                named_rows.append(rows)
     allocated = result["weights"] + result["gradients"] + result["optimizer"] + result["activations"] \
         + result["workspace"]
-    overhead = overhead + held_out
-    overhead_terms["graph_pool_held"] = held_out
+    overhead = overhead + result["held"]
+    overhead_terms["graph_pool_held"] = result["held"]
     total = allocated + overhead
     memory = {**{name: result[name] for name in TERMS[:-1]}, "overhead": overhead}
     dominant = np.argmax(np.stack([memory[name] for name in TERMS], axis=1), axis=1)
-    return {"memory": memory, "overhead_terms": overhead_terms, "allocated_bytes": allocated, "total_bytes": total,
-            "memory_stage": stage_out, "optimizer_phase": phase_out, "params_per_gpu": params_out,
-            "dominant_memory_index": dominant}
+    out = {"memory": memory, "overhead_terms": overhead_terms, "allocated_bytes": allocated, "total_bytes": total,
+           "memory_stage": stage_out, "optimizer_phase": phase_out, "params_per_gpu": params_out,
+           "dominant_memory_index": dominant}
+    if by_name:
+        terms = np.zeros((n, cols.width))
+        for rows, values in zip(named_rows, named, strict=True):
+            terms[rows] = values
+        out["columns"], out["activation_columns"] = cols, terms
+    if every_stage:
+        out["stages"] = per_stage
+    return out
 
 
-def _offloaded(k: np.ndarray, count: int, first_dense: int, pattern: str | None, units: Mapping[bool, Any],
-               full: np.ndarray, u: Mapping[str, np.ndarray]) -> np.ndarray:
-    """What the first min(k, count) layers of a stage's first chunk save per micro-batch, per row (0 where k is 0):
-    `memory.offloaded_activation_bytes` over arrays."""
+def _offloaded(k: np.ndarray, count: int, model: Any, units: Mapping[bool, Any], full: np.ndarray,
+               u: SimpleNamespace, cols: _Columns) -> np.ndarray:
+    """What the first min(k, count) layers of a stage's first chunk save per micro-batch, per row (0 where k is 0),
+    in total: what `memory.offload_host_bytes` counts, over arrays."""
     out = np.zeros(len(k))
     for value in np.unique(k[k > 0]):
         rows = k == value
-        dense, moe, mamba, attention = chunk_kinds(pattern, first_dense, 0, min(int(value), count))
-        rd, rm, kd, km = _layer_split(units, full, dense, moe)
-        saved = rd * u["dense_layer"] + rm * u["moe_layer"] + kd * u["dense_kept"] + km * u["moe_kept"]
-        if mamba or attention:
-            saved = saved + mamba * u["mamba_layer"] + attention * u["attention_layer"]
+        dense, moe, mamba, attention = offloaded_kinds(model, int(value), count)
+        saved = cols.total(chunk_bytes(u, _layer_split(units, full, dense, moe), mamba=mamba, attention=attention,
+                                       mtp=0, has_embedding=False, has_output=False))
         out = np.where(rows, saved, out)
     return out
 
 
-def _layer_split(units: Mapping[bool, Any], full: np.ndarray, dense: int, moe: int) -> tuple[np.ndarray, ...]:
-    """`UnitActivations._split` of a chunk's layers per row: (recomputed dense, recomputed MoE, kept dense, kept
-    MoE), from a unit without block recompute (`full_layers` None) and one with it, where the rows have such."""
+def _layer_split(units: Mapping[bool, Any], full: np.ndarray, dense: int, moe: int,
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`UnitActivations._split` of a chunk's layers per row, as a column: (recomputed dense, recomputed MoE, kept
+    dense, kept MoE), from a unit without block recompute (`full_layers` None) and one with it, where the rows have
+    such."""
     plain = units[False]._split(dense, moe) if units[False] is not None else (0, 0, 0, 0)
-    if units[True] is None:
-        return tuple(np.full(len(full), float(v)) for v in plain)
-    block = units[True]._split(dense, moe)
-    return tuple(np.where(full, float(b), float(a)) for a, b in zip(plain, block, strict=True))
+    block = units[True]._split(dense, moe) if units[True] is not None else plain
+    rd, rm, kd, km = (np.where(full, float(b), float(a))[:, None] for a, b in zip(plain, block, strict=True))
+    return rd, rm, kd, km
 
 
 def _split_of(table: LayoutTable, i: int) -> tuple[int | None, int | None, bool, str | None]:

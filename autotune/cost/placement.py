@@ -31,7 +31,7 @@ from search_spaces.layout import Layout
 from search_spaces.model import VOCAB_DIVISOR, ModelSpec, padded_vocab_size
 
 __all__ = ["StageParams", "stage_params", "heaviest_stage", "chunk_layer_counts", "chunk_mtp_counts", "chunk_kinds",
-           "bf16_chunk_kinds", "bf16_stage_layers", "layer_gemm_params_per_gpu",
+           "bf16_chunk_kinds", "bf16_stage_layers", "final_norm_chunk", "layer_gemm_params_per_gpu",
            "padded_vocab_size", "pipeline_split", "Split", "EVEN", "VOCAB_DIVISOR", "fsdp_unit_params_per_gpu",
            "nonunit_params_per_gpu"]
 
@@ -101,6 +101,14 @@ class StageParams:
     def dense_layers(self) -> int:
         """Layers with a dense MLP: a GPT model's attention + MLP layers, a hybrid model's `-` layers."""
         return self.layers - self.moe_layers - self.mamba_layers - self.attention_layers
+
+
+def final_norm_chunk(counts: tuple[int, ...], has_mtp: bool) -> int:
+    """The model chunk that holds the decoder's final norm: the post-process chunk, or with MTP the chunk of the
+    last decoder layer (megatron-core `TransformerBlock.has_final_layernorm_in_this_stage`)."""
+    if has_mtp:
+        return max((k for k, n in enumerate(counts) if n), default=len(counts) - 1)
+    return len(counts) - 1
 
 
 def chunk_kinds(pattern: str | None, first_dense: int, start: int, n: int) -> tuple[int, int, int, int]:
@@ -311,10 +319,7 @@ def _stage_params_cached(model: ModelSpec, tp: int, pp: int, vpp: int, ep: int, 
                     else blocks["dense_mlp_gemm"])
     embedding_gpu = vocab // tp * h + model.max_position_embeddings * h  # VocabParallelEmbedding + positions
     embedding_all = vocab * h + model.max_position_embeddings * h
-    # the decoder's final norm: on the post-process chunk, or with MTP on the chunk of the last decoder layer
-    # (`TransformerBlock.has_final_layernorm_in_this_stage`)
-    final_chunk = max((k for k, n in enumerate(counts) if n), default=len(counts) - 1) if model.mtp_num_layers \
-        else len(counts) - 1
+    final_chunk = final_norm_chunk(counts, bool(model.mtp_num_layers))
     stages = []
     for p in range(pp):
         layers = moe_layers = mtp_layers = mtp_param_layers = embedding_copies = mamba_layers = attention_layers = 0

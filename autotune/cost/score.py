@@ -24,7 +24,7 @@ from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.flops import model_flops_per_step
 from autotune.cost.groups import Rows
 from autotune.cost.layout_table import LayoutTable
-from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions
+from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, MemoryEstimate
 from autotune.cost.peak_memory import OVERHEAD_TERMS, peak_memory
 from autotune.cost.step_time import step_times
 from autotune.cost.throughput import TIME_KEYS, TimeEstimate
@@ -32,7 +32,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 
-__all__ = ["Scores", "score_layouts", "OVERHEAD_TERMS", "estimate_time"]
+__all__ = ["Scores", "score_layouts", "OVERHEAD_TERMS", "estimate_time", "estimate_memory", "estimate_memory_per_stage"]
 
 GIB = 1024**3
 
@@ -171,3 +171,45 @@ def estimate_time(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATI
         mfu=float(time["mfu"][0]),
         model_flops_per_step=float(time["model_flops_per_step"]),
     )
+
+
+def _memory_estimate(stage: Mapping[str, Any], columns: Any, device: Mapping[str, float]) -> MemoryEstimate:
+    """One stage's figures (row 0 of `peak_memory`'s arrays) as a MemoryEstimate."""
+    optimizer_phase = bool(stage["phase"][0])
+    if optimizer_phase:  # the optimizer step's fp32 gradient copies are the peak, not the activations
+        terms: tuple[tuple[str, float], ...] = (("optimizer_step_fp32_grads", float(stage["activations"][0])),)
+    else:
+        terms = columns.named(stage["named"])
+    held = float(stage["held"][0])
+    overhead = {**device, **({"graph_pool_held": held} if held else {})}
+    return MemoryEstimate(
+        weights_bytes=float(stage["weights"][0]), gradients_bytes=float(stage["gradients"][0]),
+        optimizer_bytes=float(stage["optimizer"][0]), activations_bytes=float(stage["activations"][0]),
+        workspace_bytes=float(stage["workspace"][0]), overhead_bytes=sum(overhead.values()),
+        stage=int(stage["stage"]), params_per_gpu=int(stage["params"][0]),
+        phase="optimizer step" if optimizer_phase else "activations", overhead_terms=tuple(overhead.items()),
+        activation_terms=terms,
+    )
+
+
+def _one_layout_memory(job: Job, layout: Layout, assumptions: MemoryAssumptions,
+                       ) -> tuple[tuple[dict[str, Any], ...], Any, dict[str, float], int]:
+    out = peak_memory(job, Rows(LayoutTable.from_layouts([layout])), assumptions, by_name=True, every_stage=True)
+    device = {k: float(v[0]) for k, v in out["overhead_terms"].items() if k != "graph_pool_held"}
+    return tuple(out["stages"]), out["columns"], device, int(out["memory_stage"][0])
+
+
+def estimate_memory_per_stage(job: Job, layout: Layout,
+                              assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> tuple[MemoryEstimate, ...]:
+    """The estimate for one GPU of every pipeline stage, in stage order (`estimate_memory` is their maximum): the
+    one-row case of `score_layouts`' memory assembly, with the activations by tensor name."""
+    stages, columns, device, _ = _one_layout_memory(job, layout, assumptions)
+    return tuple(_memory_estimate(s, columns, device) for s in stages)
+
+
+def estimate_memory(job: Job, layout: Layout, assumptions: MemoryAssumptions = DEFAULT_ASSUMPTIONS) -> MemoryEstimate:
+    """Peak memory per GPU for `layout` of `job`: the most loaded stage of `estimate_memory_per_stage`, the one
+    `score_layouts` finds. A pure function of its arguments (no torch); an infeasible layout still gets numbers (the
+    validity rules say why it is infeasible). Micro-batches per step: GBS / (MBS * DP), at least 1."""
+    stages, columns, device, peak = _one_layout_memory(job, layout, assumptions)
+    return _memory_estimate(stages[peak], columns, device)

@@ -22,7 +22,8 @@ from typing import Any
 
 from autotune.cost.analytic import AnalyticBackend
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
-from autotune.cost.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions, estimate_memory, estimate_memory_per_stage
+from autotune.cost.memory import DEFAULT_ASSUMPTIONS, MemoryAssumptions
+from autotune.cost.score import estimate_memory, estimate_memory_per_stage
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import Layout

@@ -216,7 +216,7 @@ def _tokens(job: Any, step_s: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.cost.calibration_file import FACTORS, CalibrationFile, write_calibration
-    from autotune.cost.memory import estimate_memory
+    from autotune.cost.score import estimate_memory
     from autotune.tuning.calibrate import Run, fit_factors
 
     if args.profile:

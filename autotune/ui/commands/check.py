@@ -81,7 +81,7 @@ def check_object(job, layout, violations, memory: dict[str, object] | None = Non
 
 def memory_fit(job, layout, headroom: float) -> dict[str, object]:
     """The analytic peak memory per GPU against the GPU's memory minus the headroom (a valid layout only)."""
-    from autotune.cost.memory import estimate_memory
+    from autotune.cost.score import estimate_memory
 
     peak = estimate_memory(job, layout).total_bytes
     usable = job.cluster.gpu.memory_bytes - headroom
