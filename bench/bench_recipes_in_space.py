@@ -8,7 +8,7 @@ inside the default space, and is the search's pick predicted at least as fast?
 
 Rows: `bench/recipe_rows.py`'s scored MoE rows on B200 and GB200 (the GPUs the model is fitted on), one per
 distinct (job, layout): the same recipe published by several releases is one job per release, since the release
-is part of the job. For each: the search's default space (`driver.DEFAULT_SPACE`) of the recipe's job (its own
+is part of the job. For each: the search's default space (`space.DEFAULT_SPACE`) of the recipe's job (its own
 training switches: dispatcher, forced balance, capacity factors, precision, release), whether the recipe's
 layout is a row of it, and the analytic search's pick (`autotune.tuning.analytic_pass`) with its predicted
 tokens/s against the recipe's. The pick is chosen within the search's tie tolerance of the fastest, so "as fast"
@@ -48,12 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.analytic import AnalyticBackend  # noqa: E402
 from autotune.tuning.analytic_pass import analytic_pass  # noqa: E402
-from autotune.tuning.driver import DEFAULT_SPACE  # noqa: E402
 from autotune.tuning.ranking import TIE_TOLERANCE  # noqa: E402
 from autotune.tuning.verdicts import UNVERIFIED_GAIN  # noqa: E402
 from bench.recipe_rows import HELD_OUT_GPUS, RecipeRow, load_recipe_rows  # noqa: E402
 from search_spaces.releases import release_names  # noqa: E402
-from search_spaces.space import feasible_space  # noqa: E402
+from search_spaces.space import (
+    DEFAULT_SPACE,  # noqa: E402
+    feasible_space,  # noqa: E402
+)
 
 FITTED_GPUS = ("b200", "gb200")
 MEDIAN_TARGET = 0.15  # issue 25: the claimed gain over the recipe has a median of at most 1.15x

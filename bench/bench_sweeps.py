@@ -46,11 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.analytic import AnalyticBackend  # noqa: E402
 from autotune.tuning.analytic_pass import analytic_pass  # noqa: E402
-from autotune.tuning.driver import DEFAULT_SPACE  # noqa: E402
 from autotune.tuning.ranking import TIE_TOLERANCE  # noqa: E402
 from bench.throughput_rows import SWEEPS_CSV, Row, load_rows, sweep_rows  # noqa: E402
 from search_spaces.measurement import Measurement  # noqa: E402
-from search_spaces.space import feasible_space  # noqa: E402
+from search_spaces.space import (
+    DEFAULT_SPACE,  # noqa: E402
+    feasible_space,  # noqa: E402
+)
 
 PUBLISHED_TIE = 0.02  # published tokens/s this close are one result (run-to-run noise), not an order
 SEARCH_MAX_GPUS = 512  # the analytic search runs for sweeps up to this world size

@@ -145,7 +145,8 @@ def _rows() -> Iterator[tuple[str, Job, Layout]]:
 
 def _picks() -> dict[str, Any]:
     from autotune.tuning.analytic_pass import analytic_pass
-    from autotune.tuning.driver import DEFAULT_SPACE, default_headroom_bytes
+    from autotune.tuning.driver import default_headroom_bytes
+    from search_spaces.space import DEFAULT_SPACE
 
     out = {}
     for name, job in SEARCHED.items():

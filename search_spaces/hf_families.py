@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from search_spaces.model import MambaSpec, MLASpec, MoESpec
 
 if TYPE_CHECKING:
-    from search_spaces.hf_config import HFConfig
+    from search_spaces.hf_keys import HFConfig
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "builder_for"]
 

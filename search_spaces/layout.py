@@ -1,7 +1,7 @@
 """One immutable parallel layout, and the training job it runs in.
 
-Short field names inside; `to_megatron()` is the one boundary that maps them to
-megatron-core's `TransformerConfig` / `ModelParallelConfig` names.
+Short field names inside; `search_spaces.megatron_names.megatron_settings(layout)` is the one boundary that maps
+them to megatron-core's `TransformerConfig` / `ModelParallelConfig` names.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal, TypedDict
 
-from search_spaces.megatron_names import LAYOUT_NAMES, layout_settings, optimizer_settings
 from search_spaces.pipeline_layout import (
     LayoutSyntaxError,
     balanced_layout,
@@ -22,10 +21,10 @@ from search_spaces.pipeline_layout import (
 )
 
 if TYPE_CHECKING:
-    from search_spaces.training import TrainingSpec
+    pass
 
 __all__ = ["Layout", "Recompute", "CudaGraphs", "CUDA_GRAPH_CHOICES", "RECOMPUTE_CHOICES", "PipelineSplit",
-           "parse_layout", "pipeline_split_for", "MEGATRON_NAMES", "SPLIT_FIELDS", "SWITCH_FIELDS"]
+           "parse_layout", "pipeline_split_for", "SPLIT_FIELDS", "SWITCH_FIELDS"]
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
@@ -35,9 +34,6 @@ RECOMPUTE_CHOICES: tuple[str, ...] = ("none", "selective", "full")
 CudaGraphs = Literal["none", "local", "transformer_engine", "full_iteration"]
 CUDA_GRAPH_CHOICES: tuple[str, ...] = ("none", "local", "transformer_engine", "full_iteration")
 
-# short name -> the megatron-core field(s) it sets (dp / expert_dp are derived, never set there); the one table of
-# megatron's names, with the Megatron-LM flags and Megatron-Bridge keys, is `search_spaces.megatron_names`
-MEGATRON_NAMES: dict[str, tuple[str, ...]] = LAYOUT_NAMES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,23 +215,6 @@ class Layout:
     def num_microbatches(self, global_batch_size: int) -> int:
         """GBS = MBS * DP * num_microbatches (floored; rules check divisibility)."""
         return global_batch_size // (self.mbs * self.dp)
-
-    def to_megatron(self, training: TrainingSpec | None = None) -> dict[str, object]:
-        """megatron-core field names and values (`search_spaces.megatron_names`), plus the derived `dp` and
-        `expert_dp` and the searched switches under their layout names (`cuda_graphs`, `ep_overlap`: the megatron
-        settings they stand for depend on the release, `megatron_names.job_settings`). With the job's `training`,
-        what its optimizer changes (`megatron_names.optimizer_settings`: Muon's dist_opt is "dist_muon" with
-        `use_distributed_optimizer` off)."""
-        out = layout_settings(self)
-        if training is not None:
-            out.update(optimizer_settings(training, self))
-        out["dp"] = self.dp
-        out["expert_dp"] = self.expert_dp
-        out["cuda_graphs"] = self.cuda_graphs
-        out["ep_overlap"] = self.ep_overlap
-        out["fsdp"] = self.fsdp
-        out["offload_layers"] = self.offload_layers
-        return out
 
     def short_dict(self) -> dict[str, object]:
         """Field name -> value (flat: every field is a scalar, so no deep copy as `dataclasses.asdict` makes)."""

@@ -1,7 +1,7 @@
 """The one mapping from autotune's fields to megatron's names: the megatron-core field, the Megatron-LM flag and
 the Megatron-Bridge override key of every switch a prediction assumes.
 
-`Layout.to_megatron()`, the launch lines (`autotune.outputs.launch`) and the tests read this table; nothing else
+`megatron_settings(layout)`, the launch lines (`autotune.outputs.launch`) and the tests read this table; nothing else
 spells megatron's names. Targets (the versions autotune's rules and cost models follow):
 
 - megatron-core 0.16.1: `TransformerConfig` / `ModelParallelConfig` (owner "transformer"),
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from search_spaces.training import TrainingSpec
 
 __all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARALLEL_STATE", "layout_settings",
-           "job_settings", "optimizer_settings", "transformer_kwargs", "parallel_state_kwargs", "fp8_format",
-           "architecture_settings"]
+           "job_settings", "optimizer_settings", "megatron_settings", "transformer_kwargs", "parallel_state_kwargs",
+           "fp8_format", "architecture_settings"]
 
 Owner = Literal["transformer", "ddp", "optimizer", "training"]
 Kind = Literal["int", "float", "bool", "str", "list", "dtype"]
@@ -355,6 +355,23 @@ def optimizer_settings(training: TrainingSpec, layout: Layout) -> dict[str, obje
     if not training.muon:
         return {}
     return {"optimizer": "dist_muon" if layout.dist_opt else "muon", "use_distributed_optimizer": False}
+
+
+def megatron_settings(layout: Layout, training: TrainingSpec | None = None) -> dict[str, object]:
+    """megatron-core field names and values of `layout` (`layout_settings`), plus the derived `dp` and `expert_dp`
+    and the searched switches under their layout names (`cuda_graphs`, `ep_overlap`, `fsdp`, `offload_layers`: the
+    megatron settings they stand for depend on the release, `job_settings`). With the job's `training`, what its
+    optimizer changes (`optimizer_settings`: Muon's dist_opt is "dist_muon" with `use_distributed_optimizer` off)."""
+    out = layout_settings(layout)
+    if training is not None:
+        out.update(optimizer_settings(training, layout))
+    out["dp"] = layout.dp
+    out["expert_dp"] = layout.expert_dp
+    out["cuda_graphs"] = layout.cuda_graphs
+    out["ep_overlap"] = layout.ep_overlap
+    out["fsdp"] = layout.fsdp
+    out["offload_layers"] = layout.offload_layers
+    return out
 
 
 def job_settings(job: Job, layout: Layout) -> dict[str, object]:

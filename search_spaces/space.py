@@ -75,8 +75,9 @@ from search_spaces.rules import (
     te_graphs_moe_recompute_refused,
 )
 
-__all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "FeasibleSpace", "SpaceReport", "SPACE_RULES",
-           "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges", "space_rules",
+__all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "DEFAULT_SPACE", "FeasibleSpace", "SpaceReport",
+           "SPACE_RULES", "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges",
+           "space_rules",
            "pipeline_fields", "hybrid_split_for", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS",
            "CONTEXT_DIMENSIONS", "CONTEXTS", "switch_context", "offload_values",
            "DEFAULT_CUDA_GRAPHS",
@@ -158,6 +159,11 @@ class SpaceOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"`{name} >= 1` must hold, but got ({name}={value}).")
+
+
+# The space the search uses: TP inside a node (its all-reduces need NVLink), expert parallelism free to cross nodes
+# (NVIDIA's DeepSeek-V3 recipe runs EP 64 over 8 nodes; Megatron-Bridge `deepseek_v3` perf configs)
+DEFAULT_SPACE = SpaceOptions(tp_within_node=True, expert_within_node=False)
 
 
 def divisors(n: int) -> tuple[int, ...]:

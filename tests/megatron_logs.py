@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from search_spaces.megatron_names import megatron_settings
+
 __all__ = ["arguments_block", "iteration_line", "memory_line", "megatron_lm_log", "published_step_s",
            "job_arguments", "bridge_summary"]
 
@@ -56,7 +58,7 @@ def memory_line(iteration: int, max_allocated_mb: float) -> str:
 def job_arguments(job: Any, layout: Any) -> dict[str, Any]:
     """Megatron-LM's arguments for `job` and `layout` (the ones calibrate reads, plus a few it does not)."""
     m, t = job.model, job.training
-    mega = layout.to_megatron()
+    mega = megatron_settings(layout)
     args = {name: mega[name] for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                           "virtual_pipeline_model_parallel_size", "context_parallel_size",
                                           "expert_model_parallel_size", "expert_tensor_parallel_size",

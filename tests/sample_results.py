@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 
 from autotune.cost.analytic import AnalyticBackend
+from autotune.tuning.answer import SearchResult
 from autotune.tuning.driver import default_headroom_bytes
-from autotune.tuning.results import SearchResult, TrialRecord
+from autotune.tuning.results import TrialRecord
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

@@ -15,17 +15,18 @@ import pytest
 
 from autotune.cost.analytic import AnalyticBackend
 from autotune.outputs.files import launch_of, result_json
+from autotune.outputs.view import Result
 from autotune.tuning.analytic_pass import analytic_pass
 from autotune.tuning.analytic_search import analytic_decision, measured_decision
-from autotune.tuning.answer import PROXY
-from autotune.tuning.driver import DEFAULT_SPACE, run_search
+from autotune.tuning.answer import PROXY, SearchResult
+from autotune.tuning.driver import run_search
 from autotune.tuning.ranking import MEMORY_RESOLUTION
-from autotune.tuning.results import SearchResult, TrialRecord
+from autotune.tuning.results import TrialRecord
 from autotune.tuning.verdicts import NEAREST_FIELDS, UNVERIFIED_GAIN, gain_vs_pick, nearest_fitting, nearest_variant
 from autotune.ui.api import make_job
 from search_spaces.layout import parse_layout
 from search_spaces.measurement import Measurement
-from search_spaces.space import feasible_space
+from search_spaces.space import DEFAULT_SPACE, feasible_space
 
 GIB = 1024**3
 
@@ -99,7 +100,7 @@ def test_the_pick_is_the_first_row_of_every_view(readme) -> None:
     body = body[body.index("<tbody>"):]
     first_row = body[:body.index("</tr>")]
     assert 'class="pick"' in first_row and ">1 *<" in first_row
-    data = report_input(readme)
+    data = report_input(Result(readme))
     assert data.pick == pick and data.order is not None and data.order[0] == pick
     with open(folder / "trials.csv", newline="") as f:
         assert next(csv.DictReader(f))["layout"] == pick  # trials.csv: the pick first
@@ -318,7 +319,7 @@ def test_cpu_proxy_runs_are_labelled_in_the_terminal_and_the_report(tmp_path) ->
         render(result, console=console)
     out = captured.get()
     assert "CPU proxy" in out and "not how fast they run on GPUs" in out and "Best layouts by the model" in out
-    data = report_input(result)
+    data = report_input(Result(result))
     html = render_report(data)
     assert "CPU proxy" in html and data.basis.startswith("the analytic model's")
     assert "CPU proxy" in str(data.job["backend"]) and "0.0 B" not in str(data.job["parameters"])

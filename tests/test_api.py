@@ -7,7 +7,8 @@ import json
 import pytest
 
 import autotune.ui.api as api
-from autotune.tuning.results import SearchResult, TrialRecord
+from autotune.tuning.answer import SearchResult
+from autotune.tuning.results import TrialRecord
 from autotune.ui import clusters, models
 from autotune.ui.cli import build_parser
 from autotune.ui.commands import job_from_args

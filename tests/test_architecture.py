@@ -1,4 +1,5 @@
-"""The import graph: layers import one way, and the analytic path stays light.
+"""The import graph: layers import one way, no modules import each other in a circle, and the analytic path stays
+light.
 
     search_spaces  <-  autotune.cost  <-  autotune.tuning  <-  autotune.outputs  <-  autotune.ui
     trainers       <-  search_spaces only (the backend registry loads trainers by name)
@@ -62,6 +63,59 @@ def test_layers_import_one_way() -> None:
             elif theirs is not None and theirs > mine:
                 upward.append(f"{me} imports {target}")
     assert not upward, "\n".join(upward)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (a `from pkg import name` of a submodule counts as that module)."""
+    paths = _sources("autotune") + _sources("search_spaces") + _sources("trainers")
+    modules = {_module_name(p) for p in paths}
+    return {_module_name(p): {t for t in _imports(p) if t in modules and t != _module_name(p)} for p in paths}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles() -> None:
+    # a package's __init__ re-exporting its modules is the package's face, not a circle: it is left out
+    graph = {m: {t for t in ts if not _is_package(t)} for m, ts in _import_graph().items() if not _is_package(m)}
+    circles = _circles(graph)
+    assert not circles, "import circles (deferred imports included):\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def _is_package(module: str) -> bool:
+    return (ROOT / module.replace(".", "/") / "__init__.py").exists()
 
 
 def test_trainers_import_only_search_spaces() -> None:

@@ -9,10 +9,9 @@ import sys
 
 import pytest
 
-from autotune.tuning.driver import DEFAULT_SPACE
 from autotune.ui.cli import main
 from search_spaces.catalog import get_model
-from search_spaces.space import feasible_layouts
+from search_spaces.space import DEFAULT_SPACE, feasible_layouts
 
 from test_rules import make_job
 

@@ -1,6 +1,6 @@
 """An attempt the cluster lost (an infrastructure failure) is measured once more, recorded as a row of its own marked
 `infrastructure (retried)`, said in one line, and not counted against the budget (autotune/tuning/tune_glue.py,
-driver.counted). No Ray is started: a deterministic fake backend and the recorder on a real trials.csv."""
+results.counted). No Ray is started: a deterministic fake backend and the recorder on a real trials.csv."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from autotune.tuning.driver import counted
-from autotune.tuning.results import TrialLog, read_trials
+from autotune.tuning.results import TrialLog, counted, read_trials
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
@@ -51,7 +50,7 @@ class Flaky:
 
 @pytest.mark.parametrize(("lose", "statuses"), [(0, ["ok"]), (1, ["failed", "ok"]), (2, ["failed", "failed"])])
 def test_an_infrastructure_failure_is_measured_once_more(lose: int, statuses: list[str]) -> None:
-    from autotune.tuning.tune_glue import timed_measurements
+    from autotune.tuning.trial_io import timed_measurements
 
     got = [m for m, _ in timed_measurements(JOB, Flaky(lose), LAYOUT)]
     assert [m.status for m in got] == statuses
@@ -69,7 +68,8 @@ class _Plan:
 
 
 def test_a_lost_attempt_is_a_row_of_its_own_said_in_one_line_and_not_counted(tmp_path: Path) -> None:
-    from autotune.tuning.tune_glue import Recorder, lost_attempt
+    from autotune.tuning.trial_io import lost_attempt
+    from autotune.tuning.tune_glue import Recorder
 
     plan = _Plan()
     log = TrialLog(tmp_path)

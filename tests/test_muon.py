@@ -31,6 +31,7 @@ from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
+from search_spaces.megatron_names import megatron_settings
 from search_spaces.rules import check
 from search_spaces.space import DIMENSIONS, SpaceOptions, feasible_space
 from search_spaces.training import training_spec
@@ -273,12 +274,13 @@ def test_json_layouts_say_what_megatron_runs_for_muon(capsys):
     layout = parse_layout("ep=8,etp=1,dp=16,mbs=1,dist_opt=true", world_size=16)
     muon = _job("qwen3-30b-a3b", 2, gpu="b200", optimizer="muon").training
     adam = _job("qwen3-30b-a3b", 2, gpu="b200").training
-    assert layout.to_megatron()["use_distributed_optimizer"] is True and "optimizer" not in layout.to_megatron()
-    assert layout.to_megatron(adam) == layout.to_megatron()
-    settings = layout.to_megatron(muon)
+    settings = megatron_settings(layout)
+    assert settings["use_distributed_optimizer"] is True and "optimizer" not in settings
+    assert megatron_settings(layout, adam) == megatron_settings(layout)
+    settings = megatron_settings(layout, muon)
     assert settings["use_distributed_optimizer"] is False and settings["optimizer"] == "dist_muon"
     plain = parse_layout("ep=8,etp=1,dp=16,mbs=1,dist_opt=false", world_size=16)
-    assert plain.to_megatron(muon)["optimizer"] == "muon"
+    assert megatron_settings(plain, muon)["optimizer"] == "muon"
     argv = ["--model", "qwen3-30b-a3b", "--nodes", "2", "--gpu", "b200", "--optimizer", "muon", "--json",
             "--layout", "tp=1,ep=8,etp=1,mbs=1,dist_opt=true"]
     for command in ("estimate", "check"):

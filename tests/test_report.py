@@ -12,6 +12,7 @@ from test_answer import readme_search
 
 from autotune.outputs import plots
 from autotune.outputs.report import REPORT_FILE, ReportInput, rejection_groups, render_report, wrap_shell, write_report
+from autotune.outputs.view import Result
 from autotune.tuning.results import TrialRecord, pareto_front
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
@@ -208,7 +209,7 @@ _MEASURE = """<script>window.addEventListener("load", () => {
 def test_headless_chromium_at_1280_px_has_no_horizontal_overflow(model, nodes, tmp_path):
     from sample_results import sampled_result  # a search's records from a sample of the real space, without Ray
 
-    report = Path(write_report(sampled_result(model, nodes), tmp_path / "out"))
+    report = Path(write_report(Result(sampled_result(model, nodes)), tmp_path / "out"))
     result = _measure_in_chromium(tmp_path, report.read_text())
     assert result["window"] == 1280
     assert result["page"] <= result["window"] and result["wide"] == [], result

@@ -3,7 +3,8 @@
 import json
 
 from autotune.outputs.files import result_json, write_outputs
-from autotune.tuning.results import SearchResult, TrialLog, TrialRecord, pareto_front, read_trials
+from autotune.tuning.answer import SearchResult
+from autotune.tuning.results import TrialLog, TrialRecord, pareto_front, read_trials
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
 from search_spaces.job import Job

@@ -203,7 +203,7 @@ def test_autotune_search_is_the_api_function_after_the_driver_loads():
 def test_neighbours_of_a_layout_outside_the_space_do_not_crash():
     # mixtral on 4 nodes: the recipe's tp1 pp4 vpp8 ep8 (one layer per chunk) is outside the default space; it
     # used to raise "not a prefix of any valid layout"; its neighbours are those of the nearest layout of the space
-    from autotune.tuning.driver import DEFAULT_SPACE
+    from search_spaces.space import DEFAULT_SPACE
 
     job = _job("mixtral-8x7b", nodes=4)
     space = feasible_space(job, DEFAULT_SPACE)

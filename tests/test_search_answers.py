@@ -12,11 +12,11 @@ import random
 import pytest
 
 from autotune.cost.analytic import AnalyticBackend
-from autotune.tuning.driver import DEFAULT_SPACE, run_search
+from autotune.tuning.driver import run_search
 from autotune.tuning.ranking import TIE_TOLERANCE
 from autotune.ui.api import make_job
 from search_spaces.layout import parse_layout
-from search_spaces.space import feasible_space
+from search_spaces.space import DEFAULT_SPACE, feasible_space
 
 CASES = [  # (id, model, nodes, job keywords): the README command and issue 11's judged cases
     ("readme-mixtral-4n", "mixtral", 4, {}),

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from autotune.outputs.tables import layout_flags, make_console, ranked_table, terminal_width
-from autotune.tuning.results import SearchResult
+from autotune.tuning.answer import SearchResult
 from autotune.ui.commands.search import explain_impossible, render
 from search_spaces.layout import parse_layout
 

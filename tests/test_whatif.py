@@ -9,11 +9,10 @@ import re
 import pytest
 
 from autotune.tuning.analytic_pass import analytic_pass
-from autotune.tuning.driver import DEFAULT_SPACE
 from autotune.tuning.whatif import parse_tokens, smallest_fitting, what_if
 from autotune.ui.api import make_job
 from autotune.ui.cli import main
-from search_spaces.space import feasible_space
+from search_spaces.space import DEFAULT_SPACE, feasible_space
 
 
 @pytest.mark.parametrize("text, tokens", [("1T", 1e12), ("300B", 3e11), ("2.5e12", 2.5e12), ("500m", 5e8),

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.outputs.launch import launch_forms
-from autotune.tuning.results import GIB, SearchResult, job_summary
+from autotune.tuning.answer import SearchResult
+from autotune.tuning.results import GIB, job_summary
 from autotune.tuning.run_folder import OutputError, atomic_write
 
 __all__ = ["write_outputs", "result_json", "launch_of", "BEST_JSON", "LAUNCH_FILES"]
@@ -81,6 +82,7 @@ def write_outputs(result: SearchResult, folder: str | Path) -> None:
 def _write_report_atomically(result: SearchResult, folder: Path) -> None:
     """report.html and the plot PNGs, drawn into a temporary folder beside them and renamed in one by one."""
     from autotune.outputs.report import write_report
+    from autotune.outputs.view import Result
 
     try:
         staging = Path(tempfile.mkdtemp(prefix=".report-", dir=folder))
@@ -88,7 +90,7 @@ def _write_report_atomically(result: SearchResult, folder: Path) -> None:
         raise OutputError(e.errno, f"cannot write the report in {folder}: {e.strerror or e}") from None
     try:
         try:
-            write_report(result, staging)  # report.html and the four plot PNGs
+            write_report(Result(result), staging)  # report.html and the four plot PNGs
         except OSError as e:
             raise OutputError(e.errno, f"cannot write the report in {folder}: {e.strerror or e}") from None
         for path in sorted(staging.iterdir()):

@@ -13,7 +13,7 @@ MFU in percent) and a layout is its short columns (`tp pp vpp cp ep etp dp mbs f
 1280-pixel window without scrolling sideways (checked in headless Chromium, tests/test_report.py).
 
     >>> from autotune.outputs.report import write_report
-    >>> write_report(result, "runs/mixtral")          # doctest: +SKIP
+    >>> write_report(Result(search_result), "runs/mixtral")          # doctest: +SKIP
     'runs/mixtral/report.html'
 
 `write_report` also writes the plots as PNG files next to the report (see `autotune.outputs.plots.PLOT_FILES`).
@@ -472,7 +472,7 @@ def render_report(data: ReportInput, pngs: Mapping[str, bytes] | None = None) ->
 
 
 def summary_html(result) -> str:
-    """A short HTML view of a result (job, winner with its confidence and launch forms, top 5, the user's
+    """A short HTML view of a search's `Result` (job, winner with its confidence and launch forms, top 5, the user's
     layouts) without plots, for notebooks."""
     data = report_input(result)
     ranked = data.ranked if data.ranked is not None else data.trials
@@ -486,15 +486,13 @@ _LAUNCH_TITLES = {"megatron_bridge": "Megatron-Bridge overrides", "megatron_lm":
 
 
 def report_input(result, *, space_rules: bool = False) -> ReportInput:
-    """Adapt a search result (`autotune.tuning.results.SearchResult` or `autotune.outputs.view.Result`) to
-    `ReportInput`, from its one answer. `space_rules`: also count the candidates each validity rule rules out over
+    """Adapt a search's `autotune.outputs.view.Result` (`Result(search_result)`) to `ReportInput`, from its one
+    answer. `space_rules`: also count the candidates each validity rule rules out over
     the whole space (`search_spaces.space.rejections`: 2 to 6 s for the README job on this 2-core machine, more than
     the search itself, so off by default; the `space` verb prints them)."""
     from autotune.outputs.launch import launch_header
     from autotune.outputs.tables import verdict_text
-    from autotune.outputs.view import Result
-
-    res = result if isinstance(result, Result) else Result(result)
+    res = result
     answer = res.answer
     d = answer.decision
     forms = res.launch_forms()
@@ -560,7 +558,7 @@ def _space_counts(res, space: Mapping[str, Any]) -> dict[str, Any]:
 def write_report(result, folder: str | Path) -> str:
     """Write `report.html` and the plot PNGs into `folder`; returns the report's path.
 
-    `result` is a search result or an already built `ReportInput`.
+    `result` is a search's `autotune.outputs.view.Result` or an already built `ReportInput`.
     """
     data = result if isinstance(result, ReportInput) else report_input(result)
     folder = Path(folder)

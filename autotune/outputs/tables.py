@@ -19,8 +19,9 @@ from typing import Any
 
 from search_spaces.layout import Layout
 
-__all__ = ["terminal_width", "make_console", "layout_cells", "layout_flags", "ranked_table", "pareto_table",
-           "breakdown_table", "verdict_text", "FLAGS_LEGEND", "MARKS_LEGEND", "PIPED_WIDTH", "WIDE_WIDTH"]
+__all__ = ["terminal_width", "make_console", "print_nearest", "layout_cells", "layout_flags", "ranked_table",
+           "pareto_table", "breakdown_table", "verdict_text", "FLAGS_LEGEND", "MARKS_LEGEND", "PIPED_WIDTH",
+           "WIDE_WIDTH"]
 
 GIB = 1024**3
 PIPED_WIDTH = 120  # piped without COLUMNS: complete rows
@@ -296,3 +297,16 @@ def breakdown_table(unit: str, terms: dict[str, float], total: float, value_spec
             table.add_row(name, format(value, value_spec), format(value / total, share_spec) if total else "-")
     table.add_row("total", format(total, value_spec), format(1.0, share_spec), style="bold")
     return table
+
+
+def print_nearest(nearest: dict[str, object] | None) -> None:
+    """The nearest variant that fits, for a layout that breaks a rule or does not fit (check, estimate)."""
+    console = make_console()
+    if nearest is None:
+        console.print("nearest that fits: none; no layout of the search space fits this job (see `python -m "
+                      "autotune` for the closest misses and what to try)", markup=False, highlight=False)
+        return
+    changes = ", ".join(nearest["changes"]) or "none"  # type: ignore[arg-type]
+    console.print(f"nearest that fits ({changes}): {nearest['layout']}: {nearest['tokens_per_s_per_gpu']:,.0f} "
+                  f"tokens/s per GPU, {nearest['memory_gib']:.1f} GiB, {nearest['free_gib']:.1f} GiB free",
+                  markup=False, highlight=False)

@@ -1,6 +1,6 @@
 """The answer of a search, computed once: what every output (terminal, files, report, plots, notebook) reads.
 
-    answer = result.answer            # autotune.tuning.results.SearchResult.answer, built on first use
+    answer = result.answer            # SearchResult.answer, built on first use
     answer.pick                       # the picked TrialRecord (None when nothing fits)
     answer.ranked, answer.pareto      # the pick first, then fastest first; the Pareto front, the pick first
     answer.decision                   # typed: pick, ties, confidence, reason, memory and pipeline warnings
@@ -18,17 +18,18 @@ of the measured layouts), and each carries what the proxy found (`proxy_status`)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from autotune.tuning.results import TrialRecord, distinct_feasible, pareto_front
+from search_spaces.job import Job
 from search_spaces.layout import Layout
+from search_spaces.measurement import Measurement
 
-if TYPE_CHECKING:
-    from autotune.tuning.results import SearchResult, TrialRecord
-
-__all__ = ["Answer", "Decision", "MemoryWarning", "Verdict", "answer_of", "largest_time_term", "MODEL", "GPU",
-           "PROXY"]
+__all__ = ["SearchResult", "Answer", "Decision", "MemoryWarning", "Verdict", "answer_of", "largest_time_term",
+           "MODEL", "GPU", "PROXY"]
 
 GIB = 1024**3
 MODEL, GPU = "model", "GPU measurements"
@@ -205,7 +206,6 @@ def _tokens_of(r: TrialRecord) -> float:
 
 def answer_of(result: SearchResult) -> Answer:
     """The answer of `result` (module docstring); `SearchResult.answer` calls this once."""
-    from autotune.tuning.results import distinct_feasible, pareto_front
 
     d = result.decision or {}
     decision = Decision.from_dict(d) if d else _fallback_decision(result)
@@ -238,7 +238,6 @@ def _find(pool: Sequence[TrialRecord], layout: str | None) -> TrialRecord | None
 
 def _fallback_decision(result: SearchResult) -> Decision:
     """A result made without a decision (tests, old folders): the fastest record that fits."""
-    from autotune.tuning.results import distinct_feasible
 
     fits = distinct_feasible(result.records)
     pick = str(fits[0].layout) if fits else None
@@ -288,7 +287,6 @@ def _scored(job: Any, capacity_bytes: float, layout: Layout, *, number: int, ori
             proxy: dict[str, Any] | None, cal: Any = None) -> TrialRecord:
     from autotune.cost.analytic import AnalyticBackend
     from autotune.cost.efficiency import DEFAULT_CALIBRATION
-    from autotune.tuning.results import TrialRecord
 
     m = AnalyticBackend(headroom_bytes=job.cluster.gpu.memory_bytes - capacity_bytes,
                         calibration=cal or DEFAULT_CALIBRATION).evaluate(job, layout)
@@ -296,3 +294,63 @@ def _scored(job: Any, capacity_bytes: float, layout: Layout, *, number: int, ori
         m = replace(m, extra={**m.extra, "proxy": proxy})
     feasible = m.ok and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes
     return TrialRecord(number=number, origin=origin, measurement=m, feasible=feasible, capacity_bytes=capacity_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """What a search found. `decision` is the search's decision as plain data (best.json's `decision`:
+    `autotune.tuning.analytic_search`); `answer` is the one typed answer every output reads (`Answer`: the pick,
+    the ranking, the Pareto front, the verdicts on the user's layouts), computed once from the records and the
+    decision. `best` is the pick (None when nothing fits)."""
+
+    job: Job
+    records: tuple[TrialRecord, ...]
+    capacity_bytes: float
+    headroom_bytes: float
+    mode: str  # "analytic", "search" or "exhaustive"
+    backend: str
+    seed: int
+    space_size: int
+    stats: dict[str, Any] = field(default_factory=dict)  # proposals, invalid_proposals, duplicates, timings
+    interrupted: bool = False
+    output_dir: str | None = None
+    decision: dict[str, Any] = field(default_factory=dict)
+    calibration: Any = None  # the Calibration the cost model used (None: DEFAULT_CALIBRATION)
+
+    @functools.cached_property
+    def answer(self) -> Answer:
+        """The typed answer, built on first use and kept."""
+        return answer_of(self)
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        return [r.measurement for r in self.records]
+
+    @property
+    def ranked(self) -> list[TrialRecord]:
+        """Distinct feasible records, the pick first, then fastest first (`answer.ranked`)."""
+        return list(self.answer.ranked)
+
+    @property
+    def tied(self) -> set[str]:
+        """Layout texts tied with the pick (the pick included), as the decision says."""
+        return set(self.answer.decision.tied)
+
+    @property
+    def best_record(self) -> TrialRecord | None:
+        return self.answer.pick
+
+    @property
+    def best(self) -> Measurement | None:
+        r = self.best_record
+        return None if r is None else r.measurement
+
+    @property
+    def pareto(self) -> list[TrialRecord]:
+        """The Pareto front (`answer.pareto`): the pick first, then fastest first."""
+        return list(self.answer.pareto)
+
+    def closest_misses(self, k: int = 5) -> list[TrialRecord]:
+        """Infeasible trials with a memory figure, least memory first: what came nearest to fitting."""
+        misses = {r.layout: r for r in self.records if not r.feasible and r.measurement.memory_bytes is not None}
+        return sorted(misses.values(), key=lambda r: r.measurement.memory_bytes or 0.0)[:k]

@@ -31,10 +31,8 @@ import logging
 import math
 import os
 import random
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -44,13 +42,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
+from autotune.tuning.answer import SearchResult
 from autotune.tuning.results import (
     CALIBRATION_YAML,
     META_JSON,
     STUDY_DB,
-    SearchResult,
     TrialLog,
     TrialRecord,
+    counted,
     job_fingerprint,
     job_summary,
     read_meta,
@@ -66,9 +65,9 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Backend
 from search_spaces.published_recipes import PublishedRecipe, published_recipe
-from search_spaces.space import FeasibleSpace, SpaceOptions, feasible_space
+from search_spaces.space import DEFAULT_SPACE, FeasibleSpace, SpaceOptions, feasible_space
 
-__all__ = ["run_search", "SearchPlan", "DEFAULT_SPACE", "default_output_dir", "default_headroom_bytes",
+__all__ = ["run_search", "SearchPlan", "default_output_dir", "default_headroom_bytes",
            "DEFAULT_TRIALS",
            "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES", "ProgressFactory", "ProgressSink"]
 
@@ -80,10 +79,6 @@ MAX_SEED = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's RandomState, under Optuna'
 DEFAULT_HEADROOM_FRACTION = 0.0
 METRICS = ("tokens_per_s_per_gpu", "memory_gib")
 MODES = ("max", "min")
-EXHAUSTIVE_BATCHES = 8  # Tune trials an exhaustive evaluation is split into
-# The space experts search: TP inside a node (its all-reduces need NVLink), expert parallelism free to cross nodes
-# (NVIDIA's DeepSeek-V3 recipe runs EP 64 over 8 nodes; Megatron-Bridge `deepseek_v3` perf configs)
-DEFAULT_SPACE = SpaceOptions(tp_within_node=True, expert_within_node=False)
 
 
 def default_headroom_bytes(job: Job) -> float:
@@ -217,12 +212,6 @@ def check_seed(seed: Any) -> int:
         raise ValueError(f"`0 <= seed < 2**32` must hold (a whole number), but got (seed={seed!r}); give a seed "
                          f"from 0 to {MAX_SEED - 1}.")
     return seed
-
-
-def counted(records: Sequence[TrialRecord]) -> list[TrialRecord]:
-    """The records that count against the budget: every one but the lost attempts (an infrastructure failure that
-    ran again: `extra["retried"]`, `infrastructure (retried)` in trials.csv)."""
-    return [r for r in records if not r.measurement.extra.get("retried")]
 
 
 def run_search(
@@ -637,24 +626,7 @@ def _preload_tune() -> None:
         import autotune.tuning.tune_glue  # noqa: F401
 
 
-def exhaustive_batches(layouts: Sequence[Layout], batches: int = EXHAUSTIVE_BATCHES) -> list[list[str]]:
-    """Layout texts split into at most `batches` nearly equal lists (one Tune trial each)."""
-    if not layouts:
-        return []
-    size = math.ceil(len(layouts) / batches)
-    return [[str(lay) for lay in layouts[i:i + size]] for i in range(0, len(layouts), size)]
-
-
 def unmeasured_layout(space: FeasibleSpace, measured: set[Layout], rng: random.Random) -> Layout | None:
     """A random layout of `space` not in `measured` (None when every layout is measured)."""
     left = [lay for lay in space.layouts() if lay not in measured]
     return rng.choice(left) if left else None
-
-
-def cleanup_dir(path: str | None) -> None:
-    if path:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def tune_storage_dir() -> str:
-    return tempfile.mkdtemp(prefix="autotune-tune-")

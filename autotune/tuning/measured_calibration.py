@@ -178,8 +178,7 @@ def top_candidates(job: Job, k: int) -> list[Layout]:
     """The analytic ranking's best `k` layouts of `job` in the search's default space (what `--profile` profiles
     without `--layout`); ValueError when none fits."""
     from autotune.tuning.analytic_pass import analytic_pass
-    from autotune.tuning.driver import DEFAULT_SPACE
-    from search_spaces.space import feasible_space
+    from search_spaces.space import DEFAULT_SPACE, feasible_space
 
     if k < 1:
         raise ValueError(f"--top must be at least 1, but got {k}.")

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import hashlib
 import io
 import json
 import math
 import os
-from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +32,12 @@ from autotune.tuning.run_folder import OutputError, atomic_write
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Measurement
+from search_spaces.megatron_names import megatron_settings
 
 if TYPE_CHECKING:
-    from autotune.tuning.answer import Answer
     from search_spaces.training import TrainingSpec
 
-__all__ = ["TrialRecord", "TrialLog", "SearchResult", "pareto_front", "read_trials", "read_meta", "write_meta",
+__all__ = ["TrialRecord", "TrialLog", "pareto_front", "counted", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CALIBRATION_YAML", "CSV_COLUMNS"]
 
 GIB = 1024**3
@@ -110,7 +109,7 @@ class TrialRecord:
         """Layout (megatron-core names, with what the job's `training` optimizer changes in them) and metrics, for
         JSON."""
         m = self.measurement
-        return {"layout": m.layout.to_megatron(training), "layout_text": str(m.layout), "origin": self.origin,
+        return {"layout": megatron_settings(m.layout, training), "layout_text": str(m.layout), "origin": self.origin,
                 "status": m.status, "feasible": self.feasible, "reason": m.reason,
                 "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu, "mfu": m.mfu, "tflops_per_gpu": m.tflops_per_gpu,
                 "memory_gib": m.memory_gib, "headroom_gib": self.headroom_gib, "step_time_s": m.step_time_s,
@@ -364,66 +363,10 @@ def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
     return sorted(front, key=lambda r: (r.measurement.memory_bytes or 0.0, str(r.layout)))
 
 
-@dataclass(frozen=True, kw_only=True)
-class SearchResult:
-    """What a search found. `decision` is the search's decision as plain data (best.json's `decision`:
-    `autotune.tuning.analytic_search`); `answer` is the one typed answer every output reads (`Answer`: the pick,
-    the ranking, the Pareto front, the verdicts on the user's layouts), computed once from the records and the
-    decision. `best` is the pick (None when nothing fits)."""
-
-    job: Job
-    records: tuple[TrialRecord, ...]
-    capacity_bytes: float
-    headroom_bytes: float
-    mode: str  # "analytic", "search" or "exhaustive"
-    backend: str
-    seed: int
-    space_size: int
-    stats: dict[str, Any] = field(default_factory=dict)  # proposals, invalid_proposals, duplicates, timings
-    interrupted: bool = False
-    output_dir: str | None = None
-    decision: dict[str, Any] = field(default_factory=dict)
-    calibration: Any = None  # the Calibration the cost model used (None: DEFAULT_CALIBRATION)
-
-    @functools.cached_property
-    def answer(self) -> Answer:
-        """The typed answer (`autotune.tuning.answer`), built on first use and kept."""
-        from autotune.tuning.answer import answer_of
-
-        return answer_of(self)
-
-    @property
-    def measurements(self) -> list[Measurement]:
-        return [r.measurement for r in self.records]
-
-    @property
-    def ranked(self) -> list[TrialRecord]:
-        """Distinct feasible records, the pick first, then fastest first (`answer.ranked`)."""
-        return list(self.answer.ranked)
-
-    @property
-    def tied(self) -> set[str]:
-        """Layout texts tied with the pick (the pick included), as the decision says."""
-        return set(self.answer.decision.tied)
-
-    @property
-    def best_record(self) -> TrialRecord | None:
-        return self.answer.pick
-
-    @property
-    def best(self) -> Measurement | None:
-        r = self.best_record
-        return None if r is None else r.measurement
-
-    @property
-    def pareto(self) -> list[TrialRecord]:
-        """The Pareto front (`answer.pareto`): the pick first, then fastest first."""
-        return list(self.answer.pareto)
-
-    def closest_misses(self, k: int = 5) -> list[TrialRecord]:
-        """Infeasible trials with a memory figure, least memory first: what came nearest to fitting."""
-        misses = {r.layout: r for r in self.records if not r.feasible and r.measurement.memory_bytes is not None}
-        return sorted(misses.values(), key=lambda r: r.measurement.memory_bytes or 0.0)[:k]
+def counted(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The records that count against the budget: every one but the lost attempts (an infrastructure failure that
+    ran again: `extra["retried"]`, `infrastructure (retried)` in trials.csv)."""
+    return [r for r in records if not r.measurement.extra.get("retried")]
 
 
 def job_summary(job: Job) -> dict[str, Any]:

@@ -23,89 +23,37 @@ Ray Tune and Optuna at module level.
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import sys
-import time
-from collections.abc import Callable
-from dataclasses import asdict, replace
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ray import tune
 from ray.tune import Callback
 
-from autotune.tuning.results import TrialLog, TrialRecord
+from autotune.tuning.results import TrialLog, TrialRecord, counted
 from autotune.tuning.run_folder import OutputError
+from autotune.tuning.trial_io import (
+    INFRASTRUCTURE,
+    failed_measurement,
+    measurement_from_dict,
+    measurement_to_dict,
+    node_id,
+    timed_measurements,
+)
+from autotune.tuning.tune_policy import PolicySearcher, measure_trial, rungs_for, scheduler_for
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
 
-__all__ = ["evaluate_trial", "Recorder", "run_tune", "measurement_to_dict", "measurement_from_dict", "is_feasible",
-           "timed_measurements", "INFRASTRUCTURE", "MAX_TRIAL_FAILURES"]
+__all__ = ["evaluate_trial", "Recorder", "run_tune", "is_feasible", "exhaustive_batches", "MAX_TRIAL_FAILURES"]
 
 GIB = 1024**3
-INFRASTRUCTURE = "infrastructure"  # `Measurement.extra["failure"]` of an attempt the cluster lost
 MAX_TRIAL_FAILURES = 1  # Tune retries a trial whose process died once (Ray Tune's FailureConfig)
-
-
-# --- measurements across the process boundary -------------------------------------------------------
-def measurement_to_dict(m: Measurement) -> dict[str, Any]:
-    d = asdict(m)
-    d["layout"] = str(m.layout)
-    d["violations"] = list(m.violations)
-    d["extra"] = {k: v for k, v in m.extra.items() if _json_safe(v)}  # e.g. the megatron backend's analytic_prediction
-    return d
-
-
-def _json_safe(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def measurement_from_dict(d: dict[str, Any]) -> Measurement:
-    return Measurement(**{**d, "layout": parse_layout(d["layout"]), "violations": tuple(d.get("violations", ()))})
-
-
-def failed_measurement(layout: Layout, reason: str) -> Measurement:
-    """A trial that produced no measurement, as data."""
-    return Measurement(layout=layout, status="failed", source="analytic", reason=reason)
-
-
-def timed_measurement(job: Job, backend: Backend, layout: Layout) -> tuple[Measurement, float]:
-    """(the backend's measurement of `layout`, or why there is none; seconds it took)."""
-    t0 = time.perf_counter()
-    try:
-        m = backend.evaluate(job, layout)
-    except Exception as e:  # a failing trial is data: record why, keep searching
-        m = failed_measurement(layout, f"backend raised {type(e).__name__}: {e}")
-    if not isinstance(m, Measurement):
-        m = failed_measurement(layout, f"backend returned no metrics (got {type(m).__name__})")
-    return m, time.perf_counter() - t0
-
-
-def lost_attempt(m: Measurement) -> Measurement:
-    """`m` marked as an attempt the cluster lost and that runs again (`retried`)."""
-    return replace(m, extra={**m.extra, "failure": INFRASTRUCTURE, "retried": True})
-
-
-def timed_measurements(job: Job, backend: Backend, layout: Layout) -> list[tuple[Measurement, float]]:
-    """[(measurement, seconds)]: one, or after an infrastructure failure the lost attempt and the retry's."""
-    m, wall_s = timed_measurement(job, backend, layout)
-    if m.extra.get("failure") != INFRASTRUCTURE:
-        return [(m, wall_s)]
-    again, again_s = timed_measurement(job, backend, layout)
-    return [(lost_attempt(m), wall_s), (again, again_s)]
-
-
-def _node_id() -> str:
-    """The Ray node this trial runs on ('' outside Ray)."""
-    try:
-        import ray
-
-        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    except Exception:  # noqa: BLE001 - only a label
-        return ""
+EXHAUSTIVE_BATCHES = 8  # Tune trials an exhaustive evaluation is split into
 
 
 def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[str, Any]:
@@ -116,7 +64,7 @@ def evaluate_trial(config: dict[str, Any], job: Job, backend: Backend) -> dict[s
         for m, wall_s in timed_measurements(job, backend, parse_layout(text)):
             out.append({"m": measurement_to_dict(m), "wall_s": wall_s})
     first = next(o["m"] for o in out if not o["m"]["extra"].get("retried"))
-    result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"], "node": _node_id()}
+    result: dict[str, Any] = {"measurements": json.dumps(out), "status": first["status"], "node": node_id()}
     if first["tokens_per_s_per_gpu"] is not None:
         result["tokens_per_s_per_gpu"] = first["tokens_per_s_per_gpu"]
     if first["memory_bytes"] is not None:
@@ -234,7 +182,7 @@ class Recorder(Callback):
 
 def _lost(m: Measurement) -> bool:
     """An attempt the cluster lost and that ran again: a row of its own, not a trial of the budget
-    (`driver.counted`)."""
+    (`results.counted`)."""
     return bool(m.extra.get("retried"))
 
 
@@ -309,7 +257,6 @@ def _texts(config: dict[str, Any]) -> list[str]:
 # --- running ------------------------------------------------------------------------------------------------
 def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[TrialRecord], bool, dict[str, Any]]:
     """Run the plan's trials on Tune; returns (new records, interrupted, stats)."""
-    from autotune.tuning.driver import cleanup_dir, counted, exhaustive_batches, tune_storage_dir
 
     trainable = tune.with_parameters(evaluate_trial, job=plan.job, backend=plan.backend)
     spread = plan.max_concurrent is None and _alive_nodes() > 1  # a cluster: trials go to every node
@@ -330,7 +277,6 @@ def run_tune(plan: Any, log: TrialLog, *, verbose: bool = False) -> tuple[list[T
         trainable = tune.with_resources(trainable, trial_resources)
     else:
         from autotune.tuning.strategy import StrategyContext, make_strategy
-        from autotune.tuning.tune_policy import PolicySearcher, measure_trial, rungs_for, scheduler_for
 
         context = StrategyContext(job=plan.job, space=plan.space, analytic=plan.analytic,
                                   capacity_bytes=plan.capacity_bytes, budget=plan.trials, seed=plan.seed,
@@ -411,3 +357,20 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def exhaustive_batches(layouts: Sequence[Layout], batches: int = EXHAUSTIVE_BATCHES) -> list[list[str]]:
+    """Layout texts split into at most `batches` nearly equal lists (one Tune trial each)."""
+    if not layouts:
+        return []
+    size = math.ceil(len(layouts) / batches)
+    return [[str(lay) for lay in layouts[i:i + size]] for i in range(0, len(layouts), size)]
+
+
+def cleanup_dir(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def tune_storage_dir() -> str:
+    return tempfile.mkdtemp(prefix="autotune-tune-")

@@ -20,7 +20,13 @@ from typing import Any
 from ray import tune
 from ray.tune.search import Searcher
 
-from autotune.tuning.tune_glue import failed_measurement, timed_measurements
+from autotune.tuning.trial_io import (
+    failed_measurement,
+    measurement_from_dict,
+    measurement_to_dict,
+    node_id,
+    timed_measurements,
+)
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
@@ -63,7 +69,6 @@ def scheduler_for(rungs: tuple[int | None, ...]) -> Any:
 
 def measure_trial(config: dict[str, Any], job: Job, backend: Backend, rungs: tuple[int | None, ...]) -> None:
     """Tune function trainable: measure `config["layout"]` at each rung, reporting after each."""
-    from autotune.tuning.tune_glue import _node_id, measurement_to_dict
 
     layout = parse_layout(config["layout"])
     lost: list[dict[str, Any]] = []  # attempts the cluster lost, at any rung: each report carries them all
@@ -75,7 +80,7 @@ def measure_trial(config: dict[str, Any], job: Job, backend: Backend, rungs: tup
             m.extra["timed_steps"] = steps
         items = [*lost, {"m": measurement_to_dict(m), "wall_s": wall_s}]
         report: dict[str, Any] = {"measurements": json.dumps(items),
-                                  "status": m.status, "rung": k + 1, "node": _node_id(),
+                                  "status": m.status, "rung": k + 1, "node": node_id(),
                                   "tokens_per_s_per_gpu": float(m.tokens_per_s_per_gpu or 0.0) if m.ok else 0.0}
         if m.memory_bytes is not None:
             report["memory_gib"] = m.memory_bytes / GIB
@@ -127,7 +132,6 @@ class PolicySearcher(Searcher):
 
 def _first(result: dict[str, Any]) -> Measurement | None:
     """The trial's measurement (the last item: lost attempts come before it)."""
-    from autotune.tuning.tune_glue import measurement_from_dict
 
     try:
         return measurement_from_dict(json.loads(result["measurements"])[-1]["m"])

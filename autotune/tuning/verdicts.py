@@ -165,9 +165,8 @@ def nearest_variant(job: Any, layout: Layout, headroom_bytes: float, cal: Any = 
     from autotune.cost.efficiency import DEFAULT_CALIBRATION
     from autotune.cost.layout_table import LayoutTable
     from autotune.cost.score import score_layouts
-    from autotune.tuning.driver import DEFAULT_SPACE
     from autotune.tuning.ranking import equivalent_to_simpler
-    from search_spaces.space import feasible_space
+    from search_spaces.space import DEFAULT_SPACE, feasible_space
 
     space = feasible_space(job, DEFAULT_SPACE)
     table = LayoutTable.from_space(space)

@@ -125,7 +125,7 @@ def what_if(jobs: Sequence[Job], *, headroom_bytes: float = 0.0, tokens: float |
     """One row per job (module docstring), in the order given; with `find_smallest` and nothing fitting any of
     them, a last row for the smallest node count that fits (per GPU type), marked `found`. `calibration`: a
     `CalibrationFile` applied to every job (ValueError for a job on another GPU generation than its own)."""
-    from autotune.tuning.driver import DEFAULT_SPACE
+    from search_spaces.space import DEFAULT_SPACE
 
     opts = options or DEFAULT_SPACE
     rows = [_answer_row(job, headroom_bytes=headroom_bytes, options=opts, tokens=tokens, calibration=calibration)
@@ -148,7 +148,7 @@ def smallest_fitting(job: Job, *, headroom_bytes: float = 0.0, options: SpaceOpt
                      tokens: float | None = None, calibration: Any = None) -> WhatIfRow | None:
     """The smallest node count above `job`'s at which a layout fits (module docstring), or None within
     `MAX_DOUBLINGS` doublings."""
-    from autotune.tuning.driver import DEFAULT_SPACE
+    from search_spaces.space import DEFAULT_SPACE
 
     opts = options or DEFAULT_SPACE
     miss, hit = job.cluster.nodes, None

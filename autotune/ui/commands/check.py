@@ -21,6 +21,7 @@ import json
 
 from autotune.ui.commands import add_calibration_argument, add_layout_argument
 from autotune.ui.commands.estimate import add_headroom_argument, headroom_bytes
+from search_spaces.megatron_names import megatron_settings
 
 GIB = 1024**3
 
@@ -57,9 +58,9 @@ def notes(job, layout) -> list[str]:
 
 
 def megatron_fields(layout, training=None) -> dict[str, object]:
-    """`Layout.to_megatron(training)` plus the layout string under megatron-core's name (when the mapping lacks
-    it)."""
-    out = layout.to_megatron(training)
+    """`megatron_names.megatron_settings(layout, training)` plus the layout string under megatron-core's name (when
+    the mapping lacks it)."""
+    out = megatron_settings(layout, training)
     out.setdefault("pipeline_model_parallel_layout", layout.pipeline_layout)
     return out
 
@@ -115,23 +116,10 @@ def run(args: argparse.Namespace) -> int:
             from autotune.ui.commands import calibration_line
 
             print(calibration_line(calibration))
+        from autotune.outputs.tables import print_nearest
+
         print_nearest(nearest)
     return 0 if good else 1
-
-
-def print_nearest(nearest: dict[str, object] | None) -> None:
-    """The nearest variant that fits, for a layout that breaks a rule or does not fit (check, estimate)."""
-    from autotune.outputs.tables import make_console
-
-    console = make_console()
-    if nearest is None:
-        console.print("nearest that fits: none; no layout of the search space fits this job (see `python -m "
-                      "autotune` for the closest misses and what to try)", markup=False, highlight=False)
-        return
-    changes = ", ".join(nearest["changes"]) or "none"  # type: ignore[arg-type]
-    console.print(f"nearest that fits ({changes}): {nearest['layout']}: {nearest['tokens_per_s_per_gpu']:,.0f} "
-                  f"tokens/s per GPU, {nearest['memory_gib']:.1f} GiB, {nearest['free_gib']:.1f} GiB free",
-                  markup=False, highlight=False)
 
 
 def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> None:

@@ -18,6 +18,7 @@ import argparse
 import json
 
 from autotune.ui.commands import add_calibration_argument, add_layout_argument
+from search_spaces.megatron_names import megatron_settings
 
 __all__ = ["add_arguments", "add_headroom_argument", "headroom_bytes", "run", "estimate_object"]
 
@@ -58,7 +59,7 @@ def estimate_object(measurement, *, usable_bytes: float | None = None, headroom:
         "status": m.status,
         "reason": m.reason,
         "violations": list(m.violations),
-        "layout": m.layout.to_megatron(training),
+        "layout": megatron_settings(m.layout, training),
         "memory_gib": m.memory_gib,  # the device peak: allocated + CUDA context, NCCL, userbuffers, allocator reserve
         "allocated_memory_gib": m.allocated_gib,  # what torch.cuda.max_memory_allocated measures
         "usable_gib": None if usable_bytes is None else usable_bytes / GIB,
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                           "band_note": _band_note(job), "nearest": nearest,
                           "calibration": None if calibration is None else calibration.summary()}, indent=2))
     else:
-        from autotune.ui.commands.check import print_nearest
+        from autotune.outputs.tables import print_nearest
 
         _print_rich(job, m, headroom, calibration)
         if m.status != "ok":

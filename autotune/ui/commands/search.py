@@ -73,14 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dashboard.add_arguments(p)
 
 
-def _space_options(args: argparse.Namespace):
-    """The search-space flags (`--cross-node-tp`, `--experts-within-node`, ...) as SpaceOptions, as `space` reads
-    them."""
-    from autotune.ui.commands.space import options_from_args
-
-    return options_from_args(args)
-
-
 def run(args: argparse.Namespace) -> int:
     from autotune.ui import dashboard
 
@@ -123,6 +115,7 @@ def _search(args: argparse.Namespace, status: Any) -> int:
             trainer_entry("trainers.proxy", "refuse_hybrid")(job.model)
         trainer_entry("trainers.proxy", "refuse_muon")(job.training)
     from autotune.ui.commands import calibration_from_args
+    from autotune.ui.commands.space import options_from_args
 
     calibration = calibration_from_args(args)
     headroom_bytes = None if args.headroom_gib is None else args.headroom_gib * GIB
@@ -132,7 +125,7 @@ def _search(args: argparse.Namespace, status: Any) -> int:
         # trials named in the Ray dashboard when Ray is already connected (--dashboard, --address)
         backend=dashboard.track_search(job, args.backend, headroom_bytes, args.trials, address=args.address,
                                        measured_stage=bool(args.measured_stage)),
-        output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=_space_options(args),
+        output_dir=args.output, resume=args.resume, compare=args.layouts, space_options=options_from_args(args),
         baseline=getattr(args, "baseline", True),
         exhaustive_threshold=args.exhaustive_threshold, address=args.address, verbose=args.verbose,
         progress=_after_status(status, progress_factory(False if (args.no_progress or args.json) else None)),

@@ -40,7 +40,7 @@ def what_if_jobs(args: argparse.Namespace) -> list[Any]:
 
 def run_what_if(args: argparse.Namespace, status: Any) -> int:
     from autotune.tuning.whatif import parse_tokens, what_if
-    from autotune.ui.commands.search import _space_options
+    from autotune.ui.commands.space import options_from_args
 
     jobs = what_if_jobs(args)
     tokens = None if args.tokens is None else parse_tokens(args.tokens)
@@ -48,7 +48,7 @@ def run_what_if(args: argparse.Namespace, status: Any) -> int:
     from autotune.ui.commands import calibration_from_args, calibration_line
 
     calibration = calibration_from_args(args)
-    rows = what_if(jobs, headroom_bytes=headroom, tokens=tokens, options=_space_options(args),
+    rows = what_if(jobs, headroom_bytes=headroom, tokens=tokens, options=options_from_args(args),
                    calibration=calibration)
     status.stop()
     if args.json:
