@@ -58,7 +58,8 @@ def _surfaces(capsys: pytest.CaptureFixture[str], folder: Path) -> dict[str, Any
     (yours,) = result.answer.yours
     (report_line,) = report_input(result).yours
     return {"tokens": estimate["tokens_per_s_per_gpu"], "ep_comm": estimate["time"]["ep_comm"],
-            "memory_gib": estimate["memory_gib"], "usable_gib": estimate["usable_gib"], "check_memory_gib": check["memory_gib"],
+            "memory_gib": estimate["memory_gib"], "usable_gib": estimate["usable_gib"],
+            "check_memory_gib": check["memory_gib"],
             "search_tokens": yours.tokens_per_s_per_gpu, "search_memory_gib": yours.memory_gib,
             "report": report_line[1]}
 
