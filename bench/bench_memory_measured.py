@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dataclasses  # noqa: E402
 
-from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate, _lookups, _optimizer_step_bytes  # noqa: E402
+from autotune.cost.memory import MemoryAssumptions, MemoryEstimate, _lookups, _optimizer_step_bytes  # noqa: E402
 from autotune.cost.score import estimate_memory_per_stage  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
@@ -49,6 +49,7 @@ from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout, parse_layout  # noqa: E402
 from search_spaces.model import MLASpec, ModelSpec, MoESpec  # noqa: E402
 from search_spaces.training import training_spec  # noqa: E402
+from search_spaces.units import GIB  # noqa: E402
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "measured_memory.csv"
 UNITS = {"B": 1.0, "GiB": float(GIB), "GB": 1e9}

@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.memory import GIB  # noqa: E402
 from autotune.cost.score import estimate_memory  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import parse_layout  # noqa: E402
 from search_spaces.training import training_spec  # noqa: E402
+from search_spaces.units import GIB  # noqa: E402
 
 CSV_PATH = Path(__file__).resolve().parent / "data" / "published_layouts.csv"
 

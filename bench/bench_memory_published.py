@@ -29,13 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataclasses import replace  # noqa: E402
 
-from autotune.cost.memory import GIB, MemoryAssumptions, MemoryEstimate  # noqa: E402
+from autotune.cost.memory import MemoryAssumptions, MemoryEstimate  # noqa: E402
 from autotune.cost.score import estimate_memory  # noqa: E402
 from bench.published_runs import CSV_PATH, is_modern, job_of, layout_of  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout, Recompute  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
+from search_spaces.units import GIB  # noqa: E402
 
 MODULES = {"norm, act": ("layernorm", "moe_act"), "layernorm, moe": ("layernorm", "moe")}
 

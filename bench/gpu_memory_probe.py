@@ -34,10 +34,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from search_spaces.units import GIB
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GIB = 1024**3
 TRANSIENT_TERMS = ("backward_working_set", "recompute_working_set", "loss_transient")
 
 

@@ -6,12 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from search_spaces.units import GIB
+
 __all__ = ["GPUSpec", "LinkSpec", "ClusterSpec", "Arch", "ARCHES", "MAX_WORLD_SIZE"]
 
 Arch = Literal["ampere", "hopper", "blackwell"]
 ARCHES: tuple[str, ...] = ("ampere", "hopper", "blackwell")
 
-GIB = 1024**3
 _ARCH_CAPABILITY: dict[str, tuple[int, int]] = {"ampere": (8, 0), "hopper": (9, 0), "blackwell": (10, 0)}
 MAX_WORLD_SIZE = 2**20  # GPUs in one job: far above the largest clusters (~10^5), and keeps divisor loops instant
 MAX_GPUS_PER_NODE = 1024

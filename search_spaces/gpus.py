@@ -17,7 +17,8 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from search_spaces.cluster import ARCHES, GIB, ClusterSpec, GPUSpec, LinkSpec
+from search_spaces.cluster import ARCHES, ClusterSpec, GPUSpec, LinkSpec
+from search_spaces.units import GIB
 
 __all__ = ["get_gpu", "get_link", "list_gpus", "list_links", "default_intra_node", "build_cluster"]
 

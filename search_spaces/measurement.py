@@ -12,6 +12,7 @@ from typing import Literal, Protocol
 
 from search_spaces.job import Job
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
 __all__ = ["Backend", "Measurement", "Status", "Source"]
 
@@ -42,14 +43,14 @@ class Measurement:
 
     @property
     def memory_gib(self) -> float | None:
-        return None if self.memory_bytes is None else self.memory_bytes / 1024**3
+        return None if self.memory_bytes is None else self.memory_bytes / GIB
 
     @property
     def allocated_gib(self) -> float | None:
         """Peak allocated GiB (the figure Megatron logs as "max allocated"); the device figure when a backend
         reports only one."""
         value = self.allocated_bytes if self.allocated_bytes is not None else self.memory_bytes
-        return None if value is None else value / 1024**3
+        return None if value is None else value / GIB
 
 
 class Backend(Protocol):

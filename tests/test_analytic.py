@@ -10,8 +10,7 @@ from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.training import TrainingSpec
-
-GIB = 1024**3
+from search_spaces.units import GIB
 
 
 def _job(model: str, nodes: int = 1, seq: int = 4096, gbs: int = 64) -> Job:

@@ -16,8 +16,7 @@ from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.space import SpaceOptions, feasible_space
 from search_spaces.training import TrainingSpec
-
-GIB = 1024**3
+from search_spaces.units import GIB
 
 
 def _job(model: str, nodes: int, **training) -> Job:

@@ -27,8 +27,7 @@ from autotune.ui.api import make_job
 from search_spaces.layout import parse_layout
 from search_spaces.measurement import Measurement
 from search_spaces.space import DEFAULT_SPACE, feasible_space
-
-GIB = 1024**3
+from search_spaces.units import GIB
 
 # the README command and held-out jobs (dense and MoE, short and long sequences, small and large clusters)
 JOBS = [

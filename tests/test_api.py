@@ -14,8 +14,7 @@ from autotune.ui.cli import build_parser
 from autotune.ui.commands import job_from_args
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
-
-GIB = 1024**3
+from search_spaces.units import GIB
 
 
 # --- specs in code ---------------------------------------------------------------------------------

@@ -118,6 +118,14 @@ def _is_package(module: str) -> bool:
     return (ROOT / module.replace(".", "/") / "__init__.py").exists()
 
 
+def test_shared_constants_have_one_home() -> None:
+    # GiB is `search_spaces.units.GIB`; a module that needs it imports it, none defines its own
+    homes = [_module_name(p) for p in _sources("autotune") + _sources("search_spaces") + _sources("trainers")
+             for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name) and target.id == "GIB"]
+    assert homes == ["search_spaces.units"], homes
+
+
 def test_trainers_import_only_search_spaces() -> None:
     wrong = [f"{_module_name(p)} imports {t}" for p in _sources("trainers") for t in _imports(p)
              if t.startswith("autotune")]

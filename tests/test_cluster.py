@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from search_spaces.cluster import GIB, GPUSpec
+from search_spaces.cluster import GPUSpec
 from search_spaces.gpus import build_cluster, get_gpu, get_link, list_gpus, list_links
+from search_spaces.units import GIB
 
 MIB = 1024**2
 

@@ -17,8 +17,7 @@ from search_spaces.gpus import build_cluster
 from search_spaces.job import Job
 from search_spaces.layout import parse_layout
 from search_spaces.training import TrainingSpec
-
-GIB = 2**30
+from search_spaces.units import GIB
 
 
 def _job(gpu: str = "gb200", nodes: int = 16, gbs: int = 256, model: str = "llama3-70b") -> Job:

@@ -55,7 +55,6 @@ BRIDGE = json.loads((DATA / "megatron_bridge_v0.3.1_config.json").read_text())
 LM_ACTIONS = {flag: a for a in LM["actions"] for flag in a["flags"]}
 GPT_PROVIDER = "megatron.bridge.models.gpt_provider.GPTModelProvider"
 DEEPSEEK_PROVIDER = "megatron.bridge.models.deepseek.deepseek_provider.DeepSeekV3ModelProvider"
-GIB = 1024**3
 
 
 # --- the parsers ------------------------------------------------------------------------------------------------

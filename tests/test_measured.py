@@ -10,8 +10,8 @@ from search_spaces.job import Job
 from search_spaces.layout import parse_layout
 from search_spaces.measurement import Measurement
 from search_spaces.training import TrainingSpec
+from search_spaces.units import GIB
 
-GIB = 1024**3
 JOB_70B = Job(model=get_model("llama3-70b"), cluster=build_cluster(nodes=1, gpus_per_node=4), training=TrainingSpec())
 
 

@@ -26,8 +26,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.model import ModelSpec
 from search_spaces.training import TrainingSpec
-
-GIB = 1024**3
+from search_spaces.units import GIB
 
 
 def _job(model: ModelSpec | str, *, seq: int = 2048, gbs: int = 64, nodes: int = 8, gpu: str = "h100",

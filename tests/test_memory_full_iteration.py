@@ -23,6 +23,7 @@ from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
+from search_spaces.units import GIB  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def test_full_iteration_graphs_raise_the_estimate_by_the_terms(recipes) -> None:
     expected = stash_extra + capacity + bws_delta + static + held
     assert on.total_bytes - off.total_bytes == pytest.approx(expected, rel=1e-9)
     assert held <= on.activations_bytes
-    assert on.total_bytes - off.total_bytes > 20 * 2**30  # ~23 GiB: 137.7 -> 161.6 GiB of the GPU's 186 GiB
+    assert on.total_bytes - off.total_bytes > 20 * GIB  # ~23 GiB: 137.7 -> 161.6 GiB of the GPU's 186 GiB
     assert on.fits(r.job.cluster.gpu.memory_bytes)
 
 

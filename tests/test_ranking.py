@@ -18,8 +18,8 @@ from autotune.tuning.ranking import (
     memory_margin,
 )
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
-GIB = 1024**3
 BAND = (-0.113, 0.104)  # the dense band: tokens/s x 0.893 .. x 1.110
 
 

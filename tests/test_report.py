@@ -16,8 +16,8 @@ from autotune.outputs.view import Result
 from autotune.tuning.results import TrialRecord, pareto_front
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
+from search_spaces.units import GIB
 
-GIB = 1024**3
 CHROMIUM_INSTALL = "apt-get install -y chromium"
 
 

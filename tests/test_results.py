@@ -11,8 +11,8 @@ from search_spaces.job import Job
 from search_spaces.layout import parse_layout
 from search_spaces.measurement import Measurement, Status
 from search_spaces.training import TrainingSpec
+from search_spaces.units import GIB
 
-GIB = 1024**3
 CAP = 70 * GIB
 
 

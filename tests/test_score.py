@@ -24,9 +24,9 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.space import SpaceOptions, feasible_space
 from search_spaces.training import TrainingSpec
+from search_spaces.units import GIB
 
 ROOT = Path(__file__).resolve().parents[1]
-GIB = 1024**3
 REL = 1e-9
 
 

@@ -22,9 +22,9 @@ from search_spaces.layout import parse_layout
 from search_spaces.rules import check
 from search_spaces.space import SpaceOptions, feasible_space
 from search_spaces.training import TrainingSpec
+from search_spaces.units import GIB
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-GIB = 1024**3
 
 
 def _job(model: str, nodes: int = 1, gpus_per_node: int = 8, seq: int = 4096, gbs: int = 256) -> Job:

@@ -20,9 +20,9 @@ from search_spaces.job import Job
 from search_spaces.measurement import Measurement
 from search_spaces.space import SpaceOptions, feasible_space
 from search_spaces.training import TrainingSpec
+from search_spaces.units import GIB
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
-GIB = 1024**3
 
 SMALL = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=2),
             training=TrainingSpec(seq_length=1024, global_batch_size=16))  # 736 layouts (tiny: every one fits)

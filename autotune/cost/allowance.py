@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from search_spaces.job import Job
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
 __all__ = ["AllowanceAssumptions", "workspace_terms", "device_terms", "communicators", "hybridep_buffer_terms",
            "full_iteration_static_input_bytes"]
 
 MIB = 1024**2
-GIB = 1024**3
 BF16 = 2
 
 

@@ -19,10 +19,10 @@ from autotune.cost.score import estimate_time
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement, Status
+from search_spaces.units import GIB
 
 __all__ = ["AnalyticBackend", "check_rules"]
 
-GIB = 1024**3
 
 
 def check_rules(job: Job, layout: Layout) -> tuple[str, ...]:

@@ -52,6 +52,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec
 from search_spaces.training import TrainingSpec
+from search_spaces.units import GIB
 
 __all__ = [
     "MemoryAssumptions",
@@ -68,7 +69,6 @@ __all__ = [
     "optimizer_bytes_per_param",
 ]
 
-GIB = 1024**3
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,10 +31,10 @@ from autotune.cost.throughput import TIME_KEYS, TimeEstimate
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
+from search_spaces.units import GIB
 
 __all__ = ["Scores", "score_layouts", "OVERHEAD_TERMS", "estimate_time", "estimate_memory", "estimate_memory_per_stage"]
 
-GIB = 1024**3
 
 
 @dataclass(frozen=True, eq=False, slots=True)

@@ -23,8 +23,9 @@ from typing import Any
 
 from autotune.outputs.launch import launch_forms
 from autotune.tuning.answer import SearchResult
-from autotune.tuning.results import GIB, job_summary
+from autotune.tuning.results import job_summary
 from autotune.tuning.run_folder import OutputError, atomic_write
+from search_spaces.units import GIB
 
 __all__ = ["write_outputs", "result_json", "launch_of", "BEST_JSON", "LAUNCH_FILES"]
 

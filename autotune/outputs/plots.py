@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 from autotune.outputs import terms as _TERMS
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +45,6 @@ __all__ = [
     "PLOT_FILES",
 ]
 
-GIB = 1024**3
 
 # The cost model's time terms, labelled, in its order (autotune/outputs/terms.py); a backend's other timings (a
 # measurement's step statistics) are never stacked as terms.

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
 __all__ = ["terminal_width", "make_console", "print_nearest", "layout_cells", "layout_flags", "ranked_table",
            "pareto_table", "breakdown_table", "verdict_text", "FLAGS_LEGEND", "MARKS_LEGEND", "PIPED_WIDTH",
            "WIDE_WIDTH"]
 
-GIB = 1024**3
 PIPED_WIDTH = 120  # piped without COLUMNS: complete rows
 WIDE_WIDTH = 100_000  # --wide: no column is dropped, no cell is wrapped
 FLAGS_TEXT = ("sp sequence parallel, dopt distributed optimizer, rc recompute (sel/full), cg CUDA graphs (te: "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from search_spaces.job import Job
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Result"]
 
-GIB = 1024**3
 
 
 class Result:

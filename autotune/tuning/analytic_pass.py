@@ -31,7 +31,6 @@ from search_spaces.space import FeasibleSpace
 
 __all__ = ["AnalyticAnswer", "analytic_pass", "pareto_rows", "closest_rows"]
 
-GIB = 1024**3
 
 
 def pareto_rows(tokens: np.ndarray, memory: np.ndarray, eligible: np.ndarray) -> np.ndarray:

@@ -27,11 +27,11 @@ from autotune.tuning.results import TrialRecord, distinct_feasible, pareto_front
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
+from search_spaces.units import GIB
 
 __all__ = ["SearchResult", "Answer", "Decision", "MemoryWarning", "Verdict", "answer_of", "largest_time_term",
            "MODEL", "GPU", "PROXY"]
 
-GIB = 1024**3
 MODEL, GPU = "model", "GPU measurements"
 PROXY = "model; CPU proxy checked that layouts build and train"  # CPU-proxy jobs never overrule the model
 

@@ -66,12 +66,12 @@ from search_spaces.layout import Layout
 from search_spaces.measurement import Backend
 from search_spaces.published_recipes import PublishedRecipe, published_recipe
 from search_spaces.space import DEFAULT_SPACE, FeasibleSpace, SpaceOptions, feasible_space
+from search_spaces.units import GIB
 
 __all__ = ["run_search", "SearchPlan", "default_output_dir", "default_headroom_bytes",
            "DEFAULT_TRIALS",
            "DEFAULT_HEADROOM_FRACTION", "METRICS", "MODES", "ProgressFactory", "ProgressSink"]
 
-GIB = 1024**3
 DEFAULT_TRIALS = 64
 MAX_SEED = 2**32  # seeds are 0 .. 2**32 - 1 (numpy's RandomState, under Optuna's samplers)
 # of the GPU's memory, kept free beyond the memory model's own allowance (CUDA context, NCCL, userbuffers, the

@@ -35,6 +35,7 @@ import numpy as np
 
 from autotune.cost.layout_table import LayoutTable
 from search_spaces.layout import Layout
+from search_spaces.units import GIB
 
 __all__ = ["TIE_TOLERANCE", "MEMORY_RESOLUTION", "Decision", "decide", "complexity", "layout_complexity",
            "equivalent_to_simpler", "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE",
@@ -45,7 +46,6 @@ TIE_TOLERANCE = 0.02  # relative tokens/s below which the model's ranking is no 
 # `python bench/bench_memory_measured.py`: mean 3.7%, worst 15.7%): peaks closer than this fraction are not told
 # apart, and free memory below this fraction of the peak is inside the model's error.
 MEMORY_RESOLUTION = 0.037
-GIB = 1024**3
 
 
 def switch_count(table: LayoutTable) -> np.ndarray:

@@ -33,6 +33,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Measurement
 from search_spaces.megatron_names import megatron_settings
+from search_spaces.units import GIB
 
 if TYPE_CHECKING:
     from search_spaces.training import TrainingSpec
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["TrialRecord", "TrialLog", "pareto_front", "counted", "read_trials", "read_meta", "write_meta",
            "job_fingerprint", "TRIALS_CSV", "META_JSON", "STUDY_DB", "CALIBRATION_YAML", "CSV_COLUMNS"]
 
-GIB = 1024**3
 TRIALS_CSV, META_JSON, STUDY_DB = "trials.csv", "search.json", "study.db"
 CALIBRATION_YAML = "calibration.yaml"  # what a measured search on GPUs learned (`autotune.tuning.measured_calibration`)
 LAYOUT_COLUMNS = tuple(f.name for f in fields(Layout))  # tp, pp, vpp, cp, ep, etp, dp, mbs, sp, dist_opt, ...

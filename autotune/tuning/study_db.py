@@ -21,10 +21,10 @@ from autotune.tuning.run_folder import OutputError
 from autotune.tuning.space_sampler import Naming, distributions_of, params_of
 from search_spaces.measurement import Measurement
 from search_spaces.space import FeasibleSpace
+from search_spaces.units import GIB
 
-__all__ = ["STUDY_NAME", "CONSTRAINT", "METRICS", "MODES", "GIB", "objective", "write_study"]
+__all__ = ["STUDY_NAME", "CONSTRAINT", "METRICS", "MODES", "objective", "write_study"]
 
-GIB = 1024**3
 STUDY_NAME = "autotune"
 CONSTRAINT = "memory_over_capacity_gib"  # <= 0: fits (Optuna's constraint convention)
 METRICS = ("tokens_per_s_per_gpu", "memory_gib")

@@ -48,10 +48,10 @@ from autotune.tuning.tune_policy import PolicySearcher, measure_trial, rungs_for
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
+from search_spaces.units import GIB
 
 __all__ = ["evaluate_trial", "Recorder", "run_tune", "is_feasible", "exhaustive_batches", "MAX_TRIAL_FAILURES"]
 
-GIB = 1024**3
 MAX_TRIAL_FAILURES = 1  # Tune retries a trial whose process died once (Ray Tune's FailureConfig)
 EXHAUSTIVE_BATCHES = 8  # Tune trials an exhaustive evaluation is split into
 

@@ -30,11 +30,11 @@ from autotune.tuning.trial_io import (
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
 from search_spaces.measurement import Backend, Measurement
+from search_spaces.units import GIB
 
 __all__ = ["PolicySearcher", "measure_trial", "rungs_for", "scheduler_for", "with_timed_steps", "RUNGS",
            "REDUCTION_FACTOR"]
 
-GIB = 1024**3
 RUNGS = (1, 4)  # timed steps per rung (after the backend's warm-up steps)
 REDUCTION_FACTOR = 2  # successive halving keeps the better half at each rung
 

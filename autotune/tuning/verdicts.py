@@ -21,11 +21,11 @@ import numpy as np
 from autotune.tuning.analytic_pass import AnalyticAnswer
 from autotune.tuning.answer import largest_time_term
 from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES, Layout
+from search_spaces.units import GIB
 
 __all__ = ["verdict", "nearest_fitting", "nearest_variant", "distance", "gain_terms", "NEAREST_FIELDS",
            "UNVERIFIED_GAIN"]
 
-GIB = 1024**3
 # A predicted gain of the pick over the user's own layout (or a published recipe) beyond this is flagged unverified:
 # on NVIDIA's published same-job sweeps the model orders every pair right but its gaps run up to 1.5x too wide
 # (bench/bench_sweeps.py, mostly in the EP all-to-all and host terms), so a claim this large is as likely an error

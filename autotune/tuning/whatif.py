@@ -21,10 +21,10 @@ from typing import Any
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from search_spaces.job import Job
 from search_spaces.space import SpaceOptions
+from search_spaces.units import GIB
 
 __all__ = ["WhatIfRow", "what_if", "smallest_fitting", "parse_tokens", "MAX_DOUBLINGS"]
 
-GIB = 1024**3
 MAX_DOUBLINGS = 8  # the largest cluster asked for x 256 at most
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 

@@ -27,6 +27,7 @@ from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec
 from search_spaces.training import training_spec
+from search_spaces.units import GIB
 
 if TYPE_CHECKING:
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["make_job", "search", "estimate", "profile", "ray_session", "RaySession", "Result", "DEFAULT_TRIALS",
            "DEFAULT_SEED"]
 
-GIB = 1024**3
 DEFAULT_TRIALS = 64
 DEFAULT_SEED = 0
 

@@ -26,9 +26,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from search_spaces.units import GIB
+
 __all__ = ["add_arguments", "run"]
 
-GIB = 1024**3
 
 # Megatron-LM's argument names (its arguments block) -> our layout fields
 LAYOUT_ARGS = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",

@@ -22,8 +22,7 @@ import json
 from autotune.ui.commands import add_calibration_argument, add_layout_argument
 from autotune.ui.commands.estimate import add_headroom_argument, headroom_bytes
 from search_spaces.megatron_names import megatron_settings
-
-GIB = 1024**3
+from search_spaces.units import GIB
 
 __all__ = ["add_arguments", "run", "check_object", "notes", "megatron_fields"]
 

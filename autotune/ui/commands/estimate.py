@@ -19,10 +19,10 @@ import json
 
 from autotune.ui.commands import add_calibration_argument, add_layout_argument
 from search_spaces.megatron_names import megatron_settings
+from search_spaces.units import GIB
 
 __all__ = ["add_arguments", "add_headroom_argument", "headroom_bytes", "run", "estimate_object"]
 
-GIB = 1024**3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,9 +18,10 @@ import sys
 import time
 from typing import Any
 
+from search_spaces.units import GIB
+
 __all__ = ["add_arguments", "run", "render", "explain_impossible", "memory_hints"]
 
-GIB = 1024**3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

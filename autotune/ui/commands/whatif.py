@@ -16,9 +16,10 @@ import json
 import sys
 from typing import Any
 
+from search_spaces.units import GIB
+
 __all__ = ["run_what_if", "what_if_jobs", "what_if_table"]
 
-GIB = 1024**3
 
 
 def what_if_jobs(args: argparse.Namespace) -> list[Any]:
