@@ -54,9 +54,6 @@ class HFConfig:
         self.read.add(key)
         return self._data.get(key)
 
-    def has(self, key: builtins.str) -> builtins.bool:
-        return self._data.get(key) is not None
-
     @overload
     def int(self, key: builtins.str, default: builtins.int | None = None, *, minimum: builtins.int = 1,
             required: Literal[True] = True) -> builtins.int: ...

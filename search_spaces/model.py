@@ -274,15 +274,6 @@ class ModelSpec:
     def is_hybrid(self) -> bool:
         return self.hybrid_pattern is not None
 
-    def layer_symbols(self, start: int = 0, stop: int | None = None) -> str:
-        """The decoder layers' symbols from `start` to `stop`: the hybrid pattern, or a GPT model's layers as
-        'D' (attention + dense MLP) and 'X' (attention + MoE) by `first_dense_layers`."""
-        if self.hybrid_pattern is not None:
-            return self.hybrid_pattern[start:stop]
-        first = self.moe.first_dense_layers if self.moe is not None else self.num_layers
-        stop = self.num_layers if stop is None else stop
-        return "".join("D" if i < first else "X" for i in range(start, stop))
-
     @property
     def expert_width(self) -> int:
         """The width the routed experts take and return and the tokens are dispatched at: the LatentMoE latent size

@@ -65,7 +65,6 @@ class ProxyPlan:
     layout: Layout
     training: TrainingSpec
     num_microbatches: int
-    original_layout: Layout
     scaled_model: bool
     dp_reduction: str  # "" when the layout runs at its own DP size
 
@@ -230,4 +229,4 @@ def plan_proxy(
         grad_reduce_in_fp32=True, cross_entropy_fusion="none", tp_comm_overlap=False,
     )
     return ProxyPlan(model=proxy_model, layout=run_layout, training=proxy_training, num_microbatches=nmb,
-                     original_layout=layout, scaled_model=scale_model, dp_reduction=reduction)
+                     scaled_model=scale_model, dp_reduction=reduction)

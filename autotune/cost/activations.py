@@ -84,11 +84,11 @@ class ActivationAssumptions:
       contiguous copy of x's first half.
     - `torch_rmsnorm`: torch's composite RMSNorm keeps fp32 copies of its input and output (8 B per element);
       the CPU proxy swaps in norms that save what TE's save (`trainers.proxy_norm`), so False there too.
-    - `paged_stash_buffer_factor`, `paged_stash_page_size`: the MoE paged stash of full-iteration graphs
-      (`moe_paged_stash_buffer_size_factor_cuda`, `moe_paged_stash_page_size`): 1.2, the value of every
-      full-iteration MoE recipe of Megatron-Bridge 0.6 (`perf_recipes/qwen/common.py::
-      _enable_hybridep_full_iteration_mxfp8`; megatron-core's own default is 1.10), and 64 tokens per page
-      (megatron-core's default, which no recipe changes). `TrainingSpec` has no field for them.
+    - `paged_stash_buffer_factor`: the MoE paged stash of full-iteration graphs
+      (`moe_paged_stash_buffer_size_factor_cuda`): 1.2, the value of every full-iteration MoE recipe of
+      Megatron-Bridge 0.6 (`perf_recipes/qwen/common.py::_enable_hybridep_full_iteration_mxfp8`; megatron-core's own
+      default is 1.10). Its pages (`moe_paged_stash_page_size`, 64 tokens) are not rounded to: a page is far
+      smaller than the buffer. `TrainingSpec` has no field for it.
     """
 
     transformer_engine: bool = True
@@ -99,7 +99,6 @@ class ActivationAssumptions:
     fused_swiglu: bool = True
     torch_rmsnorm: bool = False
     paged_stash_buffer_factor: float = 1.2
-    paged_stash_page_size: int = 64
 
 
 def saved_gemm_input_bytes(fp8_recipe: str | None, transformer_engine: bool) -> float:
@@ -316,7 +315,6 @@ class PagedStash:
     capacity_tokens: int
     avg_tokens: int
     buffer_factor: float
-    page_size: int
 
 
 def rank_capacity_tokens(job: Job, x: Shape) -> int:
@@ -353,7 +351,7 @@ def paged_stash_of(job: Job, layout: Layout, assumptions: ActivationAssumptions)
     x = shape_of(job, layout, assumptions)
     cap = rank_capacity_tokens(job, x)
     return PagedStash(capacity_tokens=cap, avg_tokens=int(cap // job.training.moe_rank_capacity_factor),
-                      buffer_factor=assumptions.paged_stash_buffer_factor, page_size=assumptions.paged_stash_page_size)
+                      buffer_factor=assumptions.paged_stash_buffer_factor)
 
 
 def expert_bytes_per_token(model: ModelSpec, x: Shape, layout: Layout) -> float:

@@ -98,9 +98,6 @@ def fit_group(arch: str, precision: str, moe: bool) -> str:
 
 
 REFERENCE_RELEASE = "26.02"  # its factors are 1 by definition: the per-generation fractions describe it
-RELEASE_FACTOR_KINDS = ("dense", "moe")
-
-
 def _arch(**kw: object) -> ArchFractions:
     return ArchFractions(**kw)  # type: ignore[arg-type]
 

@@ -30,7 +30,6 @@ import gc
 import logging
 import math
 import os
-import random
 import signal
 import sys
 import threading
@@ -626,7 +625,3 @@ def _preload_tune() -> None:
         import autotune.tuning.tune_glue  # noqa: F401
 
 
-def unmeasured_layout(space: FeasibleSpace, measured: set[Layout], rng: random.Random) -> Layout | None:
-    """A random layout of `space` not in `measured` (None when every layout is measured)."""
-    left = [lay for lay in space.layouts() if lay not in measured]
-    return rng.choice(left) if left else None

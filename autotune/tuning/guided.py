@@ -87,7 +87,3 @@ class GuidedStrategy:
             self.obs_y.append(math.log(float(measurement.tokens_per_s_per_gpu or 0.0)))
             self.model.observe(np.array(self.obs_pos), np.array(self.obs_y))
 
-    def corrected(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(table rows, corrected tokens/s, posterior sd of log tokens/s) of every candidate: the re-ranking."""
-        assert self.model is not None
-        return self.pool, np.exp(self.model.mean()), self.model.sd()

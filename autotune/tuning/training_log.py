@@ -84,7 +84,6 @@ class TrainingLog:
     global_batch_size: int | None = None  # the iteration lines' `global batch size`
     arguments: tuple[tuple[str, str], ...] = ()  # Megatron-LM's arguments block, as printed
     max_allocated_mb: float | None = None  # the largest `max allocated` of the memory reports
-    max_reserved_mb: float | None = None
     cut_line: bool = False  # the last iteration line was cut off (and left out)
 
     def argument(self, name: str) -> str | None:
@@ -120,7 +119,6 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
     tflops: list[float] = []
     arguments: dict[str, str] = {}
     allocated: list[float] = []
-    reserved: list[float] = []
     batch: int | None = None
     in_args = args_seen = cut = False
     bridge: dict[str, str] = {}
@@ -156,7 +154,6 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
             continue
         if (mem := _MEMORY.search(line)) is not None:
             allocated.append(float(mem.group(2)))
-            reserved.append(float(mem.group(4)))
             continue
         it = _ITERATION.search(line)
         if it is None or "consumed samples" not in line and "elapsed time" not in line:
@@ -188,8 +185,7 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
         raise ValueError(f"--log {path}: {what}; give the stdout log of a Megatron-LM or Megatron-Bridge training "
                          f"run that logged some iterations.")
     return TrainingLog(path=path, iterations=tuple(iterations), tflops_per_gpu=tuple(tflops), global_batch_size=batch,
-                       arguments=tuple(arguments.items()), max_allocated_mb=max(allocated, default=None),
-                       max_reserved_mb=max(reserved, default=None), cut_line=cut)
+                       arguments=tuple(arguments.items()), max_allocated_mb=max(allocated, default=None), cut_line=cut)
 
 
 def _bridge_value(text: str) -> str:

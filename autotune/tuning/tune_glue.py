@@ -77,13 +77,6 @@ def is_feasible(m: Measurement, capacity_bytes: float) -> bool:
     return m.status == "ok" and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes
 
 
-def _first_measurement(result: dict[str, Any]) -> Measurement | None:
-    try:
-        return measurement_from_dict(json.loads(result["measurements"])[0]["m"])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-
-
 # --- recording -------------------------------------------------------------------------------------------
 class Recorder(Callback):
     """Finished Tune trials -> TrialRecords in trials.csv, in finishing order; progress updates.
