@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,127 +54,120 @@ __all__ = ["step_times"]
 
 FULL = RECOMPUTE_CHOICES.index("full")
 _NO_BF16 = (0, 0, 0, 0, 0)
+# the kinds of layer a stage counts (`LayerTimes`' parts; a GPT model's Mamba and attention-only parts are zero),
+# and their BF16 twins in a low-precision run (the BF16 layers' times less the run's, `placement.bf16_stage_layers`)
+PARTS = ("dense", "moe", "mtp", "mamba", "attention")
+BF16_PARTS = tuple(f"bf16_{part}" for part in BF16_KINDS)
 
 
-def _stage_kinds(stages: Sequence[Any], bf16: Sequence[tuple[int, ...]] = ()) -> list[tuple[Any, ...]]:
-    """Distinct stages as (dense layers, MoE layers, embedding, output, MTP layers, Mamba layers, attention-only
-    layers, their BF16 layers by `BF16_KINDS` (five counts; `placement.bf16_stage_layers`), last stage index,
-    count), the latest stage first: equal stages take equal time, and the scalar model's pace is the latest of the
-    slowest."""
-    kinds: dict[tuple[Any, ...], list[int]] = {}
-    for s in stages:
-        key = (s.dense_layers, s.moe_layers, s.has_embedding, s.has_output, s.mtp_layers, s.mamba_layers,
-               s.attention_layers, *(bf16[s.stage] if bf16 else _NO_BF16))
-        entry = kinds.setdefault(key, [0, 0])
-        entry[0], entry[1] = s.stage, entry[1] + 1
-    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[12])
+@dataclass(frozen=True, slots=True)
+class _Layers:
+    """One micro-batch's forward + backward through each kind of layer, per row: `terms[part][key]` by LAYER_KEYS,
+    `total[part]` their sum, `wall[part]["fwd" | "bwd"]` the passes' walls (what DP traffic hides under); the last
+    stage's output layer and loss (`output`, `output_total`) and the first stage's embedding."""
+
+    terms: dict[str, dict[str, np.ndarray]]
+    total: dict[str, np.ndarray]
+    wall: dict[str, dict[str, np.ndarray]]
+    output: dict[str, np.ndarray]
+    output_total: np.ndarray
+    embedding: np.ndarray
 
 
-def _attribute(name: str) -> Callable[[Any], float]:
-    return lambda lt: getattr(lt, name)
-
-
-def step_times(job: Job, t: Rows, cal: Calibration) -> dict[str, Any]:
-    """The step time of every row, its terms, tokens/s with its band, TFLOP/s, MFU and the dominant term (module
-    docstring)."""
-    table, training, n = t.table, job.training, t.n
-    cal = cal.for_release(training.release)
-    rows = np.arange(n)
-    m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
+def _layers(job: Job, t: Rows, cal: Calibration, m: np.ndarray) -> _Layers:
+    """`throughput.layer_times` once per distinct (TP, CP, EP, ETP, MBS, SP, recompute, graphs, EP overlap), spread
+    to the rows; with the EP overlap, the share of chunk steps it cannot pair (`throughput.ep_unpaired_share`) takes
+    the unpaired layer times."""
+    table, n = t.table, t.n
     full = table.recompute == FULL
-    chunks = np.where(full, table.pp * t.vpp, 0) if training.recompute_num_layers else np.zeros(n, np.int64)
+    chunks = np.where(full, table.pp * t.vpp, 0) if job.training.recompute_num_layers else np.zeros(n, np.int64)
     layer = group(table.tp, table.cp, table.ep, t.etp, table.mbs, table.sp & (table.tp > 1), table.recompute, chunks,
                   table.cuda_graphs, table.ep_overlap)
-    lts = layer.values(lambda i: layer_times(job, t.layout(i), cal))
-    # the EP overlap's unpaired warm-up and cool-down chunk steps (`throughput.ep_unpaired_share`)
     overlap = table.ep_overlap & (job.model.moe is not None)
-    # a layout without the overlap is its own (the memo returns the same layer times; its share is 0 below)
-    alone_lts = layer.values(lambda i: layer_times(job, replace(t.layout(i), ep_overlap=False), cal))
     share = np.zeros(n)
     for i in np.flatnonzero(overlap):
         share[i] = ep_unpaired_share(t.layout(int(i)), int(m[i]))
 
-    def per_layer(f: Callable[[Any], float]) -> np.ndarray:
-        paired = gather([f(lt) for lt in lts], layer)
-        if not overlap.any():
-            return paired
-        alone = gather([f(a) for a in alone_lts], layer)
-        return (1 - share) * paired + share * alone
+    def spread(of_job: Job) -> Callable[[Callable[[Any], float]], np.ndarray]:
+        paired = layer.values(lambda i: layer_times(of_job, t.layout(i), cal))
+        # a layout without the overlap is its own (the memo returns the same layer times; its share is 0)
+        alone = layer.values(lambda i: layer_times(of_job, replace(t.layout(i), ep_overlap=False), cal))
 
-    def term(part: str, k: str) -> Callable[[Any], float]:
-        return lambda lt: getattr(lt, part)[k]
-
-    dense = {k: per_layer(term("dense", k)) for k in LAYER_KEYS}
-    moe = {k: per_layer(term("moe", k)) for k in LAYER_KEYS}
-    out = {k: per_layer(term("output", k)) for k in LAYER_KEYS}
-    mtp = {k: per_layer(term("mtp", k)) for k in LAYER_KEYS}
-    mtp_sum = per_layer(lambda lt: sum(lt.mtp.values()))
-    dense_sum, moe_sum = per_layer(lambda lt: sum(lt.dense.values())), per_layer(lambda lt: sum(lt.moe.values()))
-    hybrid = job.model.is_hybrid
-    if hybrid:
-        mamba = {k: per_layer(term("mamba", k)) for k in LAYER_KEYS}
-        attention = {k: per_layer(term("attention", k)) for k in LAYER_KEYS}
-        mamba_sum = per_layer(lambda lt: sum(lt.mamba.values()))
-        attention_sum = per_layer(lambda lt: sum(lt.attention.values()))
-    out_sum, emb = per_layer(lambda lt: sum(lt.output.values())), per_layer(lambda lt: lt.embedding_s)
-    # BF16 layers of a low-precision run: per part, their layer times less the run's
-    twin = bf16_job(job, cal)
-    delta: dict[str, dict[str, np.ndarray]] = {}
-    if twin is not None:
-        b_lts = layer.values(lambda i: layer_times(twin, t.layout(i), cal))
-        b_alone = layer.values(lambda i: layer_times(twin, replace(t.layout(i), ep_overlap=False), cal))
-
-        def per_layer_bf16(f: Callable[[Any], float]) -> np.ndarray:
-            paired = gather([f(lt) for lt in b_lts], layer)
+        def per_layer(f: Callable[[Any], float]) -> np.ndarray:
+            values = gather([f(lt) for lt in paired], layer)
             if not overlap.any():
-                return paired
-            return (1 - share) * paired + share * gather([f(a) for a in b_alone], layer)
+                return values
+            return (1 - share) * values + share * gather([f(a) for a in alone], layer)
 
-        for part in BF16_KINDS:
-            delta[part] = {k: per_layer_bf16(term(part, k)) - per_layer(term(part, k)) for k in LAYER_KEYS}
-            for direction in ("fwd", "bwd"):
-                wall = _attribute(f"{part}_{direction}_s")
-                delta[part][direction] = per_layer_bf16(wall) - per_layer(wall)
+        return per_layer
 
-    # stages: the scalar model's per-stage sum, per distinct stage of each placement (kinds padded to K)
+    run = spread(job)
+    terms = {part: {k: run(_term(part, k)) for k in LAYER_KEYS} for part in PARTS}
+    total = {part: run(_total(part)) for part in PARTS}
+    wall = {part: {d: run(_wall(part, d)) for d in ("fwd", "bwd")} for part in PARTS}
+    twin = bf16_job(job, cal)
+    if twin is not None:  # BF16 layers of a low-precision run: their layer times less the run's
+        bf16 = spread(twin)
+        for part, name in zip(BF16_KINDS, BF16_PARTS, strict=True):
+            terms[name] = {k: bf16(_term(part, k)) - terms[part][k] for k in LAYER_KEYS}
+            total[name] = np.sum([terms[name][k] for k in LAYER_KEYS], axis=0)
+            wall[name] = {d: bf16(_wall(part, d)) - wall[part][d] for d in ("fwd", "bwd")}
+    return _Layers(terms=terms, total=total, wall=wall, output={k: run(_term("output", k)) for k in LAYER_KEYS},
+                   output_total=run(_total("output")), embedding=run(lambda lt: lt.embedding_s))
+
+
+def _term(part: str, key: str) -> Callable[[Any], float]:
+    return lambda lt: getattr(lt, part)[key]
+
+
+def _total(part: str) -> Callable[[Any], float]:
+    return lambda lt: sum(getattr(lt, part).values())
+
+
+def _wall(part: str, direction: str) -> Callable[[Any], float]:
+    return lambda lt: getattr(lt, f"{part}_{direction}_s")
+
+
+def _stage_kinds(stages: Sequence[Any], bf16: Sequence[tuple[int, ...]] = ()) -> list[tuple[Any, ...]]:
+    """Distinct stages as (dense layers, MoE layers, MTP layers, Mamba layers, attention-only layers, their BF16
+    layers by `BF16_KINDS` (five counts; `placement.bf16_stage_layers`), embedding, output, last stage index,
+    count), the latest stage first: equal stages take equal time, and the pace is the latest of the slowest."""
+    kinds: dict[tuple[Any, ...], list[int]] = {}
+    for s in stages:
+        key = (s.dense_layers, s.moe_layers, s.mtp_layers, s.mamba_layers, s.attention_layers,
+               *(bf16[s.stage] if bf16 else _NO_BF16), s.has_embedding, s.has_output)
+        entry = kinds.setdefault(key, [0, 0])
+        entry[0], entry[1] = s.stage, entry[1] + 1
+    return sorted(((*k, last, count) for k, (last, count) in kinds.items()), key=lambda k: -k[-2])
+
+
+def _pace(job: Job, t: Rows, layers: _Layers) -> tuple[dict[str, np.ndarray], np.ndarray, list[Any]]:
+    """(the slowest stage's layer counts by part, with `emb` and `out`; the pipeline bubble; each placement's
+    stages): every distinct stage of each placement timed as the sum of its layers (`_Layers.total`)."""
+    rows = np.arange(t.n)
     stage_lists = t.placement.values(lambda i: stage_params(job.model, t.layout(i)))
-    bf16_lists = t.placement.values(lambda i: bf16_stage_layers(job, t.layout(i))) if twin is not None \
+    counted = (*PARTS, *BF16_PARTS) if BF16_PARTS[0] in layers.total else PARTS
+    bf16_lists = t.placement.values(lambda i: bf16_stage_layers(job, t.layout(i))) if counted != PARTS \
         else [()] * len(stage_lists)
     kinds = [_stage_kinds(s, b) for s, b in zip(stage_lists, bf16_lists, strict=True)]
     width = max(len(k) for k in kinds)
-    pad = [k + [(0, 0, False, False, 0, 0, 0, *_NO_BF16, -1, 0)] * (width - len(k)) for k in kinds]
-    bf16_names = tuple(f"bf16_{part}" for part in BF16_KINDS)
-    names = ("dense", "moe", "emb", "out", "mtp", "mamba", "attention", *bf16_names, "last", "count")
+    pad = [k + [(0, 0, 0, 0, 0, *_NO_BF16, False, False, -1, 0)] * (width - len(k)) for k in kinds]
+    names = (*PARTS, *BF16_PARTS, "emb", "out", "last", "count")
     kind = {name: np.array([[row[j] for row in k] for k in pad])[t.placement.inverse] for j, name in enumerate(names)}
-    stage_s = kind["dense"] * dense_sum[:, None] + kind["moe"] * moe_sum[:, None]
-    if hybrid:
-        stage_s = stage_s + kind["mamba"] * mamba_sum[:, None] + kind["attention"] * attention_sum[:, None]
-    stage_s = np.where(kind["out"], stage_s + out_sum[:, None], stage_s)
-    stage_s = np.where(kind["mtp"] > 0, stage_s + kind["mtp"] * mtp_sum[:, None], stage_s)
-    stage_s = np.where(kind["emb"], stage_s + emb[:, None], stage_s)
-    if delta:
-        for part, name in zip(BF16_KINDS, bf16_names, strict=True):
-            part_sum = np.sum([delta[part][k] for k in LAYER_KEYS], axis=0)
-            stage_s = stage_s + kind[name] * part_sum[:, None]
+    stage_s = sum(kind[part] * layers.total[part][:, None] for part in counted)
+    stage_s = np.where(kind["out"], stage_s + layers.output_total[:, None], stage_s)
+    stage_s = np.where(kind["emb"], stage_s + layers.embedding[:, None], stage_s)
     slow = np.argmax(np.where(kind["last"] >= 0, stage_s, -np.inf), axis=1)
-    pace = {name: kind[name][rows, slow] for name in ("dense", "moe", "emb", "out", "mtp", "mamba", "attention",
-                                                      *bf16_names)}
+    pace = {name: kind[name][rows, slow] for name in (*counted, "emb", "out")}
     bubble = pipeline_bubble_s((kind["count"] * stage_s).sum(axis=1), stage_s[rows, slow], t.vpp)
+    return pace, bubble, stage_lists
 
-    breakdown = {}
-    for key in LAYER_KEYS:
-        breakdown[key] = m * (pace["dense"] * dense[key] + pace["moe"] * moe[key] + pace["mtp"] * mtp[key]
-                              + np.where(pace["out"], out[key], 0.0))
-        if hybrid:
-            breakdown[key] = breakdown[key] + m * (pace["mamba"] * mamba[key] + pace["attention"] * attention[key])
-        if delta:
-            breakdown[key] = breakdown[key] + m * sum(pace[name] * delta[part][key]
-                                                      for part, name in zip(BF16_KINDS, bf16_names, strict=True))
-    breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * emb, breakdown["compute"])
-    p2p = group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp, table.cuda_graphs)
-    breakdown["pp_bubble"] = bubble
-    breakdown["pp_p2p"] = m * gather(p2p.values(lambda i: pipeline_p2p_s(job, t.layout(i), cal)), p2p)
 
+def _data_parallel(job: Job, t: Rows, cal: Calibration, m: np.ndarray, stage_lists: list[Any],
+                   windows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The DP (or Megatron-FSDP) traffic, activation offload and optimizer step of each row's heaviest stage, and
+    what of them the passes' walls (`windows`) leave exposed: the `dp_comm`, `offload` and `optimizer` terms."""
+    table, training = t.table, job.training
     heavy = [heaviest_stage(s) for s in stage_lists]
     heavy_ids: dict[tuple[int, int], int] = {}
     heavy_of = np.array([heavy_ids.setdefault((h.dense_params_per_gpu, h.expert_params_per_gpu), len(heavy_ids))
@@ -190,26 +183,12 @@ def step_times(job: Job, t: Rows, cal: Calibration) -> dict[str, Any]:
     dp_terms = dp.values(dp_and_optimizer)
     grads, param_gather, params, optimizer, ag_fwd, ag_bwd, rs, units = (gather([v[j] for v in dp_terms], dp)
                                                                          for j in range(8))
-    bwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_bwd_s)
-                  + pace["moe"] * per_layer(lambda lt: lt.moe_bwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_bwd_s))
-    fwd_window = (pace["dense"] * per_layer(lambda lt: lt.dense_fwd_s)
-                  + pace["moe"] * per_layer(lambda lt: lt.moe_fwd_s) + pace["mtp"] * per_layer(lambda lt: lt.mtp_fwd_s))
-    if hybrid:
-        bwd_window = bwd_window + (pace["mamba"] * per_layer(lambda lt: lt.mamba_bwd_s)
-                                   + pace["attention"] * per_layer(lambda lt: lt.attention_bwd_s))
-        fwd_window = fwd_window + (pace["mamba"] * per_layer(lambda lt: lt.mamba_fwd_s)
-                                   + pace["attention"] * per_layer(lambda lt: lt.attention_fwd_s))
-    if delta:
-        bwd_window = bwd_window + sum(pace[name] * delta[part]["bwd"]
-                                      for part, name in zip(BF16_KINDS, bf16_names, strict=True))
-        fwd_window = fwd_window + sum(pace[name] * delta[part]["fwd"]
-                                      for part, name in zip(BF16_KINDS, bf16_names, strict=True))
+    fwd_window, bwd_window = windows["fwd"], windows["bwd"]
     zero1 = (exposed_dp_s(grads, bwd_window, training.overlap_grad_reduce, params, cal)
              + exposed_dp_s(param_gather, fwd_window, training.overlap_param_gather & table.dist_opt
                             & (not training.muon) & training.overlap_grad_reduce, params, cal))
     zero3 = m * fsdp_exposed_s(ag_fwd, ag_bwd, rs, units, fwd_window, bwd_window, cal)
-    breakdown["dp_comm"] = np.where(table.fsdp, zero3, zero1)
-    breakdown["offload"] = np.zeros(n)
+    out = {"dp_comm": np.where(table.fsdp, zero3, zero1), "offload": np.zeros(t.n), "optimizer": optimizer}
     offloading = table.offload_layers > 0
     if offloading.any():
         off = group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute, table.cuda_graphs,
@@ -217,8 +196,28 @@ def step_times(job: Job, t: Rows, cal: Calibration) -> dict[str, Any]:
         host = gather(off.values(lambda i: offload_host_bytes(job, t.layout(i))), off)
         share = table.offload_layers / max(job.model.num_layers, 1)
         exposed = offload_exposed_s(host / host_link_bytes_per_s(job), share, fwd_window, bwd_window, cal)
-        breakdown["offload"] = np.where(offloading & (host > 0), m * exposed, 0.0)
-    breakdown["optimizer"] = optimizer
+        out["offload"] = np.where(offloading & (host > 0), m * exposed, 0.0)
+    return out
+
+
+def step_times(job: Job, t: Rows, cal: Calibration) -> dict[str, Any]:
+    """The step time of every row, its terms, tokens/s with its band, TFLOP/s, MFU and the dominant term (module
+    docstring): m micro-batches through the slowest stage, the bubble, the pipeline p2p, then DP, offload and
+    optimizer."""
+    table, training, n = t.table, job.training, t.n
+    cal = cal.for_release(training.release)
+    m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
+    layers = _layers(job, t, cal, m)
+    pace, bubble, stage_lists = _pace(job, t, layers)
+    counted = [part for part in pace if part not in ("emb", "out")]
+    breakdown = {key: m * (sum(pace[part] * layers.terms[part][key] for part in counted)
+                           + np.where(pace["out"], layers.output[key], 0.0)) for key in LAYER_KEYS}
+    breakdown["compute"] = np.where(pace["emb"], breakdown["compute"] + m * layers.embedding, breakdown["compute"])
+    breakdown["pp_bubble"] = bubble
+    p2p = group(table.pp, table.tp, table.cp, table.dp, table.mbs, t.vpp, table.sp, table.cuda_graphs)
+    breakdown["pp_p2p"] = m * gather(p2p.values(lambda i: pipeline_p2p_s(job, t.layout(i), cal)), p2p)
+    windows = {d: sum(pace[part] * layers.wall[part][d] for part in counted) for d in ("fwd", "bwd")}
+    breakdown.update(_data_parallel(job, t, cal, m, stage_lists, windows))
     breakdown["overhead"] = np.full(n, cal.step_overhead_s)
     breakdown = {k: breakdown[k] for k in TIME_KEYS}
 
@@ -232,7 +231,7 @@ def step_times(job: Job, t: Rows, cal: Calibration) -> dict[str, Any]:
     low, high = cal.band_for(job.cluster.gpu, training.precision, job.model.is_moe)
     others = np.stack([breakdown[k] for k in TIME_KEYS[1:]], axis=1)
     top = np.argmax(others, axis=1)
-    dominant = np.where(others[rows, top] > 0, top + 1, 0)
+    dominant = np.where(others[np.arange(n), top] > 0, top + 1, 0)
     for a in breakdown.values():
         a.flags.writeable = False
     return {"step_time_s": step, "breakdown": breakdown, "tokens_per_s_per_gpu": tokens,
