@@ -15,6 +15,7 @@ by tensor name (`by_name`): the same sums, over a column per name instead of one
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -110,32 +111,62 @@ def _unit_columns(units: Sequence[UnitActivations], cols: _Columns, rows: np.nda
                               for field, terms in _UNIT_FIELDS.items()})
 
 
-def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: bool = False,
-                every_stage: bool = False) -> dict[str, Any]:
-    """The peak memory of every row's most loaded GPU, by term, its stage and phase (module docstring).
+@dataclass(frozen=True, slots=True)
+class _Activations:
+    """What a stage's activations are made of, per row: the activation units (`memory._lookups`) as columns
+    (`units`: its fields as (rows, columns) arrays; `transients`: (unit group, (has_output, has_moe), columns)),
+    the BF16 layers' units, and which rows recompute a block of layers (`full`, with a unit of each kind in
+    `split_units` for `_layer_split`)."""
 
-    `by_name`: also the peak stage's activations by tensor name (`activation_columns`, rows x the `columns`' names;
-    `columns.named` reads a row). `every_stage` (a table of one pipeline structure, as one layout is): also
-    every stage's figures in stage order (`stages`), not only the peak's."""
-    table, model, training, n = t.table, job.model, job.training, t.n
-    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
-    m = np.maximum(table.num_microbatches(training.global_batch_size), 1)
+    cols: _Columns
+    unit_rows: np.ndarray
+    units: SimpleNamespace
+    unit_list: list[UnitActivations]
+    bf16_units: list[Any] | None
+    transients: np.ndarray
+    full: np.ndarray
+    split_units: dict[bool, UnitActivations | None]
 
-    stage_lists = t.placement.values(lambda i: _lookups(job, t.layout(i), assumptions)[0])
+
+def _activations(job: Job, t: Rows, assumptions: MemoryAssumptions, by_name: bool) -> _Activations:
+    table = t.table
     unit = group(table.tp, table.sp, table.cp, table.mbs, t.etp, table.recompute, table.cuda_graphs)
     units = unit.values(lambda i: _lookups(job, t.layout(i), assumptions)[1])
-    u_rows = unit.inverse
     # BF16 layers of a low-precision run: their units (`memory._bf16_unit`) per unit group
     bf16_units = unit.values(lambda i: _bf16_unit(job, t.layout(i), assumptions)) if job.has_bf16_layers else None
     cols = _Columns([*units, *(bf16_units or ())], by_name)
-    u = _unit_columns(units, cols, u_rows)
-    transients = np.array([[cols.of(x.transient_terms[c], x.transient(has_output=c[0], has_moe=c[1]))
-                            for c in _COMBOS] for x in units])
-    u_full = np.array([x.full_layers is not None for x in units])[u_rows]
-    split_unit = {False: next((x for x in units if x.full_layers is None), None),
-                  True: next((x for x in units if x.full_layers is not None), None)}
+    return _Activations(
+        cols=cols, unit_rows=unit.inverse, units=_unit_columns(units, cols, unit.inverse), unit_list=units,
+        bf16_units=bf16_units,
+        transients=np.array([[cols.of(x.transient_terms[c], x.transient(has_output=c[0], has_moe=c[1]))
+                              for c in _COMBOS] for x in units]),
+        full=np.array([x.full_layers is not None for x in units])[unit.inverse],
+        split_units={False: next((x for x in units if x.full_layers is None), None),
+                     True: next((x for x in units if x.full_layers is not None), None)})
 
-    # the stages that can be the peak (or every stage) per pipeline structure (pp, vpp, split)
+
+@dataclass(frozen=True, slots=True)
+class _Stages:
+    """The stages that can be the peak (or every stage) of each pipeline structure (`structure` groups the rows by
+    PP, VPP and split; `candidates[g]` lists (stage, chunks)), and per row and candidate: the stage's weights,
+    gradients, optimizer state and optimizer-step transient (`state`, by the group `state_of[row]`), its in-flight
+    micro-batches per chunk (`flight`, by `flight_of[row]`) and its parameters per GPU (`params`, by placement)."""
+
+    structure: Any
+    candidates: list[tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...]]
+    mtp: list[tuple[int, ...] | None]
+    stage_lists: list[tuple[Any, ...]]
+    state: np.ndarray
+    state_of: np.ndarray
+    flight: np.ndarray
+    flight_of: np.ndarray
+    params: np.ndarray
+
+
+def _stages(job: Job, t: Rows, assumptions: MemoryAssumptions, m: np.ndarray, every_stage: bool) -> _Stages:
+    table, model = t.table, job.model
+    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    stage_lists = t.placement.values(lambda i: _lookups(job, t.layout(i), assumptions)[0])
     structure = group(table.pp, t.vpp, table.first_stage_layers, table.last_stage_layers, table.embedding_loss_split,
                       table.pipeline_layout)
     if every_stage and len(structure) > 1:
@@ -143,17 +174,14 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
     mtp_of = structure.values(lambda i: _mtp_counts(model, t.layout(i)))
     cands = [_every_stage(model.num_layers, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i)) if every_stage
              else _candidate_stages(model.num_layers, first_dense, int(table.pp[i]), int(t.vpp[i]), _split_of(table, i),
-                                    mtp_of[g], model.hybrid_pattern, training.bf16_edges)
+                                    mtp_of[g], model.hybrid_pattern, job.training.bf16_edges)
              for g, i in enumerate(structure.first)]
     width = max(len(c) for c in cands)
-    depth = int(t.vpp.max())
     s_rows = structure.inverse
-    stage_params_per_gpu = np.zeros((len(t.placement), width), dtype=np.int64)
+    params = np.zeros((len(t.placement), width), dtype=np.int64)
     for g, i in enumerate(t.placement.first):
         for c, (p, _) in enumerate(cands[s_rows[i]]):
-            stage_params_per_gpu[g, c] = stage_lists[g][p].params_per_gpu
-
-    # per stage state: weights, gradients, optimizer, optimizer-step transient
+            params[g, c] = stage_lists[g][p].params_per_gpu
     state = group(t.placement.inverse, table.dist_opt, table.dp, table.cp, table.fsdp)
     state_values = np.zeros((len(state), width, 4))
     for g, i in enumerate(state.first):
@@ -163,12 +191,58 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
             state_values[g, c, 3] = _optimizer_step_bytes(job, stages[p], layout)
     extra = table.ep_overlap & (model.moe is not None) & (t.vpp > 1)
     flight = group(table.pp, t.vpp, m, extra)
-    flight_values = np.zeros((len(flight), width, depth), dtype=np.int64)
+    flight_values = np.zeros((len(flight), width, int(t.vpp.max())), dtype=np.int64)
     for g, i in enumerate(flight.first):
         for c, (p, _) in enumerate(cands[s_rows[i]]):
             counts = inflight_microbatches_per_chunk(int(table.pp[i]), int(t.vpp[i]), int(m[i]), p,
                                                      extra_warmup=int(extra[i]))
             flight_values[g, c, :len(counts)] = counts
+    return _Stages(structure=structure, candidates=cands, mtp=mtp_of, stage_lists=stage_lists,
+                   state=state_values, state_of=state.inverse, flight=flight_values, flight_of=flight.inverse,
+                   params=params)
+
+
+def _stage_activations(job: Job, a: _Activations, idx: np.ndarray, chunks: tuple[tuple[int, int, int], ...],
+                       flight: np.ndarray, mtp: tuple[int, ...] | None, last: int, transient: int,
+                       offload: np.ndarray) -> np.ndarray:
+    """One stage's activations on rows `idx` (by column): one micro-batch's transients plus, per chunk, its
+    in-flight micro-batches (`flight`, rows x chunks) times what one leaves saved (`activations.chunk_bytes`), less
+    what activation offload takes to the host, plus the BF16 layers' difference."""
+    model, training = job.model, job.training
+    first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
+    uu = SimpleNamespace(**{k: v[idx] for k, v in vars(a.units).items()})
+    full = a.full[idx]
+    act = a.transients[a.unit_rows[idx], transient]
+    for j, (k, start, count) in enumerate(chunks):
+        dense, moe, mamba, attention = chunk_kinds(model.hybrid_pattern, first_dense, start, count)
+        mtp_k = mtp[k] if mtp else 0
+        value = chunk_bytes(uu, _layer_split(a.split_units, full, dense, moe), mamba=mamba, attention=attention,
+                            mtp=mtp_k, has_embedding=k == 0, has_output=k == last)
+        if start == 0 and offload.any():  # the first k layers (`memory.offloaded_kinds`)
+            value = a.cols.offloaded(value, _offloaded(offload, count, model, a.split_units, full, uu, a.cols))
+        if a.bf16_units is not None:
+            kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers, training.bf16_edges, start,
+                                     count)
+            b_mtp = mtp_k if job.mtp_in_bf16 else 0
+            deltas = [bf16_chunk_terms(x, b, kinds, b_mtp) for x, b in zip(a.unit_list, a.bf16_units, strict=True)]
+            value = value + np.array([a.cols.of(d, sum(d.values())) for d in deltas])[a.unit_rows[idx]]
+        act = act + flight[:, j, None] * value
+    return act
+
+
+def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: bool = False,
+                every_stage: bool = False) -> dict[str, Any]:
+    """The peak memory of every row's most loaded GPU, by term, its stage and phase (module docstring): each
+    candidate stage's state, activations (or the optimizer step's transient, when larger), workspace and device
+    overhead, the largest total kept.
+
+    `by_name`: also the peak stage's activations by tensor name (`activation_columns`, rows x the `columns`' names;
+    `columns.named` reads a row). `every_stage` (a table of one pipeline structure, as one layout is): also
+    every stage's figures in stage order (`stages`), not only the peak's."""
+    table, n = t.table, t.n
+    m = np.maximum(table.num_microbatches(job.training.global_batch_size), 1)
+    a = _activations(job, t, assumptions, by_name)
+    s = _stages(job, t, assumptions, m, every_stage)
     work = group(table.tp, table.sp, table.cp, table.mbs, table.dp, table.cuda_graphs)
     work_values = np.array(work.values(lambda i: [sum(workspace_terms(job, t.layout(i), has_output=o).values())
                                                   for o in (False, True)]))
@@ -177,44 +251,27 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
     overhead_terms = {name: gather([d[name] for d in allow_terms], allow) for name in OVERHEAD_TERMS[:-1]}
     overhead = gather([sum(d.values()) for d in allow_terms], allow)
     full_graphs = table.cuda_graphs == CUDA_GRAPH_CHOICES.index("full_iteration")
-    offload = table.offload_layers
 
     result = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer", "activations", "workspace",
                                              "held")}
     stage_out, phase_out, params_out = np.zeros(n, np.int64), np.zeros(n, bool), np.zeros(n, np.int64)
-    named: list[np.ndarray] = []
-    named_rows: list[np.ndarray] = []
+    named: list[tuple[np.ndarray, np.ndarray]] = []
     per_stage: list[dict[str, Any]] = []
+    s_rows = s.structure.inverse
     order = np.argsort(s_rows, kind="stable")
-    bounds = np.searchsorted(s_rows[order], np.arange(len(structure) + 1))
-    for g in range(len(structure)):
+    bounds = np.searchsorted(s_rows[order], np.arange(len(s.structure) + 1))
+    for g in range(len(s.structure)):
         idx = order[bounds[g]:bounds[g + 1]]
-        i0 = idx[0]
-        pp, vpp = int(table.pp[i0]), int(t.vpp[i0])
-        st = state_values[state.inverse[idx]]
-        fl = flight_values[flight.inverse[idx]]
-        uu = SimpleNamespace(**{k: v[idx] for k, v in vars(u).items()})
-        full = u_full[idx]
+        last = int(table.pp[idx[0]]) * int(t.vpp[idx[0]]) - 1
+        st = s.state[s.state_of[idx]]
+        fl = s.flight[s.flight_of[idx]]
         totals, parts = [], []
-        for c, (p, chunks) in enumerate(cands[g]):
-            sp0 = stage_lists[t.placement.inverse[i0]][p]
-            has_out, has_moe = sp0.has_output, sp0.moe_layers > 0
-            act = transients[u_rows[idx], _COMBOS.index((has_out, has_moe))]
-            for j, (k, start, count) in enumerate(chunks):
-                dense, moe, mamba, attention = chunk_kinds(model.hybrid_pattern, first_dense, start, count)
-                mtp_k = mtp_of[g][k] if mtp_of[g] else 0
-                value = chunk_bytes(uu, _layer_split(split_unit, full, dense, moe), mamba=mamba, attention=attention,
-                                    mtp=mtp_k, has_embedding=k == 0, has_output=k == pp * vpp - 1)
-                if start == 0 and offload.any():  # the first k layers (`memory.offloaded_kinds`)
-                    value = cols.offloaded(value, _offloaded(offload[idx], count, model, split_unit, full, uu, cols))
-                if bf16_units is not None:
-                    kinds = bf16_chunk_kinds(model.hybrid_pattern, first_dense, model.num_layers,
-                                             training.bf16_edges, start, count)
-                    b_mtp = mtp_k if job.mtp_in_bf16 else 0
-                    deltas = [bf16_chunk_terms(x, b, kinds, b_mtp) for x, b in zip(units, bf16_units, strict=True)]
-                    value = value + np.array([cols.of(d, sum(d.values())) for d in deltas])[u_rows[idx]]
-                act = act + fl[:, c, j, None] * value
-            total_act = cols.total(act)
+        for c, (p, chunks) in enumerate(s.candidates[g]):
+            sp0 = s.stage_lists[t.placement.inverse[idx[0]]][p]
+            has_out = sp0.has_output
+            act = _stage_activations(job, a, idx, chunks, fl[:, c], s.mtp[g], last,
+                                     _COMBOS.index((has_out, sp0.moe_layers > 0)), table.offload_layers[idx])
+            total_act = a.cols.total(act)
             step = st[:, c, 3]
             held = graph_pool_held_bytes(full_graphs[idx], total_act, step)
             optimizer_phase = step > total_act
@@ -224,7 +281,7 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
             totals.append(allocated + overhead[idx] + held)
             parts.append({"weights": st[:, c, 0], "gradients": st[:, c, 1], "optimizer": st[:, c, 2],
                           "activations": total_act, "workspace": ws, "held": held, "phase": optimizer_phase,
-                          "stage": p, "named": act, "params": stage_params_per_gpu[t.placement.inverse[idx], c]})
+                          "stage": p, "named": act, "params": s.params[t.placement.inverse[idx], c]})
         if every_stage:
             per_stage = [{**part, "overhead": overhead[idx] + part["held"]} for part in parts]
         best = np.argmax(np.stack(totals, axis=1), axis=1)
@@ -237,23 +294,21 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
             stage_out[rows] = part["stage"]
             params_out[rows] = part["params"][sel]
             if by_name:
-                named.append(part["named"][sel])
-                named_rows.append(rows)
+                named.append((rows, part["named"][sel]))
     allocated = result["weights"] + result["gradients"] + result["optimizer"] + result["activations"] \
         + result["workspace"]
     overhead = overhead + result["held"]
     overhead_terms["graph_pool_held"] = result["held"]
-    total = allocated + overhead
     memory = {**{name: result[name] for name in TERMS[:-1]}, "overhead": overhead}
     dominant = np.argmax(np.stack([memory[name] for name in TERMS], axis=1), axis=1)
-    out = {"memory": memory, "overhead_terms": overhead_terms, "allocated_bytes": allocated, "total_bytes": total,
-           "memory_stage": stage_out, "optimizer_phase": phase_out, "params_per_gpu": params_out,
-           "dominant_memory_index": dominant}
+    out = {"memory": memory, "overhead_terms": overhead_terms, "allocated_bytes": allocated,
+           "total_bytes": allocated + overhead, "memory_stage": stage_out, "optimizer_phase": phase_out,
+           "params_per_gpu": params_out, "dominant_memory_index": dominant}
     if by_name:
-        terms = np.zeros((n, cols.width))
-        for rows, values in zip(named_rows, named, strict=True):
+        terms = np.zeros((n, a.cols.width))
+        for rows, values in named:
             terms[rows] = values
-        out["columns"], out["activation_columns"] = cols, terms
+        out["columns"], out["activation_columns"] = a.cols, terms
     if every_stage:
         out["stages"] = per_stage
     return out

@@ -124,8 +124,18 @@ def _total(part: str) -> Callable[[Any], float]:
     return lambda lt: sum(getattr(lt, part).values())
 
 
+# each part's pass walls in `LayerTimes`
+_WALLS: dict[tuple[str, str], Callable[[Any], float]] = {
+    ("dense", "fwd"): lambda lt: lt.dense_fwd_s, ("dense", "bwd"): lambda lt: lt.dense_bwd_s,
+    ("moe", "fwd"): lambda lt: lt.moe_fwd_s, ("moe", "bwd"): lambda lt: lt.moe_bwd_s,
+    ("mtp", "fwd"): lambda lt: lt.mtp_fwd_s, ("mtp", "bwd"): lambda lt: lt.mtp_bwd_s,
+    ("mamba", "fwd"): lambda lt: lt.mamba_fwd_s, ("mamba", "bwd"): lambda lt: lt.mamba_bwd_s,
+    ("attention", "fwd"): lambda lt: lt.attention_fwd_s, ("attention", "bwd"): lambda lt: lt.attention_bwd_s,
+}
+
+
 def _wall(part: str, direction: str) -> Callable[[Any], float]:
-    return lambda lt: getattr(lt, f"{part}_{direction}_s")
+    return _WALLS[(part, direction)]
 
 
 def _stage_kinds(stages: Sequence[Any], bf16: Sequence[tuple[int, ...]] = ()) -> list[tuple[Any, ...]]:
