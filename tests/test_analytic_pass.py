@@ -7,9 +7,9 @@ import pytest
 
 from autotune.cost.analytic import AnalyticBackend
 from autotune.cost.layout_table import LayoutTable
-from autotune.tuning.analytic_pass import analytic_pass, closest_rows, pareto_rows
+from autotune.tuning.analytic_pass import analytic_pass, closest_rows
 from autotune.tuning.batch_advice import pipeline_warning, suggested_global_batch
-from autotune.tuning.ranking import complexity, decide, equivalent_to_simpler
+from autotune.tuning.ranking import complexity, decide, equivalent_to_simpler, pareto_rows
 from autotune.tuning.results import TrialRecord, pareto_front
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
@@ -60,6 +60,10 @@ def test_pareto_rows_match_the_records_front() -> None:
                for i in range(200)]
     front = pareto_front(records)
     assert sorted(r.number for r in front) == sorted(rows.tolist())
+    # the definition, by brute force: an eligible row that no eligible row beats on one figure and ties on the other
+    dominated = {i for i in range(200) for j in range(200) if eligible[i] and eligible[j] and (
+        (tokens[j] >= tokens[i] and memory[j] <= memory[i]) and (tokens[j] > tokens[i] or memory[j] < memory[i]))}
+    assert sorted(rows.tolist()) == [i for i in range(200) if eligible[i] and i not in dominated]
 
 
 def test_closest_rows() -> None:

@@ -23,32 +23,14 @@ import numpy as np
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.layout_table import LayoutTable
 from autotune.cost.score import Scores, score_layouts
-from autotune.tuning.ranking import TIE_TOLERANCE, Decision, complexity, decide, equivalent_to_simpler
+from autotune.tuning.ranking import TIE_TOLERANCE, Decision, complexity, decide, equivalent_to_simpler, pareto_rows
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 from search_spaces.space import FeasibleSpace
 
-__all__ = ["AnalyticAnswer", "analytic_pass", "pareto_rows", "closest_rows"]
+__all__ = ["AnalyticAnswer", "analytic_pass", "closest_rows"]
 
-
-
-def pareto_rows(tokens: np.ndarray, memory: np.ndarray, eligible: np.ndarray) -> np.ndarray:
-    """Eligible rows no other eligible row beats on both tokens/s (higher) and memory (lower), by memory.
-    One sort: fastest first (ties: less memory); a row is on the front when it needs less memory than every
-    faster row (equal figures are kept together)."""
-    rows = np.flatnonzero(eligible)
-    if len(rows) == 0:
-        return rows
-    rows = rows[np.lexsort((memory[rows], -tokens[rows]))]
-    mem = memory[rows]
-    before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))
-    keep = mem < before
-    # equal figures to the previous front row are on the front too
-    same = np.concatenate(([False], (mem[1:] == mem[:-1]) & (tokens[rows][1:] == tokens[rows][:-1])))
-    keep |= same & np.concatenate(([False], keep[:-1]))
-    front = rows[keep]
-    return front[np.argsort(memory[front], kind="stable")]
 
 
 def closest_rows(memory: np.ndarray, k: int) -> np.ndarray:

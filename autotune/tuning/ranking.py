@@ -37,7 +37,7 @@ from autotune.cost.layout_table import LayoutTable
 from search_spaces.layout import Layout
 from search_spaces.units import GIB
 
-__all__ = ["TIE_TOLERANCE", "MEMORY_RESOLUTION", "Decision", "decide", "complexity", "layout_complexity",
+__all__ = ["pareto_rows", "TIE_TOLERANCE", "MEMORY_RESOLUTION", "Decision", "decide", "complexity", "layout_complexity",
            "equivalent_to_simpler", "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE",
            "dominated", "memory_margin", "switch_count"]
 
@@ -46,6 +46,25 @@ TIE_TOLERANCE = 0.02  # relative tokens/s below which the model's ranking is no 
 # `python bench/bench_memory_measured.py`: mean 3.7%, worst 15.7%): peaks closer than this fraction are not told
 # apart, and free memory below this fraction of the peak is inside the model's error.
 MEMORY_RESOLUTION = 0.037
+
+
+def pareto_rows(tokens: np.ndarray, memory: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+    """Eligible rows no other eligible row beats on both tokens/s (higher) and memory (lower), by memory: the one
+    Pareto rule of the search, the records (`results.pareto_front`), the tables, the report and the plots.
+    One sort: fastest first (ties: less memory); a row is on the front when it needs less memory than every
+    faster row (equal figures are kept together)."""
+    rows = np.flatnonzero(eligible)
+    if len(rows) == 0:
+        return rows
+    rows = rows[np.lexsort((memory[rows], -tokens[rows]))]
+    mem = memory[rows]
+    before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))
+    keep = mem < before
+    # equal figures to the previous front row are on the front too
+    same = np.concatenate(([False], (mem[1:] == mem[:-1]) & (tokens[rows][1:] == tokens[rows][:-1])))
+    keep |= same & np.concatenate(([False], keep[:-1]))
+    front = rows[keep]
+    return front[np.argsort(memory[front], kind="stable")]
 
 
 def switch_count(table: LayoutTable) -> np.ndarray:

@@ -28,6 +28,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from autotune.tuning.ranking import pareto_rows
 from autotune.tuning.run_folder import OutputError, atomic_write
 from search_spaces.job import Job
 from search_spaces.layout import Layout, parse_layout
@@ -350,16 +353,12 @@ def distinct_feasible(records: Iterable[TrialRecord]) -> list[TrialRecord]:
 
 
 def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
-    """Feasible layouts no other feasible one beats on both tokens/s per GPU and memory; by memory."""
-    # One sweep, fastest first (ties: less memory first): a record is on the front when it needs less memory
-    # than every faster one; equal metrics are kept together (neither dominates). O(n log n), not O(n^2).
-    front: list[TrialRecord] = []
-    best_mem, best_t = math.inf, math.inf
-    for r in distinct_feasible(records):
-        t, m = r.measurement.tokens_per_s_per_gpu or 0.0, r.measurement.memory_bytes or 0.0
-        if m < best_mem or (m == best_mem and t == best_t):
-            front.append(r)
-            best_mem, best_t = m, t
+    """Feasible layouts no other feasible one beats on both tokens/s per GPU and memory (`ranking.pareto_rows`);
+    by memory, then layout."""
+    distinct = distinct_feasible(records)
+    tokens = np.array([r.measurement.tokens_per_s_per_gpu or 0.0 for r in distinct])
+    memory = np.array([r.measurement.memory_bytes or 0.0 for r in distinct])
+    front = [distinct[int(i)] for i in pareto_rows(tokens, memory, np.ones(len(distinct), dtype=bool))]
     return sorted(front, key=lambda r: (r.measurement.memory_bytes or 0.0, str(r.layout)))
 
 
