@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from search_spaces.training import TrainingSpec
 
 __all__ = ["Name", "NAMES", "LAYOUT_NAMES", "TRAINING_NAMES", "MOE_ONLY", "PARALLEL_STATE", "layout_settings",
-           "job_settings", "optimizer_settings", "megatron_settings", "transformer_kwargs", "parallel_state_kwargs",
-           "fp8_format", "architecture_settings"]
+           "job_settings", "optimizer_settings", "megatron_settings", "parallel_state_kwargs",
+           "fp8_format", "architecture_settings", "transformer_config_kwargs"]
 
 Owner = Literal["transformer", "ddp", "optimizer", "training"]
 Kind = Literal["int", "float", "bool", "str", "list", "dtype"]
@@ -323,17 +323,6 @@ PARALLEL_STATE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", 
                   "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")
 
 
-def transformer_kwargs(layout: Layout) -> dict[str, object]:
-    """The layout's `TransformerConfig` keywords: parallel sizes, SP, the uneven split, the pipeline layout and
-    recompute (full recompute as megatron's usual `uniform` over 1 layer), for code that builds megatron-core
-    objects itself (the trainers, the parity tests)."""
-    out = {k: v for k, v in layout_settings(layout).items() if NAMES[k].owner == "transformer"}
-    full = layout.recompute == "full"
-    out["recompute_method"] = "uniform" if full else None
-    out["recompute_num_layers"] = 1 if full else None
-    return out
-
-
 def parallel_state_kwargs(layout: Layout) -> dict[str, object]:
     """`initialize_model_parallel` keywords of the layout."""
     settings = layout_settings(layout)
@@ -503,4 +492,31 @@ def architecture_settings(model: ModelSpec) -> dict[str, object]:
         out.update(multi_latent_attention=True, q_lora_rank=a.q_lora_rank, kv_lora_rank=a.kv_lora_rank,
                    qk_head_dim=a.qk_head_dim, qk_pos_emb_head_dim=a.qk_pos_emb_head_dim, v_head_dim=a.v_head_dim)
         del out["num_query_groups"], out["kv_channels"]
+    return out
+
+
+# the layout's settings that are TransformerConfig keywords (the parallel sizes of `PARALLEL_STATE`, SP, the split)
+_LAYOUT_CONFIG = (*PARALLEL_STATE, "sequence_parallel", "num_layers_in_first_pipeline_stage",
+                  "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+                  "account_for_loss_in_pipeline_split")
+
+
+def transformer_config_kwargs(model: ModelSpec, layout: Layout, training: TrainingSpec | None = None,
+                              ) -> dict[str, object]:
+    """The one ModelSpec + Layout -> megatron-core `TransformerConfig` path: the model's architecture
+    (`architecture_settings`, `activation_func` by name), the layout's parallel sizes, SP, uneven split and pipeline
+    layout string, and its recompute (full as megatron's usual `uniform` over 1 layer; selective with the job's
+    `recompute_modules` when `training` is given). Builders of megatron-core objects (the trainers, the parity
+    tests) add their device settings (dtype, fusions, initialisation) to it."""
+    out = architecture_settings(model)
+    settings = layout_settings(layout)
+    out.update({k: settings[k] for k in _LAYOUT_CONFIG})
+    if layout.pipeline_layout is not None:
+        out["pipeline_model_parallel_layout"] = layout.pipeline_layout
+    if layout.recompute == "full":
+        out.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif layout.recompute == "selective":
+        out.update(recompute_granularity="selective")
+        if training is not None:
+            out.update(recompute_modules=list(training.recompute_modules))
     return out

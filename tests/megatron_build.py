@@ -39,8 +39,10 @@ import types
 from typing import Any
 
 from search_spaces.layout import Layout
+from search_spaces.megatron_names import transformer_config_kwargs
 from search_spaces.model import ModelSpec, padded_vocab_size
 from search_spaces.training import default_cuda_graph_modules
+from trainers.megatron_job import torch_activation
 
 __all__ = ["setup", "config_kwargs", "make_config", "build_chunks", "meta_device", "init_rank", "stage_first_rank",
            "teardown", "megatron_version", "megatron_decision", "megatron_decisions", "timed_megatron_decisions",
@@ -195,52 +197,16 @@ def config_kwargs(model: ModelSpec, layout: Layout, *, bf16: bool = True, traini
                   offload: bool = False) -> dict[str, Any]:
     """TransformerConfig keyword arguments of the model in the layout (megatron-core names); the layer offload
     (`cpu_offloading`) only with `offload`, for a config that is checked and not built."""
-    torch, F = mc.torch, mc.F
+    torch = mc.torch
     dtype = torch.bfloat16 if bf16 else torch.float32
-    kw: dict[str, Any] = dict(
-        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads, num_query_groups=model.query_groups,
-        kv_channels=model.head_dim, gated_linear_unit=model.gated_linear_unit,
-        activation_func=F.silu if model.activation == "silu" else F.gelu, normalization=model.normalization,
-        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
-        softmax_type=model.softmax_type, mtp_num_layers=model.mtp_num_layers or None,
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp, context_parallel_size=layout.cp,
-        expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.expert_tp,
-        sequence_parallel=layout.sp, pipeline_model_parallel_layout=layout.pipeline_layout,
-        num_layers_in_first_pipeline_stage=layout.first_stage_layers,
-        num_layers_in_last_pipeline_stage=layout.last_stage_layers,
-        account_for_embedding_in_pipeline_split=layout.embedding_loss_split,
-        account_for_loss_in_pipeline_split=layout.embedding_loss_split,
-        params_dtype=dtype, pipeline_dtype=dtype, bf16=bf16, use_cpu_initialization=True,
-        perform_initialization=False, hidden_dropout=0.0, attention_dropout=0.0, **_FUSIONS_OFF,
-    )
-    if layout.recompute == "full":
-        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif layout.recompute == "selective":
-        kw.update(recompute_granularity="selective")
-        if training is not None:
-            kw.update(recompute_modules=list(training.recompute_modules))
-    if model.sliding_window is not None:
-        kw.update(window_size=(model.sliding_window - 1, 0), window_attn_skip_freq=model.window_attn_skip_freq)
+    kw: dict[str, Any] = transformer_config_kwargs(model, layout, training)  # the one ModelSpec -> config path
+    kw.update(activation_func=torch_activation(str(kw["activation_func"])), params_dtype=dtype, pipeline_dtype=dtype,
+              bf16=bf16, use_cpu_initialization=True, perform_initialization=False, hidden_dropout=0.0,
+              attention_dropout=0.0, **_FUSIONS_OFF)
     if model.moe is not None:
-        m = model.moe
-        kw.update(num_moe_experts=m.num_experts, moe_router_topk=m.topk, moe_ffn_hidden_size=m.expert_ffn_hidden_size,
-                  moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
-                  moe_shared_expert_gate=m.shared_expert_gate,
-                  moe_layer_freq=[0] * m.first_dense_layers + [1] * model.num_moe_layers,
-                  moe_grouped_gemm=False, moe_token_dispatcher_type="alltoall",
-                  moe_router_score_function=m.score_function,
-                  moe_router_pre_softmax=m.pre_softmax or (m.topk == 1 and m.score_function == "softmax"),
-                  moe_router_num_groups=m.num_groups, moe_router_group_topk=m.group_topk,
-                  moe_router_topk_scaling_factor=m.topk_scaling_factor,
-                  moe_router_enable_expert_bias=m.expert_bias)
+        kw.update(moe_grouped_gemm=False, moe_token_dispatcher_type="alltoall")
     if model.mla is not None:
-        kw.update(q_lora_rank=model.mla.q_lora_rank, kv_lora_rank=model.mla.kv_lora_rank,
-                  qk_head_dim=model.mla.qk_head_dim, qk_pos_emb_head_dim=model.mla.qk_pos_emb_head_dim,
-                  v_head_dim=model.mla.v_head_dim, rope_type="rope", multi_latent_attention=True)
-        kw.pop("num_query_groups")
-        kw.pop("kv_channels")
+        kw.update(rope_type="rope")
     kw.update(overlap_moe_expert_parallel_comm=layout.ep_overlap)
     if offload and layout.offload_layers:
         # the layer offload for the config's checks only: megatron-core's local layer spec has no offload context

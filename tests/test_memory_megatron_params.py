@@ -116,44 +116,25 @@ def _init_world(layout: Layout, rank: int, *, fake: bool) -> None:
 
 
 def _config(model: ModelSpec, layout: Layout, *, initialise: bool):
+    """The model's TransformerConfig by the one path (`megatron_names.transformer_config_kwargs`), bf16 on the CPU,
+    fusions off, the local spec's alltoall dispatcher."""
     import torch
-    import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    moe: dict = {}
+    from search_spaces.megatron_names import transformer_config_kwargs
+    from trainers.megatron_job import torch_activation
+
+    kw = transformer_config_kwargs(model, layout)
+    kw.update(activation_func=torch_activation(str(kw["activation_func"])), use_cpu_initialization=True,
+              perform_initialization=initialise, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+              bf16=True, hidden_dropout=0.0, attention_dropout=0.0, gradient_accumulation_fusion=False,
+              bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
+              bias_dropout_fusion=False, apply_rope_fusion=False)
     if model.moe is not None:
-        m = model.moe
-        moe = dict(num_moe_experts=m.num_experts, moe_router_topk=m.topk, moe_ffn_hidden_size=m.expert_ffn_hidden_size,
-                   moe_shared_expert_intermediate_size=m.shared_expert_ffn_hidden_size or None,
-                   moe_layer_freq=[0] * m.first_dense_layers + [1] * (model.num_layers - m.first_dense_layers),
-                   moe_grouped_gemm=False, moe_token_dispatcher_type="alltoall")
-    mla: dict = {}
-    config_class = TransformerConfig
+        kw.update(moe_grouped_gemm=False, moe_token_dispatcher_type="alltoall")
     if model.mla is not None:
-        config_class = MLATransformerConfig
-        mla = dict(q_lora_rank=model.mla.q_lora_rank, kv_lora_rank=model.mla.kv_lora_rank,
-                   qk_head_dim=model.mla.qk_head_dim, qk_pos_emb_head_dim=model.mla.qk_pos_emb_head_dim,
-                   v_head_dim=model.mla.v_head_dim, rope_type="rope")
-    recompute: dict = {}
-    if layout.recompute == "full":
-        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif layout.recompute == "selective":
-        recompute = dict(recompute_granularity="selective")
-    return config_class(
-        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads, num_query_groups=model.query_groups,
-        kv_channels=model.head_dim, gated_linear_unit=model.gated_linear_unit,
-        activation_func=F.silu if model.gated_linear_unit else F.gelu, normalization=model.normalization,
-        add_bias_linear=model.add_bias_linear, add_qkv_bias=model.add_qkv_bias, qk_layernorm=model.qk_layernorm,
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp, context_parallel_size=layout.cp,
-        expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.expert_tp,
-        sequence_parallel=layout.sp, use_cpu_initialization=True, perform_initialization=initialise,
-        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bf16=True, hidden_dropout=0.0,
-        attention_dropout=0.0, gradient_accumulation_fusion=False, bias_activation_fusion=False,
-        masked_softmax_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
-        **moe, **mla, **recompute,
-    )
+        kw.update(rope_type="rope")
+    return (MLATransformerConfig if model.mla is not None else TransformerConfig)(**kw)
 
 
 def _build_chunks(model: ModelSpec, layout: Layout, config) -> list:

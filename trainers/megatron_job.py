@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any, Literal
 
 from search_spaces.layout import Layout
+from search_spaces.megatron_names import parallel_state_kwargs, transformer_config_kwargs
 from search_spaces.model import ModelSpec, padded_vocab_size
 from search_spaces.training import Dispatcher
 
@@ -136,86 +137,40 @@ def init_parallel_state(layout: Layout) -> None:
     # (1,800 threads after 60 trials of bench/bench_soak.py) until Python's own collector happened to run.
     gc.collect()
     _reset_process_globals()
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp,
-        pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp,
-        context_parallel_size=layout.cp,
-        expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.expert_tp,
-        create_gloo_process_groups=False,
-    )
+    parallel_state.initialize_model_parallel(**parallel_state_kwargs(layout), create_gloo_process_groups=False)
     model_parallel_cuda_manual_seed(SEED)
 
 
-def transformer_config(cfg: JobConfig) -> Any:
-    """ModelSpec + Layout -> megatron-core TransformerConfig (every fusion off: none exists on CPU)."""
-    import torch
+def torch_activation(name: str) -> Any:
+    """The MLP activation `ModelSpec.activation` names, as the function megatron-core's config takes."""
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
-    m, lay = cfg.model, cfg.layout
+    if name == "squared_relu":
+        from megatron.core.activations import squared_relu
+
+        return squared_relu
+    return {"silu": F.silu, "gelu": F.gelu}[name]
+
+
+def transformer_config(cfg: JobConfig) -> Any:
+    """ModelSpec + Layout -> megatron-core TransformerConfig (`megatron_names.transformer_config_kwargs`, the one
+    path), with the job's dtype and dropout, the proxy's dispatcher and aux-loss router, and every fusion off (none
+    exists on CPU)."""
+    import torch
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    m = cfg.model
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
-    moe: dict[str, Any] = {}
+    kw: dict[str, Any] = transformer_config_kwargs(m, cfg.layout)
+    kw.update(activation_func=torch_activation(str(kw["activation_func"])), hidden_dropout=cfg.dropout,
+              attention_dropout=cfg.dropout, params_dtype=dtype, pipeline_dtype=dtype, bf16=cfg.precision == "bf16",
+              gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+              persist_layer_norm=False, bias_dropout_fusion=False, apply_rope_fusion=False,
+              deallocate_pipeline_outputs=True)
     if m.moe is not None:
-        moe = dict(
-            num_moe_experts=m.moe.num_experts,
-            moe_router_topk=m.moe.topk,
-            moe_ffn_hidden_size=m.moe.expert_ffn_hidden_size,
-            moe_shared_expert_intermediate_size=m.moe.shared_expert_ffn_hidden_size or None,
-            moe_layer_freq=[0] * m.moe.first_dense_layers + [1] * (m.num_layers - m.moe.first_dense_layers),
-            moe_token_dispatcher_type=cfg.moe_dispatcher,
-            moe_grouped_gemm=False,
-            moe_router_load_balancing_type="aux_loss",
-            moe_aux_loss_coeff=1e-2,
-            moe_router_dtype="fp32",
-        )
-    recompute: dict[str, Any] = {}
-    if lay.recompute == "full":
-        recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif lay.recompute == "selective":
-        recompute = dict(recompute_granularity="selective")
-    return TransformerConfig(
-        num_layers=m.num_layers,
-        hidden_size=m.hidden_size,
-        ffn_hidden_size=m.ffn_hidden_size,
-        num_attention_heads=m.num_attention_heads,
-        num_query_groups=m.query_groups,
-        kv_channels=m.head_dim,
-        gated_linear_unit=m.gated_linear_unit,
-        activation_func=F.silu if m.gated_linear_unit else F.gelu,
-        normalization=m.normalization,
-        add_bias_linear=m.add_bias_linear,
-        add_qkv_bias=m.add_qkv_bias,
-        qk_layernorm=m.qk_layernorm,
-        hidden_dropout=cfg.dropout,
-        attention_dropout=cfg.dropout,
-        tensor_model_parallel_size=lay.tp,
-        pipeline_model_parallel_size=lay.pp,
-        virtual_pipeline_model_parallel_size=lay.vpp,
-        num_layers_in_first_pipeline_stage=lay.first_stage_layers,
-        num_layers_in_last_pipeline_stage=lay.last_stage_layers,
-        account_for_embedding_in_pipeline_split=lay.embedding_loss_split,
-        account_for_loss_in_pipeline_split=lay.embedding_loss_split,
-        pipeline_model_parallel_layout=lay.pipeline_layout,
-        mtp_num_layers=m.mtp_num_layers or None,
-        context_parallel_size=lay.cp,
-        expert_model_parallel_size=lay.ep,
-        expert_tensor_parallel_size=lay.expert_tp,
-        sequence_parallel=lay.sp,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        bf16=cfg.precision == "bf16",
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        deallocate_pipeline_outputs=True,
-        **moe,
-        **recompute,
-    )
+        kw.update(moe_token_dispatcher_type=cfg.moe_dispatcher, moe_grouped_gemm=False,
+                  moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2, moe_router_dtype="fp32")
+    return (MLATransformerConfig if m.mla is not None else TransformerConfig)(**kw)
 
 
 def transformer_engine_available() -> bool:
