@@ -12,6 +12,7 @@ from autotune.tuning.results import TrialRecord
 from autotune.ui import clusters, models
 from autotune.ui.cli import build_parser
 from autotune.ui.commands import job_from_args
+from autotune.ui.request import JobRequest
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 from search_spaces.units import GIB
@@ -82,6 +83,22 @@ def test_make_job_builds_the_cli_job(argv):
     kwargs = {"nodes": args.nodes, "gpu": args.gpu, "seq_length": args.seq_length,
               "global_batch_size": args.global_batch_size}
     assert api.make_job(args.model, **{k: v for k, v in kwargs.items() if v is not None}) == job_from_args(args)
+
+
+def test_the_cli_and_the_api_build_one_request():
+    # the training flags too: the CLI's --precision / --fp8-recipe / --release are the API's keywords
+    args = build_parser().parse_args(["estimate", "--model", "qwen3-30b-a3b", "--nodes", "2", "--gpu", "b200",
+                                      "--precision", "fp8", "--fp8-recipe", "mxfp8", "--release", "26.04",
+                                      "--layout", "tp=1"])
+    cli = JobRequest.from_args(args)
+    assert cli.job() == job_from_args(args)
+    assert cli.job() == api.make_job("qwen3-30b-a3b", nodes=2, gpu="b200", precision="fp8",
+                                     training={"fp8_recipe": "mxfp8", "release": "26.04"})
+
+
+def test_an_unknown_job_keyword_is_named():
+    with pytest.raises(ValueError, match=r"unknown job option\(s\) \['gpus'\]"):
+        api.make_job("mixtral", gpus=8)  # type: ignore[call-arg]
 
 
 # --- one layout --------------------------------------------------------------------------------------

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from autotune.cost.calibration_file import CalibrationFile, read_calibration
 from autotune.outputs.view import Result
-from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH  # the CLI's defaults, not copies
-from search_spaces.cluster import ClusterSpec
+from autotune.ui.request import JOB_OPTIONS, JobOptions, JobRequest
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.model import ModelSpec
-from search_spaces.training import training_spec
 from search_spaces.units import GIB
 
 if TYPE_CHECKING:
@@ -41,39 +39,20 @@ DEFAULT_TRIALS = 64
 DEFAULT_SEED = 0
 
 
-def make_job(
-    model: str | Path | ModelSpec,
-    *,
-    cluster: ClusterSpec | str | Path | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    gpu: str | Any | None = None,
-    intra_node: str | Any | None = None,
-    inter_node: str | Any | None = None,
-    seq_length: int = DEFAULT_SEQ_LENGTH,
-    global_batch_size: int = DEFAULT_GLOBAL_BATCH_SIZE,
-    precision: str = "bf16",
-    training: Mapping[str, Any] | None = None,
-) -> Job:
-    """The `Job` the CLI would build from the same flags.
+def make_job(model: str | Path | ModelSpec, **job: Unpack[JobOptions]) -> Job:
+    """The `Job` the CLI would build from the same flags (`autotune.ui.request.JobRequest`, the one path).
 
     `model`: a catalog name (`"mixtral"`), a HF `config.json` path, or a `ModelSpec`.
     `cluster`: a `ClusterSpec` (see `autotune.ui.clusters.build`), a cluster YAML path, or None to build one
     from `nodes`, `gpus_per_node`, `gpu`, `intra_node`, `inter_node` (CLI defaults: 1 x 8 H100, IB NDR).
+    `seq_length`, `global_batch_size`, `precision`: the CLI's defaults (4096, 256, bf16) when left out.
     `training`: further `TrainingSpec` fields by name (`{"fp8_recipe": "mxfp8", "grad_reduce_in_fp32": True}`);
     the defaults are Megatron-Bridge's performance configs (`search_spaces/training.py`).
 
         >>> make_job("mixtral", nodes=4).world_size
         32
     """
-    from autotune.ui import clusters, models
-
-    spec = models.resolve(model)
-    cluster_spec = clusters.resolve(cluster, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu,
-                                    intra_node=intra_node, inter_node=inter_node)
-    spec_training = training_spec(seq_length=seq_length, global_batch_size=global_batch_size, precision=precision,
-                                  **dict(training or {}))
-    return Job(model=spec, cluster=cluster_spec, training=spec_training)
+    return JobRequest.of(model, job).job()
 
 
 def _job_or_build(model: str | Path | ModelSpec | Job, job_kwargs: Mapping[str, Any]) -> Job:
@@ -82,22 +61,12 @@ def _job_or_build(model: str | Path | ModelSpec | Job, job_kwargs: Mapping[str, 
         if given:
             raise ValueError(f"give either a Job or the job's parts {sorted(given)}, not both.")
         return model
-    return make_job(model, **{k: v for k, v in job_kwargs.items() if v is not None})
+    return JobRequest.of(model, job_kwargs).job()
 
 
 def search(
     model: str | Path | ModelSpec | Job,
     *,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    gpu: str | Any | None = None,
-    intra_node: str | Any | None = None,
-    inter_node: str | Any | None = None,
-    cluster: ClusterSpec | str | Path | None = None,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-    precision: str | None = None,
-    training: Mapping[str, Any] | None = None,
     trials: int = DEFAULT_TRIALS,
     backend: str | Any = "auto",
     seed: int = DEFAULT_SEED,
@@ -130,10 +99,8 @@ def search(
         >>> r.best, r.best_measurement.tokens_per_s_per_gpu        # doctest: +SKIP
     """
     driver = _driver()
-    job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
-                                    inter_node=inter_node, cluster=cluster, seq_length=seq_length,
-                                    global_batch_size=global_batch_size, precision=precision,
-                                    training=training))
+    job_options = {k: options.pop(k) for k in JOB_OPTIONS if k in options}
+    job = _job_or_build(model, job_options)
     headroom_bytes = driver.default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
     dash = _dashboard(dashboard)
     from autotune.ui.dashboard import track_search
@@ -188,18 +155,9 @@ def estimate(
     model: str | Path | ModelSpec | Job,
     layout: str | Layout,
     *,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    gpu: str | Any | None = None,
-    intra_node: str | Any | None = None,
-    inter_node: str | Any | None = None,
-    cluster: ClusterSpec | str | Path | None = None,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-    precision: str | None = None,
-    training: Mapping[str, Any] | None = None,
     headroom_gib: float | None = None,
     calibration: str | Path | CalibrationFile | None = None,
+    **job_options: Unpack[JobOptions],
 ) -> Measurement:
     """The analytic estimate of one layout: memory and time breakdowns, tokens/s per GPU, MFU, status.
 
@@ -214,10 +172,7 @@ def estimate(
     """
     from search_spaces.layout import parse_layout
 
-    job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
-                                    inter_node=inter_node, cluster=cluster, seq_length=seq_length,
-                                    global_batch_size=global_batch_size, precision=precision,
-                                    training=training))
+    job = _job_or_build(model, job_options)
     parsed = layout if isinstance(layout, Layout) else parse_layout(layout, world_size=job.world_size)
     from autotune.cost.analytic import AnalyticBackend
 
@@ -238,16 +193,7 @@ def profile(
     top: int = 3,
     max_workers: int | None = None,
     output: str | Path | None = None,
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    gpu: str | Any | None = None,
-    intra_node: str | Any | None = None,
-    inter_node: str | Any | None = None,
-    cluster: ClusterSpec | str | Path | None = None,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-    precision: str | None = None,
-    training: Mapping[str, Any] | None = None,
+    **job_options: Unpack[JobOptions],
 ) -> Any:
     """Profile one node, plan for many: the CLI's `calibrate --profile` (`autotune.tuning.measured_calibration`).
 
@@ -266,10 +212,7 @@ def profile(
     from search_spaces.layout import parse_layout
     from search_spaces.rules import check
 
-    job = _job_or_build(model, dict(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, intra_node=intra_node,
-                                    inter_node=inter_node, cluster=cluster, seq_length=seq_length,
-                                    global_batch_size=global_batch_size, precision=precision,
-                                    training=training))
+    job = _job_or_build(model, job_options)
     candidates = [x if isinstance(x, Layout) else parse_layout(x, world_size=job.world_size) for x in layouts]
     for layout in candidates:
         broken = check(job, layout)

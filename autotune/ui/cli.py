@@ -20,6 +20,8 @@ import signal
 import sys
 from typing import NoReturn
 
+from autotune.ui.request import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
+
 __all__ = ["main", "build_parser"]
 
 VERBS = {
@@ -31,8 +33,6 @@ VERBS = {
     "calibrate": "fit the throughput model's compute, network and host factors to your own training logs",
 }
 
-DEFAULT_SEQ_LENGTH = 4096
-DEFAULT_GLOBAL_BATCH_SIZE = 256
 
 
 class _Parser(argparse.ArgumentParser):

@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from search_spaces.job import Job
-from search_spaces.training import TRAINING_FIELDS, ReleaseFallback, training_spec
+from search_spaces.training import ReleaseFallback
 
 __all__ = ["job_from_args", "add_layout_argument", "layout_from_args", "add_calibration_argument",
            "calibration_from_args", "calibration_line"]
@@ -63,35 +63,21 @@ def job_from_args(args: argparse.Namespace) -> Job:
 
     Raises ValueError (shown to the user as one line, exit code 2) for unknown names or bad values.
     """
-    from search_spaces.catalog import get_model
-    from search_spaces.gpus import build_cluster
+    from autotune.ui.request import JobRequest
 
     if isinstance(args.nodes, tuple) or (isinstance(args.gpu, str) and "," in args.gpu):
         given = f"--nodes {_text(args.nodes)}" if isinstance(args.nodes, tuple) else f"--gpu {args.gpu}"
         raise ValueError(f"a list ({given}) is the search verb's what-if table; give one value for this command.")
-    try:
-        model = get_model(args.model)
-    except (TypeError, KeyError, AttributeError, OverflowError, ZeroDivisionError) as e:
-        # a config.json whose values have the wrong types: bad input, one line (exit code 2)
-        raise ValueError(f"--model {args.model}: not a usable model config ({type(e).__name__}: {e}).") from None
     # Flags left unset are None: a --cluster YAML file fills them, then the documented defaults.
-    cluster = build_cluster(
-        nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
-        gpu=args.gpu,
-        intra_node=args.intra_node,
-        inter_node=args.inter_node,
-        yaml_path=args.cluster,
-    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ReleaseFallback)
-        training = training_spec(**{name: getattr(args, name, None) for name in TRAINING_FIELDS})
+        job = JobRequest.from_args(args).job()
     for w in caught:
         if issubclass(w.category, ReleaseFallback):
             print(f"autotune: warning: {w.message}", file=sys.stderr)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return Job(model=model, cluster=cluster, training=training)
+    return job
 
 
 def _text(value: object) -> str:

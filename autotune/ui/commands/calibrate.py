@@ -90,7 +90,7 @@ def _disagree(path: str, what: str, logged: Any, given: Any, flag: str) -> Value
 
 def _job_args(args: argparse.Namespace, log: Any) -> argparse.Namespace:
     """`args` with the job settings the log's arguments block gives filled in (and checked against the flags)."""
-    from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
+    from autotune.ui.request import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
 
     out = argparse.Namespace(**vars(args))
     for name, default in (("seq_length", DEFAULT_SEQ_LENGTH), ("global_batch_size", DEFAULT_GLOBAL_BATCH_SIZE)):
@@ -304,8 +304,8 @@ def _run_profile(args: argparse.Namespace) -> int:
     from autotune.cost.calibration_file import PROXY_SOURCE, write_calibration
     from autotune.tuning.backends import get_backend
     from autotune.tuning.measured_calibration import run_profile
-    from autotune.ui.cli import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
     from autotune.ui.commands import job_from_args
+    from autotune.ui.request import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
 
     job_args = argparse.Namespace(**vars(args))
     job_args.seq_length = args.seq_length or DEFAULT_SEQ_LENGTH
