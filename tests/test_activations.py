@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from autotune.cost.activation_units import layer_activation_bytes
 from autotune.cost.activations import (
     ActivationAssumptions,
     inflight_microbatches_per_chunk,
-    layer_activation_bytes,
     output_activation_bytes,
     saved_gemm_input_bytes,
     shape_of,

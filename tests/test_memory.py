@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cost.activations import layer_activation_bytes
+from autotune.cost.activation_units import layer_activation_bytes
 from autotune.cost.allowance import AllowanceAssumptions, communicators
 from autotune.cost.memory import (
     DEFAULT_ASSUMPTIONS,

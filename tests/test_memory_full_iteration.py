@@ -13,9 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.cost.activations import paged_stash_of, rank_capacity_tokens, shape_of  # noqa: E402
+from autotune.cost.activations import shape_of  # noqa: E402
 from autotune.cost.allowance import full_iteration_static_input_bytes, hybridep_buffer_terms  # noqa: E402
 from autotune.cost.memory import DEFAULT_ASSUMPTIONS  # noqa: E402
+from autotune.cost.moe_activations import paged_stash_of, rank_capacity_tokens  # noqa: E402
 from autotune.cost.score import estimate_memory  # noqa: E402
 from bench.recipe_rows import load_recipe_rows  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402

@@ -21,13 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from autotune.cost.activations import (
-    ActivationAssumptions,
-    UnitActivations,
-    chunk_kinds,
-    inflight_microbatches_per_chunk,
-    unit_activation_bytes,
-)
+from autotune.cost.activation_units import UnitActivations, unit_activation_bytes
+from autotune.cost.activations import ActivationAssumptions, inflight_microbatches_per_chunk
 from autotune.cost.allowance import DEFAULT_ALLOWANCE, AllowanceAssumptions
 from autotune.cost.efficiency import OPERAND_BYTES
 from autotune.cost.muon import state_bytes as muon_state_bytes
@@ -39,6 +34,7 @@ from autotune.cost.placement import (
     _stage_params_cached,
     bf16_chunk_kinds,
     bf16_stage_layers,
+    chunk_kinds,
     chunk_layer_counts,
     final_norm_chunk,
     fsdp_unit_params_per_gpu,

@@ -3,7 +3,7 @@
     weights + gradients + optimizer + activations + workspace   = peak allocated
     + overhead (device memory outside the allocator's tensors)   = device memory at the peak, what must fit
 
-Every term is a function of `autotune/cost/memory.py`, `activations.py` or `allowance.py` with its source, computed
+Every term is a function of `autotune/cost/memory.py`, the activation modules or `allowance.py` with its source, computed
 once per distinct value of the layout fields it reads (`autotune/cost/groups.py`); this module adds them up on
 arrays of layouts. The most loaded GPU is found by evaluating every pipeline stage that can be the peak
 (`memory._candidate_stages`) at two moments of the step: the activation peak (the first backward after the
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from autotune.cost.activations import UnitActivations, chunk_bytes, chunk_kinds, inflight_microbatches_per_chunk
+from autotune.cost.activation_units import UnitActivations, chunk_bytes
+from autotune.cost.activations import inflight_microbatches_per_chunk
 from autotune.cost.allowance import device_terms, workspace_terms
 from autotune.cost.groups import Rows, gather, group
 from autotune.cost.layout_table import LayoutTable
@@ -39,7 +40,7 @@ from autotune.cost.memory import (
     graph_pool_held_bytes,
     offloaded_kinds,
 )
-from autotune.cost.placement import bf16_chunk_kinds
+from autotune.cost.placement import bf16_chunk_kinds, chunk_kinds
 from search_spaces.job import Job
 from search_spaces.layout import CUDA_GRAPH_CHOICES
 
@@ -206,7 +207,7 @@ def _stage_activations(job: Job, a: _Activations, idx: np.ndarray, chunks: tuple
                        flight: np.ndarray, mtp: tuple[int, ...] | None, last: int, transient: int,
                        offload: np.ndarray) -> np.ndarray:
     """One stage's activations on rows `idx` (by column): one micro-batch's transients plus, per chunk, its
-    in-flight micro-batches (`flight`, rows x chunks) times what one leaves saved (`activations.chunk_bytes`), less
+    in-flight micro-batches (`flight`, rows x chunks) times what one leaves saved (`activation_units.chunk_bytes`), less
     what activation offload takes to the host, plus the BF16 layers' difference."""
     model, training = job.model, job.training
     first_dense = model.moe.first_dense_layers if model.moe is not None else model.num_layers
