@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainers.placement import GroupPlacement, alive_nodes, ranks_held, ranks_per_bundle, refusal
-from trainers.worker_pool import _failure, _summarise
+from trainers.worker_pool import _failure, summarise
 
 GPU8 = {"CPU": 64.0, "GPU": 8.0}
 
@@ -72,7 +72,7 @@ PEER = {"status": "failed", "reason": "RuntimeError: [gloo] Connection closed by
     ([PEER, OK], "infrastructure"),  # a peer's connection dropped: the peer went away
 ])
 def test_whose_failure_a_trial_is(ranks, failure) -> None:
-    status, _ = _summarise(ranks, 60.0)
+    status, _ = summarise(ranks, 60.0)
     assert _failure(ranks, ["n0", "n1"], status) == failure
 
 

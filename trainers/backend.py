@@ -188,7 +188,8 @@ class MegatronBackend:
         return measurement_from_outcome(layout, plan, outcome, source=source, precision=self.precision)
 
     def run_plan(self, plan: ProxyPlan, *, use_gpu: bool) -> Any:
-        from trainers.worker_pool import run_fresh, run_pooled
+        from trainers.fresh_workers import run_fresh
+        from trainers.worker_pool import run_pooled
 
         cfg = self.job_config(plan)
         runner = run_pooled if self.reuse_workers else run_fresh
@@ -225,7 +226,8 @@ class MegatronBackend:
         (`trainers.collectives`), on the workers the profiling jobs run on (`run_plan`'s: the kept-alive pool, or fresh
         Ray Train workers). Returns {"status", "reason", "timings": [...], "source"}."""
         from trainers.collectives import CollectivesConfig
-        from trainers.worker_pool import run_fresh, run_pooled
+        from trainers.fresh_workers import run_fresh
+        from trainers.worker_pool import run_pooled
 
         ensure_ray(self.ray_temp_dir)
         use_gpu = bool(self.hardware()["use_gpu"])

@@ -1,7 +1,7 @@
 """Time the collectives a cluster at hand can run: all-reduce, all-gather, all-to-all and send/recv over every rank.
 
 `CollectivesConfig(...).run()` runs on each rank of a process group the worker pool formed (NCCL on GPUs, gloo on
-CPU; `trainers.worker_pool._run_on_rank` calls it) and returns this rank's timings: for each collective and message
+CPU; `trainers.worker_pool.run_on_rank` calls it) and returns this rank's timings: for each collective and message
 size, the median over `iterations` of the slowest rank's time (each timed call is bracketed by barriers, so the ranks
 start together and the slowest sets the time, as in nccl-tests' `all_reduce_perf`), less the median of two bare
 barriers (what the bracket itself costs).

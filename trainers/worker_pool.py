@@ -23,14 +23,15 @@ restarted after its process died first removes the placement groups its dead inc
 not the process's, and would hold their resources until the search ends); a call that lost the coordinator
 returns only once the coordinator answers again, so the retry finds it back.
 
-Fresh path (`run_fresh`): Ray Train V2's `TorchTrainer` started from the caller (a Tune function
+Fresh path (`trainers.fresh_workers.run_fresh`): Ray Train V2's `TorchTrainer` started from the caller (a Tune function
 trainable in a search), one new worker group per trial; used when reuse is turned off and as the
 baseline of `bench/bench_trainer_overhead.py`.
 
 Rendezvous closed to the network: rank 0 opens the TCPStore on a socket it binds to its own Ray node IP
 (127.0.0.1 on a local Ray; `TCPStore(master_listen_fd=...)`), never on all interfaces as torch's default
 does, and on a loopback node gloo and NCCL bind their sockets to the loopback interface
-(`GLOO_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`). Both paths (the pool and Ray Train's `TorchConfig`) use it.
+(`GLOO_SOCKET_IFNAME`, `NCCL_SOCKET_IFNAME`; `trainers.rendezvous`). Both paths (the pool and Ray Train's
+`TorchConfig`) use it.
 
 Placement (`trainers.placement`): a group's workers are placed by one placement group of world / k bundles, each
 holding k consecutive ranks (k = TP, or lcm(TP, EP x ETP) where experts stay inside a node) with their CPU and,
@@ -54,8 +55,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PoolOutcome", "run_pooled", "run_fresh", "open_pool", "shutdown_pool", "pool_stats", "POOL_NAME",
-           "Failure"]
+from trainers.rendezvous import join_process_group, open_store
+
+__all__ = ["PoolOutcome", "run_pooled", "open_pool", "shutdown_pool", "pool_stats", "POOL_NAME", "Failure",
+           "run_on_rank", "cpu_threads", "summarise"]
 
 POOL_NAME = "autotune-megatron-pool"  # in the namespace of the job that opened it (one per search)
 GRACE_AFTER_FIRST_ERROR_S = 10.0
@@ -92,7 +95,7 @@ def _classify(exc: BaseException) -> str:
     return "failed"
 
 
-def _run_on_rank(cfg: Any) -> dict[str, Any]:
+def run_on_rank(cfg: Any) -> dict[str, Any]:
     """Run one job on this rank: a megatron-core job (`trainers.megatron_job.JobConfig`), or any config with a
     `run() -> dict` of its own (`trainers.collectives.CollectivesConfig`); never raises (the error comes back as
     data)."""
@@ -105,76 +108,13 @@ def _run_on_rank(cfg: Any) -> dict[str, Any]:
         return {"status": _classify(e), "reason": f"{type(e).__name__}: {e}"[:2000], "traceback": tail[-3000:]}
 
 
-def _cpu_threads(world_size: int) -> int:
+def cpu_threads(world_size: int) -> int:
     """Intra-op threads per CPU rank: the machine's cores shared by the ranks, at least one."""
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
 def _worker_env(use_gpu: bool) -> None:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
-
-
-def _loopback_interface() -> str | None:
-    """The name of the interface that holds 127.0.0.1 (`lo` on Linux), or None."""
-    import socket
-
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
-            return name
-    return None
-
-
-def _node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-def _is_loopback(ip: str) -> bool:
-    from search_spaces.ray_session import is_loopback
-
-    return is_loopback(ip)
-
-
-def open_store(timeout_s: float) -> tuple[Any, str, int]:
-    """Rank 0's TCPStore, listening on this node's Ray IP only (a socket bound there, handed to torch)."""
-    import socket
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    addr = _node_ip()
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((addr, 0))
-    listener.listen(128)
-    port = listener.getsockname()[1]
-    store = dist.TCPStore(addr, port, is_master=True, wait_for_workers=False, master_listen_fd=listener.detach(),
-                          timeout=timedelta(seconds=timeout_s))
-    return store, addr, port
-
-
-def join_process_group(store: Any, addr: str, port: int, rank: int, world_size: int, backend: str,
-                       timeout_s: float) -> Any:
-    """torch.distributed on the store of rank 0 (created here for the other ranks); loopback sockets on a loopback
-    node."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    if _is_loopback(_node_ip()):
-        interface = _loopback_interface()
-        if interface:
-            os.environ["GLOO_SOCKET_IFNAME"] = interface
-            os.environ["NCCL_SOCKET_IFNAME"] = interface
-    if store is None:
-        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
-    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
-    return store
 
 
 def _runtime_env() -> dict[str, Any]:
@@ -206,7 +146,7 @@ def _make_worker_class() -> Any:
 
             t0 = time.perf_counter()
             if not self.use_gpu:
-                torch.set_num_threads(_cpu_threads(self.world_size))
+                torch.set_num_threads(cpu_threads(self.world_size))
             else:
                 torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
             self.store = join_process_group(self.store, addr, port, self.rank, self.world_size,
@@ -219,7 +159,7 @@ def _make_worker_class() -> Any:
             return time.perf_counter() - t0
 
         def run(self, cfg: Any) -> dict[str, Any]:
-            return _run_on_rank(cfg)
+            return run_on_rank(cfg)
 
         def node(self) -> str:
             import ray
@@ -444,7 +384,7 @@ def _make_pool_class() -> Any:
                 if any(r["status"] != "ok" for r in results.values()) and pending:
                     deadline = min(deadline, time.perf_counter() + GRACE_AFTER_FIRST_ERROR_S)
             ranks = [results.get(ref) for ref in refs]
-            status, reason = _summarise(ranks, timeout_s)
+            status, reason = summarise(ranks, timeout_s)
             failure = _failure(ranks, nodes, status) if status != "ok" else ""
             if failure == "infrastructure":
                 reason = _infrastructure_reason(ranks, nodes, reason)
@@ -468,7 +408,7 @@ def _make_pool_class() -> Any:
     return MegatronPool
 
 
-def _summarise(ranks: list[dict[str, Any] | None], timeout_s: float) -> tuple[str, str]:
+def summarise(ranks: list[dict[str, Any] | None], timeout_s: float) -> tuple[str, str]:
     """One status for the trial. A rank's own error wins over ranks that hung waiting for it:
     oom, then a megatron-core rejection (invalid), then a crash (failed); timeout only when no rank said why."""
     errors = [r for r in ranks if r is not None and r["status"] != "ok"]
@@ -666,87 +606,3 @@ def shutdown_pool() -> None:
         if not _is_lost_worker(e) and not isinstance(e, TimeoutError):
             raise
     ray.kill(pool, no_restart=True)
-
-
-def _train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """Ray Train V2 worker function: run the job, gather every rank's result on rank 0."""
-    import ray.train
-    import torch
-
-    if not torch.cuda.is_available():
-        torch.set_num_threads(_cpu_threads(torch.distributed.get_world_size()))
-    result = _run_on_rank(config["job"])
-    gathered: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, result)
-    ray.train.report({"status": result["status"]})  # V2: every worker reports (a barrier)
-    return gathered if torch.distributed.get_rank() == 0 else None
-
-
-def _closed_torch_config(*, backend: str, timeout_s: int) -> Any:
-    """Ray Train's TorchConfig, with the process group set up on `open_store` / `join_process_group` (the store
-    on the node IP only) instead of `env://`, whose TCPStore listens on every interface."""
-    from ray.train.torch import TorchConfig
-    from ray.train.torch.config import _TorchBackend
-
-    class _ClosedBackend(_TorchBackend):
-        def on_start(self, worker_group: Any, backend_config: Any) -> None:
-            import ray
-            from ray.train.torch import config as torch_config
-
-            env_vars = getattr(torch_config, "_set_torch_distributed_env_vars", None)
-            if env_vars is not None:  # LOCAL_RANK and friends, as Ray Train's own backend sets them
-                worker_group.execute(env_vars)
-            addr, port = worker_group.execute_single(0, _open_worker_store, backend_config.timeout_s)
-            ray.get([worker_group.execute_single_async(i, _join_worker_group, addr, port, i, len(worker_group),
-                                                       backend_config.backend, backend_config.timeout_s)
-                     for i in range(len(worker_group))])
-
-    class _ClosedTorchConfig(TorchConfig):
-        @property
-        def backend_cls(self):
-            return _ClosedBackend
-
-    return _ClosedTorchConfig(backend=backend, timeout_s=timeout_s)
-
-
-_WORKER_STORE: dict[str, Any] = {}  # rank 0 of a Ray Train group keeps its TCPStore here (the worker's process)
-
-
-def _open_worker_store(timeout_s: float) -> tuple[str, int]:
-    store, addr, port = open_store(timeout_s)
-    _WORKER_STORE["store"] = store
-    return addr, port
-
-
-def _join_worker_group(addr: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
-    _WORKER_STORE["store"] = join_process_group(_WORKER_STORE.get("store") if rank == 0 else None, addr, port, rank,
-                                                world_size, backend, timeout_s)
-
-
-def run_fresh(cfg: Any, *, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
-              cpus_per_worker: float = 0.5, storage_path: str | None = None) -> PoolOutcome:
-    """Run `cfg` on new Ray Train workers (TorchTrainer, gloo on CPU, NCCL on GPU)."""
-    import tempfile
-
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    t0 = time.perf_counter()
-    trainer = TorchTrainer(
-        _train_loop_per_worker,
-        train_loop_config={"job": cfg},
-        torch_config=_closed_torch_config(backend="nccl" if use_gpu else "gloo", timeout_s=int(timeout_s)),
-        scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu,
-                                     resources_per_worker=None if use_gpu else {"CPU": cpus_per_worker}),
-        run_config=RunConfig(storage_path=storage_path or tempfile.mkdtemp(prefix="autotune-train-"),
-                             name=f"megatron-{world_size}w"),
-    )
-    try:
-        result = trainer.fit()
-    except Exception as e:  # noqa: BLE001 - a crash is a trial outcome
-        return PoolOutcome(status="failed", reason=f"{type(e).__name__}: {e}"[:2000], ranks=[], fresh_workers=True,
-                           startup_s=0.0, wall_s=time.perf_counter() - t0)
-    ranks = list(result.return_value or [])
-    status, reason = _summarise(ranks or [None], timeout_s)
-    return PoolOutcome(status=status, reason=reason, ranks=[r for r in ranks if r], fresh_workers=True,
-                       startup_s=0.0, wall_s=time.perf_counter() - t0)

@@ -3,8 +3,8 @@
     weights + gradients + optimizer + activations + workspace   = peak allocated
     + overhead (device memory outside the allocator's tensors)   = device memory at the peak, what must fit
 
-Every term is a function of `autotune/cost/memory.py`, the activation modules or `allowance.py` with its source, computed
-once per distinct value of the layout fields it reads (`autotune/cost/groups.py`); this module adds them up on
+Every term is a function of `autotune/cost/memory.py`, the activation modules or `allowance.py` with its source,
+computed once per distinct value of the layout fields it reads (`autotune/cost/groups.py`); this module adds them up on
 arrays of layouts. The most loaded GPU is found by evaluating every pipeline stage that can be the peak
 (`memory._candidate_stages`) at two moments of the step: the activation peak (the first backward after the
 pipeline's warm-up) and the optimizer step. Estimating one layout is the one-row case
