@@ -44,7 +44,8 @@ FAST_FAILURE_DETECTION = {"health_check_initial_delay_ms": 0, "health_check_peri
 # keeps one placement shape (bundles of 2 ranks) and reuses one worker group.
 DRIVER = """
 import json, sys
-from autotune.tuning.driver import run_search, search_namespace
+from autotune.tuning.driver import run_search
+from autotune.tuning.ray_run import search_namespace
 from autotune.tuning.measured import Predicted
 from autotune.ui.api import make_job
 from trainers.backend import MegatronBackend
@@ -173,7 +174,7 @@ def _kill_a_rank_node(cluster: Any, search: _Search, pools: _Pools) -> str:
     shape). Without that wait the kill can land between two trials; the pool then drops the group of the dead node
     before the next trial and starts fresh workers, so nothing is lost, and the lost attempt this test checks never
     happens."""
-    from autotune.tuning.driver import search_namespace
+    from autotune.tuning.ray_run import search_namespace
 
     deadline = time.monotonic() + 300
     ping: Any = None

@@ -26,22 +26,16 @@ Ray and Optuna are imported inside functions, so importing this module is cheap.
 from __future__ import annotations
 
 import contextlib
-import gc
-import logging
 import math
-import os
-import signal
-import sys
-import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.tuning.answer import SearchResult
+from autotune.tuning.ray_run import TERMINATED, ray_session
 from autotune.tuning.results import (
     CALIBRATION_YAML,
     META_JSON,
@@ -178,12 +172,66 @@ def _split_user(space: FeasibleSpace, user: Sequence[Seed]) -> tuple[list[Seed],
     return inside, outside
 
 
-def _check_resume(folder: Path, job: Job, meta: dict[str, Any] | None) -> dict[str, Any]:
+def _configured_backend(job: Job, backend: str | Backend | None, headroom: float, calibration: Any,
+                        options: SpaceOptions) -> tuple[Backend, str, Any]:
+    """(the backend, its name, the Calibration its figures use): a `--calibration` file's factors, and the space's
+    rule that experts stay inside a node, passed on to it."""
+    backend_obj, backend_name = _resolve_backend(backend, headroom)
+    cal = DEFAULT_CALIBRATION if calibration is None else calibration.calibration(job.cluster.gpu)
+    if calibration is not None:  # the analytic backend's figures, or the measuring backend's predictions
+        backend_obj = _with_backend_option(backend_obj, "calibration", cal)
+    if options.expert_within_node:  # the measured trials keep each EP group on one node too (trainers/placement.py)
+        backend_obj = _with_backend_option(backend_obj, "experts_within_node", True)
+    return backend_obj, backend_name, cal
+
+
+def _user_layouts(job: Job, compare: Sequence[str], baseline: bool,
+                  ) -> tuple[list[Seed], tuple[PublishedRecipe, Layout] | None]:
+    """(the user's layouts, NVIDIA's published recipe for the job when `baseline`): the recipe's layout is measured
+    first, with a verdict of its own."""
+    user = parse_user_layouts(job, compare)
+    recipe = published_recipe(job) if baseline else None
+    if recipe is not None and recipe[1] not in [s.layout for s in user]:
+        user = [Seed(layout=recipe[1], origin="user"), *user]
+    return user, recipe
+
+
+def _concluded(plan: SearchPlan, mode: str, records: list[TrialRecord], interrupted: bool, *, user: list[Layout],
+               recipe: tuple[PublishedRecipe, Layout] | None, cal: Any, stats: dict[str, Any],
+               verbose: bool) -> SearchResult:
+    """The search's result from its records: study.db written (every mode: optuna-dashboard opens it), the
+    decision with the verdicts on the user's layouts and the recipe, what the GPUs measured kept for the next
+    search."""
+    job, folder = plan.job, plan.folder
+    t_write = time.perf_counter()
+    if len(records) > len(plan.done) or not (folder / STUDY_DB).exists():
+        from autotune.tuning.study_db import write_study
+
+        write_study(records, plan.space, folder / STUDY_DB, naming=plan.naming, capacity_bytes=plan.capacity_bytes,
+                    verbose=verbose)
+    stats["timings"]["study_write_s"] = time.perf_counter() - t_write
+    decision = _decision(mode, records, plan.capacity_bytes, plan.analytic, user)
+    if mode != "analytic" and plan.backend_name != "analytic":  # what the GPUs measured, for the next search
+        stats["measured_calibration"] = write_measured_calibration(job, records, folder)
+    if recipe is not None:
+        _mark_recipe(decision, *recipe)
+    return SearchResult(job=job, records=tuple(records), capacity_bytes=plan.capacity_bytes,
+                        headroom_bytes=plan.headroom_bytes, mode=mode, backend=plan.backend_name, seed=plan.seed,
+                        space_size=plan.space.size, stats=stats, interrupted=interrupted, output_dir=str(folder),
+                        decision=decision, calibration=cal)
+
+
+def _check_resume(folder: Path, job: Job, meta: dict[str, Any] | None,
+                  calibration_summary: Any = None) -> dict[str, Any]:
     if meta is None:
         raise ValueError(f"--resume {folder}: no {META_JSON} there; give the folder of an earlier search.")
     if meta.get("fingerprint") != job_fingerprint(job):
         raise ValueError(f"--resume {folder}: that search was for {_job_line(meta.get('job'))}; give the same "
                          f"model, cluster and training options to resume it.")
+    if meta.get("calibration") != calibration_summary:
+        raise ValueError(f"--resume {folder}: that search used calibration {_calibration_text(meta)}, this one "
+                         f"{_calibration_text({'calibration': calibration_summary})}; give the same --calibration "
+                         f"to resume it.")
     return meta
 
 
@@ -284,28 +332,16 @@ def run_search(
     say = status or (lambda text: None)
     say("building the feasible space")
     space = feasible_space(job, options)
-    backend_obj, backend_name = _resolve_backend(backend, headroom)
-    cal = DEFAULT_CALIBRATION if calibration is None else calibration.calibration(job.cluster.gpu)
-    if calibration is not None:  # the analytic backend's figures, or the measuring backend's predictions
-        backend_obj = _with_backend_option(backend_obj, "calibration", cal)
+    backend_obj, backend_name, cal = _configured_backend(job, backend, headroom, calibration, options)
     calibration_summary = None if calibration is None else calibration.summary()
-    if options.expert_within_node:  # the measured trials keep each EP group on one node too (trainers/placement.py)
-        backend_obj = _with_backend_option(backend_obj, "experts_within_node", True)
-    user = parse_user_layouts(job, compare)
-    recipe = published_recipe(job) if baseline else None
-    if recipe is not None and recipe[1] not in [s.layout for s in user]:
-        user = [Seed(layout=recipe[1], origin="user"), *user]  # the baseline: measured first, a verdict of its own
+    user, recipe = _user_layouts(job, compare, baseline)
     inside, outside = _split_user(space, user)
     seeds = (rule_of_thumb_seeds(job, space) if use_seeds else []) + inside
     fingerprint = job_fingerprint(job)
     analytic_only = _analytic_only(backend_obj, address) and not measured_stage
     with claim(folder, resume=resume is not None, force=force):
-        meta = _check_resume(folder, job, read_meta(folder)) if resume is not None else None
-        if meta is not None and meta.get("calibration") != calibration_summary:
-            raise ValueError(f"--resume {folder}: that search used calibration {_calibration_text(meta)}, this one "
-                             f"{_calibration_text({'calibration': calibration_summary})}; give the same --calibration "
-                             f"to resume it.")
-        if meta is not None:
+        meta = _check_resume(folder, job, read_meta(folder), calibration_summary) if resume is not None else None
+        if meta is not None:  # the resumed search's own settings
             trials, seed, naming = int(meta["trials"]), int(meta.get("seed", seed)), meta.get("naming", naming)
             headroom = float(meta["headroom_bytes"])
             _check_headroom(job, headroom)
@@ -352,21 +388,8 @@ def run_search(
                 say("starting Ray for the measured stage")
                 records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
             meta["finished_trials"] = len(records)
-            t_write = time.perf_counter()
-            if len(records) > len(done) or not (folder / STUDY_DB).exists():  # every mode: optuna-dashboard opens it
-                from autotune.tuning.study_db import write_study
-
-                write_study(records, space, folder / STUDY_DB, naming=naming, capacity_bytes=capacity, verbose=verbose)
-            stats["timings"]["study_write_s"] = time.perf_counter() - t_write
-            decision = _decision(mode, records, capacity, answer, [s.layout for s in user])
-            if mode != "analytic" and backend_name != "analytic":  # what the GPUs measured, for the next search
-                stats["measured_calibration"] = write_measured_calibration(job, records, folder)
-            if recipe is not None:
-                _mark_recipe(decision, *recipe)
-            result = SearchResult(job=job, records=tuple(records), capacity_bytes=capacity, headroom_bytes=headroom,
-                                  mode=mode, backend=backend_name, seed=seed, space_size=space.size,
-                                  stats=stats, interrupted=interrupted, output_dir=str(folder), decision=decision,
-                                  calibration=cal)
+            result = _concluded(plan, mode, records, interrupted, user=[s.layout for s in user], recipe=recipe,
+                                cal=cal, stats=stats, verbose=verbose)
             if finish is not None:
                 say("writing best.json, the launch files and report.html")
                 finish(result)  # best.json, launch files, report: still under the lock, before `completed`
@@ -483,7 +506,7 @@ def _run_trials(plan: SearchPlan, *, address: str | None, verbose: bool,
         return records, False
     log = TrialLog(plan.folder)  # checks the header and cuts a torn last line before the first append
     try:
-        with _ray_session(address=address, verbose=verbose, stats=stats, folder=plan.folder):
+        with ray_session(address=address, verbose=verbose, stats=stats, folder=plan.folder):
             try:
                 t0 = time.perf_counter()
                 from autotune.tuning.tune_glue import run_tune
@@ -499,7 +522,7 @@ def _run_trials(plan: SearchPlan, *, address: str | None, verbose: bool,
         records = read_trials(plan.folder, plan.capacity_bytes, job=plan.fingerprint)
     finally:
         log.close()
-    if _TERMINATED.is_set():
+    if TERMINATED.is_set():
         stats["interrupted_by"] = "SIGTERM"
     return records, interrupted
 
@@ -520,108 +543,3 @@ def _remaining(plan: SearchPlan, records: Sequence[TrialRecord] | None = None) -
     if plan.exhaustive:
         return plan.space.size + len(plan.fixed) - finished
     return plan.trials + len(plan.fixed) - finished
-
-
-_TERMINATED = threading.Event()
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM does what Ctrl-C does: Tune stops gracefully (its SIGINT handler) or KeyboardInterrupt is raised."""
-    _TERMINATED.set()
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-    else:
-        raise KeyboardInterrupt
-
-
-def terminate_like_ctrl_c() -> None:
-    """Install the SIGTERM handler above (main thread only; `ray.init` replaces the handler, so it is set again)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def search_namespace(folder: str | Path) -> str:
-    """The Ray namespace of the search writing `folder` (one per result folder, which one search holds at a time):
-    its named actors (the megatron backend's worker pool) are its own, whatever else runs on the cluster."""
-    import hashlib
-
-    return "autotune-" + hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _ray_session(*, address: str | None, verbose: bool, stats: dict[str, Any],
-                 folder: str | Path | None = None) -> Iterator[None]:
-    """Connect to `address`, or start a local Ray closed to the network (`search_spaces.ray_session`), in the
-    search's own namespace (`search_namespace(folder)`), and shut it down after. A Ray this process already runs is
-    used as is and left running (tests share one session). Unless `verbose`, Tune's per-trial tracebacks are off
-    (the trial's failure is recorded and said in one line) and Ray's cluster messages go to the folder
-    (`autotune.tuning.cluster_messages`)."""
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no CSV/JSON/TensorBoard files per trial
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "3600")  # results persist in trials.csv and study.db
-    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # a failed trial has no metrics: it is recorded, not fatal
-    if not verbose:
-        os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # Tune's traceback of a failed trial (recorded)
-    with contextlib.ExitStack() as quiet:
-        if not verbose and folder is not None:
-            from autotune.tuning.cluster_messages import divert_cluster_messages
-
-            quiet.enter_context(divert_cluster_messages(folder))
-        namespace = None if folder is None else search_namespace(folder)
-        with _ray_connected(address=address, verbose=verbose, stats=stats, namespace=namespace):
-            yield
-
-
-@contextlib.contextmanager
-def _ray_connected(*, address: str | None, verbose: bool, stats: dict[str, Any],
-                   namespace: str | None) -> Iterator[None]:
-    t0 = time.perf_counter()
-    import ray
-
-    from search_spaces import ray_session
-
-    level = logging.INFO if verbose else logging.ERROR
-    for name in ("ray", "ray.tune", "ray.train", "ray.data", "optuna"):
-        logging.getLogger(name).setLevel(level)
-    started = False
-    # Import Tune and Optuna (1-2 s) on a thread while ray.init waits for Ray's processes to come up.
-    preload = threading.Thread(target=_preload_tune, name="autotune-preload", daemon=True)
-    preload.start()
-    try:
-        if not ray.is_initialized():
-            if address:
-                ray_session.connect(address, log_to_driver=verbose, logging_level=level, namespace=namespace)
-            else:
-                ray_session.start_local(num_cpus=os.cpu_count() or 2, log_to_driver=verbose, logging_level=level,
-                                        namespace=namespace)
-            started = True
-        terminate_like_ctrl_c()  # again: ray.init installs its own SIGTERM handler
-    finally:
-        preload.join()
-    stats.setdefault("timings", {})["ray_start_s"] = time.perf_counter() - t0
-    try:
-        with warnings.catch_warnings():
-            if not verbose:
-                warnings.simplefilter("ignore")
-            yield
-    finally:
-        pool = sys.modules.get("trainers.worker_pool")  # megatron backend: its kept-alive workers end with the search
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                pool.shutdown_pool()
-        # Ray object references left in reference cycles (Tune's trials, actor handles) are collected now, while
-        # Ray is up: collected after `ray.shutdown()` (by Ray's GC thread or any thread's allocation) they call
-        # into the core worker, which then ends the process ("The core worker has already been shutdown").
-        gc.collect()
-        if started:
-            t1 = time.perf_counter()
-            ray.shutdown()
-            stats["timings"]["ray_shutdown_s"] = time.perf_counter() - t1
-
-
-def _preload_tune() -> None:
-    with contextlib.suppress(Exception):
-        import autotune.tuning.tune_glue  # noqa: F401
-
-

@@ -245,7 +245,9 @@ class RaySession:
         import contextlib
 
         self._stack = contextlib.ExitStack()
-        self._stack.enter_context(_driver()._ray_session(address=None, verbose=False, stats={}))
+        from autotune.tuning.ray_run import ray_session
+
+        self._stack.enter_context(ray_session(address=None, verbose=False, stats={}))
 
     def close(self) -> None:
         self._stack.close()

@@ -276,14 +276,14 @@ def _silence_stdout() -> None:
 
 def _sigterm_like_ctrl_c() -> None:
     """SIGTERM ends a search the way Ctrl-C does (trials kept, resume command printed, exit 143)."""
-    from autotune.tuning import driver
+    from autotune.tuning import ray_run
 
-    driver.terminate_like_ctrl_c()
+    ray_run.terminate_like_ctrl_c()
 
 
 def _sigterm_seen() -> bool:
-    driver = sys.modules.get("autotune.tuning.driver")
-    return bool(driver is not None and driver._TERMINATED.is_set())
+    ray_run = sys.modules.get("autotune.tuning.ray_run")
+    return bool(ray_run is not None and ray_run.TERMINATED.is_set())
 
 
 if __name__ == "__main__":
