@@ -24,7 +24,8 @@ from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
 from search_spaces.job import Job  # noqa: E402
 from search_spaces.layout import Layout  # noqa: E402
-from search_spaces.space import SpaceOptions, feasible_space, rejections  # noqa: E402
+from search_spaces.space import SpaceOptions, feasible_space  # noqa: E402
+from search_spaces.space_report import rejections  # noqa: E402
 from search_spaces.training import TrainingSpec  # noqa: E402
 
 CROSS_NODE = SpaceOptions(tp_within_node=False, expert_within_node=False)

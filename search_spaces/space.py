@@ -37,7 +37,7 @@ dimension: it is fully determined by (num_layers, PP, VPP), so `layout(values)` 
 (Optuna wants a fixed choice list per parameter name, so `param_name` should carry the prefix the
 choices depend on, e.g. `space.param_name(name, values)`.)
 
-`rejections(job, options)` counts, over the naive product of per-dimension ranges
+`space_report.rejections(job, options)` counts, over the naive product of per-dimension ranges
 (`SpaceReport.dimensions`), how many candidates each rule removed. Each rejected candidate is
 counted once, against the *first* rule it breaks, rules being checked dimension by dimension in
 `DIMENSIONS` order (a rule is checked as soon as the fields it reads are chosen; at one
@@ -50,14 +50,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from math import prod
 
 from search_spaces.hybrid_rules import mamba_cp_ok, mamba_tp_ok
 from search_spaces.job import Job
 from search_spaces.layout import (
     CUDA_GRAPH_CHOICES,
     RECOMPUTE_CHOICES,
-    SPLIT_FIELDS,
     Layout,
     PipelineSplit,
     pipeline_split_for,
@@ -71,17 +69,13 @@ from search_spaces.rules import (
     full_iteration_moe_refused,
     full_recompute_cuda_graphs_refused,
     qkv_output_width,
-    rules_for,
     te_graphs_moe_recompute_refused,
 )
 
-__all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "DEFAULT_SPACE", "FeasibleSpace", "SpaceReport",
-           "SPACE_RULES", "feasible_space", "feasible_layouts", "rejections", "divisors", "dimension_ranges",
-           "space_rules",
-           "pipeline_fields", "hybrid_split_for", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS",
-           "CONTEXT_DIMENSIONS", "CONTEXTS", "switch_context", "offload_values",
-           "DEFAULT_CUDA_GRAPHS",
-           "cuda_graph_options"]
+__all__ = ["DIMENSIONS", "SHAPE_DIMENSIONS", "SpaceOptions", "DEFAULT_SPACE", "FeasibleSpace", "SPACE_RULES",
+           "feasible_space", "feasible_layouts", "divisors", "dimension_ranges", "space_rules", "pipeline_fields",
+           "hybrid_split_for", "vpp_values", "switch_choices", "SWITCH_DIMENSIONS", "CONTEXT_DIMENSIONS", "CONTEXTS",
+           "switch_context", "offload_values", "DEFAULT_CUDA_GRAPHS", "cuda_graph_options"]
 
 DIMENSIONS: tuple[str, ...] = ("tp", "cp", "pp", "vpp", "ep", "etp", "mbs", "sp", "ep_overlap", "fsdp",
                                 "offload_layers", "dist_opt", "recompute", "cuda_graphs")
@@ -227,7 +221,7 @@ SPACE_RULES: tuple[str, ...] = ("tp_within_node", "expert_within_node", "vpp_min
 
 
 def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object, ...]]:
-    """The naive per-dimension ranges whose product is the candidate set of `rejections`.
+    """The naive per-dimension ranges whose product is the candidate set of `space_report.rejections`.
 
     tp, cp, pp (and ep, etp for MoE): divisors of the world size (under the max_* caps);
     vpp: None or a v >= 2 that splits the layers, evenly or unevenly, for some PP >= 2 of that range (`vpp_values`);
@@ -592,68 +586,3 @@ def cuda_graph_options(job: Job, options: SpaceOptions) -> tuple[str, ...]:
 def feasible_layouts(job: Job, options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
     """Every valid layout of `job` within `options`, built directly (no filtering of a product)."""
     return feasible_space(job, options).layouts()
-
-
-# --- rejection counts ------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SpaceReport:
-    """Candidates = product of `dimensions`; each rejected one counted against its first broken rule."""
-
-    candidates: int
-    feasible: int
-    rejected_by: Mapping[str, int]
-    dimensions: Mapping[str, tuple[object, ...]]
-
-    @property
-    def rejected(self) -> int:
-        return self.candidates - self.feasible
-
-
-def rejections(job: Job, options: SpaceOptions = SpaceOptions(), *, version: str | None = None) -> SpaceReport:
-    """Count candidates removed per rule by a depth-first walk over valid prefixes (see module docstring)."""
-    ranges = dimension_ranges(job, options)
-    rules = rules_for(version or job.training.megatron_core) + space_rules(job, options)
-    assigned: set[str] = set()
-    due: list[tuple[Rule, ...]] = []  # rules that become checkable at each dimension
-    for name in DIMENSIONS:
-        assigned |= {name, "dp"} if name == "pp" else SPLIT_FIELDS | {name} if name == "vpp" else {name}
-        due.append(tuple(r for r in rules if r.reads <= assigned and r not in sum(due, ())))
-    last = max(i for i, d in enumerate(due) if d)
-    counts = dict.fromkeys([r.name for r in rules], 0)
-    remaining = [prod(len(ranges[d]) for d in DIMENSIONS[i + 1:]) for i in range(len(DIMENSIONS))]
-    world = job.world_size
-    prefixes: list[dict[str, object]] = [{}]
-    for i, name in enumerate(DIMENSIONS[: last + 1]):
-        survivors = []
-        for prefix in prefixes:
-            for value in ranges[name]:
-                values = {**prefix, name: value}
-                if name == "pp":
-                    tp, cp = values["tp"], values["cp"]
-                    assert isinstance(tp, int) and isinstance(cp, int) and isinstance(value, int)
-                    model_size = tp * cp * value
-                    values["dp"] = world // model_size if world % model_size == 0 else 1
-                if name == "vpp":
-                    pp = values["pp"]
-                    assert isinstance(pp, int) and (value is None or isinstance(value, int))
-                    values.update(pipeline_fields(job.model.num_layers, pp, value, job.model.mtp_num_layers,
-                                                  hybrid=job.model.is_hybrid))
-                broken = _first_broken(job, due[i], values)
-                if broken is None:
-                    survivors.append(values)
-                else:
-                    counts[broken] += remaining[i]
-        prefixes = survivors
-    feasible = len(prefixes) * remaining[last]
-    candidates = prod(len(v) for v in ranges.values())
-    return SpaceReport(candidates=candidates, feasible=feasible, rejected_by=counts, dimensions=ranges)
-
-
-def _first_broken(job: Job, rules: tuple[Rule, ...], values: Mapping[str, object]) -> str | None:
-    if not rules:
-        return None
-    layout = Layout(**values)  # type: ignore[arg-type]
-    for rule in rules:
-        if rule.check(job, layout) is not None:
-            return rule.name
-    return None

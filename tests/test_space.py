@@ -24,9 +24,9 @@ from search_spaces.space import (
     feasible_space,
     offload_values,
     pipeline_fields,
-    rejections,
     space_rules,
 )
+from search_spaces.space_report import rejections
 
 from test_rules import FLEX, GQA12, MOE6, MOE_BIAS, MTP12, make_job
 

@@ -542,7 +542,8 @@ def _space_counts(res, space: Mapping[str, Any]) -> dict[str, Any]:
     options = space.get("options")
     if not isinstance(options, dict):
         return out
-    from search_spaces.space import SpaceOptions, rejections
+    from search_spaces.space import SpaceOptions
+    from search_spaces.space_report import rejections
 
     try:
         values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

@@ -374,7 +374,7 @@ def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
     follow the largest memory term of the closest misses)."""
     cap = result.capacity_bytes / GIB
     if result.space_size == 0:
-        from search_spaces.space import rejections
+        from search_spaces.space_report import rejections
 
         report = rejections(result.job)
         top = sorted(report.rejected_by.items(), key=lambda kv: -kv[1])[:5]

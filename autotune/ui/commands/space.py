@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sample < 0 or (args.limit is not None and args.limit < 0):
         raise ValueError(f"--sample and --limit must be >= 0, but got ({args.sample}, {args.limit}).")
     from autotune.ui.commands import job_from_args
-    from search_spaces.space import feasible_space, rejections
+    from search_spaces.space import feasible_space
+    from search_spaces.space_report import rejections
 
     job = job_from_args(args)
     options = options_from_args(args)
