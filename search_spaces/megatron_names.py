@@ -364,7 +364,8 @@ def megatron_settings(layout: Layout, training: TrainingSpec | None = None) -> d
 
 
 def job_settings(job: Job, layout: Layout) -> dict[str, object]:
-    """Every megatron setting the step-time and memory predictions assume, by megatron-core name.
+    """Every megatron setting the step-time and memory predictions assume, by megatron-core name. (Long on purpose:
+    one line per setting, in one place, so the launch lines and the cost model cannot drift apart.)
 
     None means "unset" (megatron's default: no VPP, no uneven split, no recompute method). The values are the
     effective ones: a switch megatron would refuse or ignore in this layout is off here too.

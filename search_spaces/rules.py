@@ -1,5 +1,8 @@
 """Validity rules of a Megatron-Core parallel layout: one small named function per rule.
 
+(Over 600 lines on purpose: the table of the core rules, their fields and sources, sits beside the functions it
+names; the pipeline, FSDP and hybrid rules have their own modules.)
+
 Each rule reads a `Job` and a `Layout` and returns a `Violation` (rule name, the fields and values
 involved, and a message in megatron-core's own wording) or None. `check(job, layout)` runs them all
 and returns every violation; an empty tuple means megatron-core accepts the layout and builds every

@@ -247,6 +247,8 @@ class _NoPlacement(Exception):
 
 
 def _make_pool_class() -> Any:
+    """The coordinator actor class (module docstring). Long on purpose: an actor's methods live in its class, and the
+    class is made inside a function so that importing this module imports no Ray."""
     import ray
 
     # ray.remote's typed keyword overload lists task options only; max_concurrency is an actor option

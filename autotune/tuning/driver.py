@@ -289,6 +289,8 @@ def run_search(
     calibration: Any = None,
 ) -> SearchResult:
     """Search the layouts of `job`; see the module docstring. Returns what finished (also on Ctrl-C / SIGTERM).
+    (One function on purpose: it holds the result folder's lock from the first write to the last, and its steps,
+    each a helper, run in that order.)
 
     `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
     model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `baseline`:
