@@ -107,7 +107,7 @@ def compare(r: RecipeRow) -> dict[str, Any]:
     answer = analytic_pass(r.job, space)
     recipe = AnalyticBackend().evaluate(r.job, r.layout)
     row = answer.index_of(r.layout)
-    pick = answer.decision.pick
+    pick = answer.ranking.pick
     pick_tps = None if pick is None else float(answer.scores.tokens_per_s_per_gpu[pick])
     best = float(answer.scores.tokens_per_s_per_gpu[answer.eligible].max()) if answer.eligible.any() else None
     return {

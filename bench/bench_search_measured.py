@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{job.model.name} on 1 x 4 (seq 256, GBS 16): {n} layouts, {len(ok)} measured ok; measured best {best} "
           f"{table[best].tokens_per_s_per_gpu:,.0f} tokens/s/GPU (runner-up at {runner:.1%} of it); budget {budget}")
     a = analytic_pass(job, space, capacity_bytes=capacity)
-    analytic_rank = next(i for i, r in enumerate(a.decision.order) if a.layout(int(r)) == best) + 1
-    print(f"  the analytic model ranks the measured best #{analytic_rank} of {len(a.decision.order)}")
+    analytic_rank = next(i for i, r in enumerate(a.ranking.order) if a.layout(int(r)) == best) + 1
+    print(f"  the analytic model ranks the measured best #{analytic_rank} of {len(a.ranking.order)}")
     print(f"{'strategy':>8} " + " ".join(f"{'seed ' + str(s):>22}" for s in range(args.seeds)) + "   found")
     for strategy in STRATEGIES:
         cells, found = [], 0

@@ -153,10 +153,10 @@ def evaluate_sweep(key: SweepKey, rows: list[Row], backend: AnalyticBackend, sea
     best_tps = pred[best]
     if search and rows[best].job.world_size <= SEARCH_MAX_GPUS and best_tps:
         answer = analytic_pass(rows[best].job, feasible_space(rows[best].job, DEFAULT_SPACE))
-        if answer.decision.pick is not None:
-            layout = answer.layout(answer.decision.pick)
+        if answer.ranking.pick is not None:
+            layout = answer.layout(answer.ranking.pick)
             pick = str(layout)
-            gain = float(answer.scores.tokens_per_s_per_gpu[answer.decision.pick]) / best_tps - 1
+            gain = float(answer.scores.tokens_per_s_per_gpu[answer.ranking.pick]) / best_tps - 1
             saves = {k: -v for k, v in _gaps(backend.evaluate(rows[best].job, layout), ms[best], 1.0).items()}
     tokens = [r.job.training.global_batch_size * r.job.training.seq_length for r in rows]
     flagged = []

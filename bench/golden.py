@@ -151,12 +151,12 @@ def _picks() -> dict[str, Any]:
     out = {}
     for name, job in SEARCHED.items():
         answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE), headroom_bytes=default_headroom_bytes(job))
-        pick = answer.decision.pick
+        pick = answer.ranking.pick
         out[name] = None if pick is None else {
             "layout": str(answer.layout(pick)),
             "tokens_per_s_per_gpu": float(answer.scores.tokens_per_s_per_gpu[pick]),
             "total_bytes": float(answer.scores.total_bytes[pick]),
-            "tied": len(answer.decision.tied),
+            "tied": len(answer.ranking.tied),
         }
     return out
 

@@ -33,7 +33,7 @@ SEARCH_MIXTRAL = [
     new_code_cell(
         "result = autotune.search(model, cluster=cluster, trials=32, seed=0)\n"
         "assert result.best is not None, \"no feasible layout\"\n"
-        "print(result.decision[\"confidence\"], \"-\", result.decision[\"reason\"])\n"
+        "print(result.decision.confidence, \"-\", result.decision.reason)\n"
         "result"
     ),
     new_code_cell(

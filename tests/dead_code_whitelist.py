@@ -14,8 +14,10 @@ _.plot_pareto, _.plot_time_breakdown, _.plot_memory_breakdown, _.plot_progress
 _.on_trial_recover, _.on_trial_error, _.stop_all, _.save, _.restore, _.checkpoint_path
 # Ray Train's backend hooks (trainers.worker_pool): Ray Train calls them
 _.on_start, _.backend_cls
-# a dataclass field written and read through as_dict / from_dict (best.json), never as an attribute
-_.error_gib
+# fields of the typed decision (autotune.tuning.decision) written to best.json by name (`Decision.to_dict`) for the
+# people and scripts that read it, never read as an attribute by our code
+_.error_gib, _.memory_resolution, _.free_then_gib, _.mfu_at_suggested, _.in_space, _.better_free_gib
+_.within_band, _.pick_tokens_per_s_per_gpu, _.dominated_ties, _.runner_up_margin
 # Hugging Face config facts the model spec records (Gemma 2); no cost term depends on them yet
 _.attn_logit_softcapping, _.final_logit_softcapping
 # numpy's read-only flag, set on the arrays we hand out

@@ -37,11 +37,11 @@ def test_the_pick_is_the_rule_applied_to_the_scalar_scores() -> None:
     free = job.cluster.gpu.memory_bytes - np.array(memory, dtype=float)
     eligible = np.array([m.status == "ok" for m in ms]) & ~equivalent_to_simpler(table)
     ref = decide(tokens, free, complexity(table), eligible=eligible)
-    assert ref.pick is not None and answer.decision.pick is not None
-    assert layouts[ref.pick] == answer.layout(answer.decision.pick)
-    assert [layouts[i] for i in ref.tied] == [answer.layout(i) for i in answer.decision.tied]
+    assert ref.pick is not None and answer.ranking.pick is not None
+    assert layouts[ref.pick] == answer.layout(answer.ranking.pick)
+    assert [layouts[i] for i in ref.tied] == [answer.layout(i) for i in answer.ranking.tied]
     best = max(t for t, e in zip(tokens, eligible, strict=True) if e)
-    assert answer.scores.tokens_per_s_per_gpu[answer.decision.pick] >= 0.98 * best
+    assert answer.scores.tokens_per_s_per_gpu[answer.ranking.pick] >= 0.98 * best
 
 
 def test_pareto_rows_match_the_records_front() -> None:
@@ -75,7 +75,7 @@ def test_nothing_fits() -> None:
     # llama3-70b on one node at seq 32768 with 75 GiB of headroom: no layout fits
     job = _job("llama3-70b", 1, seq_length=32768, global_batch_size=8)
     answer = analytic_pass(job, feasible_space(job), headroom_bytes=75 * GIB)
-    assert answer.decision.pick is None and answer.decision.confidence == "none"
+    assert answer.ranking.pick is None and answer.ranking.confidence == "none"
     keep = answer.rows_to_keep(10)
     assert 0 < len(keep) <= 5
     m = answer.measurement(keep[0])
@@ -109,10 +109,10 @@ def test_a_starved_pipeline_is_reported() -> None:
     job = _job("llama3.1-405b", 16, global_batch_size=16)
     answer = analytic_pass(job, feasible_space(job, SpaceOptions(max_pp=16)))
     w = pipeline_warning(answer)
-    assert w is not None and w["bubble_share"] > 0.1 and w["microbatches"] <= 16
-    assert w["suggested_global_batch_size"] > 16 and "--global-batch-size" in w["text"]
-    pick_now = answer.scores.tokens_per_s_per_gpu[answer.decision.pick]
-    assert w["pick"] or w["tokens_per_s_per_gpu_at_suggested"] > pick_now
+    assert w is not None and w.bubble_share > 0.1 and w.microbatches <= 16
+    assert w.suggested_global_batch_size > 16 and "--global-batch-size" in w.text
+    pick_now = answer.scores.tokens_per_s_per_gpu[answer.ranking.pick]
+    assert w.pick or w.tokens_per_s_per_gpu_at_suggested > pick_now
 
 
 def test_a_fed_pipeline_is_not_reported() -> None:

@@ -45,12 +45,12 @@ def test_no_layout_dominates_the_pick(model, nodes, kwargs) -> None:
     # the pick's (so none is faster at equal or less memory either)
     job = make_job(model, nodes=nodes, **kwargs)
     answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
-    s, pick = answer.scores, answer.decision.pick
+    s, pick = answer.scores, answer.ranking.pick
     assert pick is not None
     tokens, memory = s.tokens_per_s_per_gpu, s.total_bytes
     beats = answer.eligible & (tokens > tokens[pick]) & (memory <= memory[pick] * (1 + MEMORY_RESOLUTION))
     assert not beats.any(), [str(answer.layout(int(i))) for i in np.flatnonzero(beats)[:3]]
-    assert tokens[pick] >= (1 - answer.decision.tolerance) * np.nanmax(np.where(answer.eligible, tokens, np.nan))
+    assert tokens[pick] >= (1 - answer.ranking.tolerance) * np.nanmax(np.where(answer.eligible, tokens, np.nan))
     # issue 21: the README pick was `tp4 ... rc=sel` at -1.4% tokens/s over the same layout without recompute, to
     # save 0.008 GiB; a pick with recompute is never one its twin without recompute beats in about the same memory
     picked = str(answer.layout(pick))
@@ -85,10 +85,17 @@ def readme(tmp_path_factory):
 def test_the_pick_is_the_first_row_of_every_view(readme) -> None:
     from autotune.outputs.plots import trials_frame
     from autotune.outputs.report import report_input
+    from autotune.outputs.view import Result
 
-    pick = readme.answer.decision.pick
-    assert pick == readme.decision["pick"] and str(readme.best.layout) == pick
+    decision = readme.answer.decision
+    pick = decision.pick
+    # one typed decision: the search's own, the notebook's, best.json's and the --json output's
+    assert readme.decision is decision and Result(readme).decision is decision and str(readme.best.layout) == pick
     payload = result_json(readme)
+    best = json.loads((Path(str(readme.output_dir)) / "best.json").read_text())
+    assert best["decision"] == json.loads(json.dumps(payload["decision"], default=str)) == json.loads(
+        json.dumps(decision.to_dict(), default=str))
+    assert [v["layout"] for v in best["decision"]["yours"]] == [v.layout for v in decision.yours] != []
     assert payload["ranked"][0]["layout_text"] == pick and payload["ranked"][0]["pick"] is True
     assert payload["pareto"][0]["layout_text"] == pick  # the pick is on the front, listed first
     folder = Path(str(readme.output_dir))
@@ -123,7 +130,7 @@ def test_the_terminal_shows_the_pick_first_and_your_layouts(readme) -> None:
 def test_every_user_layout_has_a_verdict(readme) -> None:
     fits, over = readme.answer.yours
     assert fits.fits and fits.rank is not None and fits.of == readme.stats["analytic"]["fits"] - \
-        readme.decision["space"]["equivalent_merged"]
+        readme.answer.decision.space["equivalent_merged"]
     pick_tps = readme.best.tokens_per_s_per_gpu
     assert fits.change_vs_pick == pytest.approx(fits.tokens_per_s_per_gpu / pick_tps - 1)
     assert fits.largest_time_term and fits.largest_memory_term
@@ -191,19 +198,20 @@ def test_a_pick_inside_the_memory_error_is_flagged_with_the_headroom_to_use(tmp_
         for kept in (0.0, 0.25):
             answer = analytic_pass(job, space, headroom_bytes=kept * GIB)
             d = analytic_decision(answer)
-            pick_peak = answer.scores.total_bytes[answer.decision.pick] / GIB
-            w = d.get("memory_warning")
-            assert (w is not None) == (d["pick_free_gib"] + kept < MEMORY_RESOLUTION * pick_peak)  # the headroom counts
+            pick_peak = answer.scores.total_bytes[answer.ranking.pick] / GIB
+            w = d.memory_warning
+            assert d.pick_free_gib is not None
+            assert (w is not None) == (d.pick_free_gib + kept < MEMORY_RESOLUTION * pick_peak)  # the headroom counts
             if w is None:
                 break
-            assert w["free_gib"] + kept < w["error_gib"] <= w["headroom_gib"] and w["headroom_gib"] > kept
-            assert f"--headroom-gib {w['headroom_gib']:.1f}" in w["text"]
-            assert ("beyond the 0.2 GiB headroom kept" in w["text"]) == (kept > 0)
+            assert w.free_gib + kept < w.error_gib <= w.headroom_gib and w.headroom_gib > kept
+            assert f"--headroom-gib {w.headroom_gib:.1f}" in w.text
+            assert ("beyond the 0.2 GiB headroom kept" in w.text) == (kept > 0)
         if w is not None:
             break
     assert w is not None, "neither job's pick lies inside the memory model's error any more: find another"
-    again = run_search(job, output_dir=tmp_path / "again", progress=False, headroom_bytes=w["headroom_gib"] * GIB)
-    assert again.decision["pick"] == w["layout"] and "memory_warning" not in again.decision
+    again = run_search(job, output_dir=tmp_path / "again", progress=False, headroom_bytes=w.headroom_gib * GIB)
+    assert again.answer.decision.pick == w.layout and again.answer.decision.memory_warning is None
 
 
 def test_the_study_of_an_analytic_search_opens_with_both_objectives(readme) -> None:
@@ -216,7 +224,7 @@ def test_the_study_of_an_analytic_search_opens_with_both_objectives(readme) -> N
     # every layout the search kept, and the user's layouts that lie in the space (a trial needs its parameters)
     assert {str(r.layout) for r in readme.records if r.origin == "analytic"} <= kept
     assert kept <= {str(r.layout) for r in readme.records} and len(done) == len(kept)
-    first = next(t for t in done if t.user_attrs["layout"] == readme.decision["pick"])
+    first = next(t for t in done if t.user_attrs["layout"] == readme.answer.decision.pick)
     assert first.values[0] == pytest.approx(readme.best.tokens_per_s_per_gpu)
 
 
@@ -273,7 +281,7 @@ JOB_SMALL = make_job("llama3-8b", nodes=1, global_batch_size=64)
 def _proxy_result(failing_pick: bool = False):
     job = JOB_SMALL
     answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
-    order = [answer.layout(int(i)) for i in answer.decision.order[:4]]
+    order = [answer.layout(int(i)) for i in answer.ranking.order[:4]]
     # the proxy "measures" the model's pick slowest of the four: it must not overrule the model
     ms = [_proxy(lay, status="failed" if failing_pick and k == 0 else "ok", reason="RuntimeError: boom")
           for k, lay in enumerate(order)]
@@ -290,8 +298,8 @@ def test_cpu_proxy_figures_never_overrule_the_model() -> None:
     from autotune.outputs.launch import launch_forms
 
     answer, result = _proxy_result()
-    model_pick = answer.layout(answer.decision.pick)
-    assert result.decision["basis"] == PROXY and result.decision["stage"] == "analytic"
+    model_pick = answer.layout(answer.ranking.pick)
+    assert result.answer.decision.basis == PROXY and result.answer.decision.stage == "analytic"
     assert result.best.layout == model_pick and result.best.source == "analytic"  # the model's figures
     assert launch_of(result) == launch_forms(result.job, model_pick)  # the launch lines are the model pick's
     ranked = result.answer.ranked
@@ -301,8 +309,8 @@ def test_cpu_proxy_figures_never_overrule_the_model() -> None:
 
 def test_a_pick_the_proxy_saw_fail_moves_to_the_next_of_the_models_ranking() -> None:
     answer, result = _proxy_result(failing_pick=True)
-    second = answer.layout(int(answer.decision.order[1]))
-    assert result.decision["pick"] == str(second) and "failed on the CPU proxy" in result.decision["reason"]
+    second = answer.layout(int(answer.ranking.order[1]))
+    assert result.answer.decision.pick == str(second) and "failed on the CPU proxy" in result.answer.decision.reason
     assert result.best.layout == second
 
 

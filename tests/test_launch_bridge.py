@@ -374,8 +374,8 @@ def test_the_winners_of_the_documented_searches_load_into_bridge_and_megatron_lm
     picks = {}
     for name, job in jobs.items():
         answer = analytic_pass(job, feasible_space(job))
-        assert answer.decision.pick is not None, name
-        picks[name] = (job, answer.layout(answer.decision.pick))
+        assert answer.ranking.pick is not None, name
+        picks[name] = (job, answer.layout(answer.ranking.pick))
     outcomes = load([case_of(job, layout) for job, layout in picks.values()], sorted(NAMES))
     problems = {name: bridge_mismatches(job, layout, o) + megatron_lm_mismatches(job, layout, o)
                 for (name, (job, layout)), o in zip(picks.items(), outcomes, strict=True)}

@@ -444,8 +444,8 @@ def test_exhaustive_winner_lines_parse(model):
 
     job = _job(*WINNER_JOBS[model])
     answer = analytic_pass(job, feasible_space(job), headroom_bytes=0.05 * job.cluster.gpu.memory_bytes)
-    assert answer.decision.pick is not None, "no feasible layout"
-    layout = answer.layout(answer.decision.pick)
+    assert answer.ranking.pick is not None, "no feasible layout"
+    layout = answer.layout(answer.ranking.pick)
     check_megatron_lm(job, layout)
     check_bridge(job, layout)
 

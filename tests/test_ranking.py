@@ -91,16 +91,16 @@ def test_memory_margin_names_the_headroom_and_the_pick_it_gives() -> None:
     w = memory_margin(tokens, memory, 80 * GIB, simple, eligible=eligible, pick=d.pick, labels=["a", "b", "c"])
     assert w is not None
     # 2 GiB free < 3.7% x 78 = 2.886 GiB: keep 2.9 GiB free; then row 1 (10 GiB free) is the pick, 3% slower
-    assert w["headroom_gib"] == pytest.approx(2.9) and w["layout"] == "b" and w["change"] == pytest.approx(-0.03)
-    assert "--headroom-gib 2.9" in str(w["text"])
+    assert w.headroom_gib == pytest.approx(2.9) and w.layout == "b" and w.change == pytest.approx(-0.03)
+    assert "--headroom-gib 2.9" in w.text
     safe = memory_margin(tokens, memory, 90 * GIB, simple, eligible=eligible, pick=0)
     assert safe is None  # 12 GiB free: outside the error
     # the headroom a search already keeps counts: 2 GiB free + 1 GiB kept is outside the 2.886 GiB error
     assert memory_margin(tokens, memory, 80 * GIB, simple, eligible=eligible, pick=0, kept_bytes=1 * GIB) is None
     kept = memory_margin(tokens, memory, 80 * GIB, simple, eligible=eligible, pick=0, kept_bytes=0.5 * GIB,
                          labels=["a", "b", "c"])
-    assert kept is not None and kept["headroom_gib"] == pytest.approx(2.9) and kept["layout"] == "b"
-    assert "beyond the 0.5 GiB headroom kept" in str(kept["text"])
+    assert kept is not None and kept.headroom_gib == pytest.approx(2.9) and kept.layout == "b"
+    assert "beyond the 0.5 GiB headroom kept" in kept.text
 
 
 def test_ineligible_rows_are_not_ranked() -> None:

@@ -55,7 +55,7 @@ class TP2:
     name = "tp2"
 
     def __init__(self, context):
-        self.left = [context.analytic.layout(int(r)) for r in context.analytic.decision.order]
+        self.left = [context.analytic.layout(int(r)) for r in context.analytic.ranking.order]
         self.left = [lay for lay in self.left if lay.tp == 2][: context.budget]
 
     def propose(self):

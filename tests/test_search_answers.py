@@ -31,15 +31,16 @@ def test_the_pick_is_the_whole_space_optimum_without_ray(tmp_path, model, nodes,
     job = make_job(model, nodes=nodes, **kwargs)
     result = run_search(job, output_dir=tmp_path, progress=False)
     assert result.mode == "analytic" and "ray_start_s" not in result.stats["timings"]  # Ray never started
-    d, best = result.decision, result.best
+    d, best = result.answer.decision, result.best
+    assert d.fastest is not None
     assert best is not None
-    assert d["space_size"] == feasible_space(job, DEFAULT_SPACE).size and str(best.layout) == d["pick"]
+    assert d.space_size == feasible_space(job, DEFAULT_SPACE).size and str(best.layout) == d.pick
     backend = AnalyticBackend()
-    fastest = backend.evaluate(job, parse_layout(d["fastest"]))
+    fastest = backend.evaluate(job, parse_layout(d.fastest))
     pick = backend.evaluate(job, best.layout)
     assert fastest.tokens_per_s_per_gpu is not None and fastest.memory_bytes is not None
     assert pick.tokens_per_s_per_gpu is not None and pick.memory_bytes is not None
-    assert fastest.tokens_per_s_per_gpu == pytest.approx(d["fastest_tokens_per_s_per_gpu"], rel=1e-9)
+    assert fastest.tokens_per_s_per_gpu == pytest.approx(d.fastest_tokens_per_s_per_gpu, rel=1e-9)
     assert pick.tokens_per_s_per_gpu >= fastest.tokens_per_s_per_gpu * (1 - TIE_TOLERANCE)
     assert pick.memory_bytes <= fastest.memory_bytes  # the tie goes to the most free memory
     capacity = job.cluster.gpu.memory_bytes

@@ -84,7 +84,7 @@ def test_search_best_equals_exhaustive_best(tmp_path):
     # the pick is the fastest up to ties (within 2%: the most free memory), as the whole-space decision says
     assert result.best is not None
     assert _tokens(result.best) >= best * 0.98
-    assert str(result.best.layout) == result.decision["pick"]
+    assert str(result.best.layout) == result.answer.decision.pick
     assert result.stats["strategy"] == "front"  # analytic trials on Ray replay the analytic ranking
     assert len({r.layout for r in result.records}) == len(result.records) == 60
 
@@ -114,7 +114,7 @@ def test_space_within_budget_is_evaluated_whole(tmp_path):
     assert max(_tokens(r.measurement) for r in result.records if r.feasible) == best
     # the pick is the fastest up to ties (within 2%), as the whole-space decision says
     assert result.best is not None and _tokens(result.best) >= best * 0.98
-    assert str(result.best.layout) == result.decision["pick"]
+    assert str(result.best.layout) == result.answer.decision.pick
 
 
 def test_failing_trials_are_recorded_with_reasons_and_the_search_goes_on(tmp_path):
@@ -132,7 +132,7 @@ def test_failing_trials_are_recorded_with_reasons_and_the_search_goes_on(tmp_pat
     # pick may be one the 30 trials did not reach, which the decision says)
     failed = {r.layout for r in result.records if r.measurement.status == "failed"}
     assert result.best is not None and result.best.layout not in failed and result.best.layout.tp != 2
-    assert "failed when measured" in result.decision["reason"]
+    assert "failed when measured" in result.answer.decision.reason
 
 
 def test_user_layout_outside_the_space_is_evaluated_and_labelled(tmp_path):

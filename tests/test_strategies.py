@@ -66,7 +66,7 @@ def test_every_strategy_keeps_to_its_budget(name: str) -> None:
 def test_guided_starts_from_the_analytic_pick() -> None:
     ctx = _context(budget=3)
     s = make_strategy("guided", ctx)
-    pick = ctx.analytic.decision.pick
+    pick = ctx.analytic.ranking.pick
     assert pick is not None
     assert s.propose() == ctx.analytic.layout(pick)
 
@@ -76,7 +76,7 @@ def test_guided_finds_a_best_the_model_misranks_within_a_fifth(seed: int) -> Non
     ctx = _context(budget=feasible_space(JOB, OPTIONS).size // 5, seed=seed)
     truth = _truth(ctx.analytic)
     best = max(truth, key=truth.__getitem__)
-    rank = [ctx.analytic.layout(int(r)) for r in ctx.analytic.decision.order].index(best)
+    rank = [ctx.analytic.layout(int(r)) for r in ctx.analytic.ranking.order].index(best)
     assert rank > ctx.budget  # the analytic ranking alone would not measure it within the budget
     assert best in _run("guided", ctx, truth)
 

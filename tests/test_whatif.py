@@ -32,9 +32,9 @@ def test_each_row_is_that_clusters_own_answer() -> None:
     rows = what_if(jobs, tokens=1e12)
     for job, row in zip(jobs, rows, strict=True):
         answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
-        assert answer.decision.pick is not None and row.tokens_per_s_per_gpu is not None and row.seconds is not None
-        assert row.pick == str(answer.layout(answer.decision.pick))
-        assert row.tokens_per_s_per_gpu == pytest.approx(answer.scores.tokens_per_s_per_gpu[answer.decision.pick])
+        assert answer.ranking.pick is not None and row.tokens_per_s_per_gpu is not None and row.seconds is not None
+        assert row.pick == str(answer.layout(answer.ranking.pick))
+        assert row.tokens_per_s_per_gpu == pytest.approx(answer.scores.tokens_per_s_per_gpu[answer.ranking.pick])
         # 1e12 tokens / (tokens/s per GPU x GPUs) seconds; GPU-hours = GPUs x hours
         assert row.seconds == pytest.approx(1e12 / (row.tokens_per_s_per_gpu * job.world_size))
         assert row.gpu_hours == pytest.approx(row.seconds / 3600 * job.world_size)

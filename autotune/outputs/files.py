@@ -50,10 +50,10 @@ def result_json(result: SearchResult, *, top: int = 10) -> dict[str, Any]:
         "mode": result.mode, "backend": result.backend, "seed": result.seed, "space_size": result.space_size,
         "interrupted": result.interrupted, "output_dir": result.output_dir, "stats": result.stats,
         "best": None if best is None else {**best.summary(training), "launch": launch_of(result)},
-        "decision": answer.as_dict(),
+        "decision": answer.decision.to_dict(),
         "ranked": [_ranked(answer, r, training) for r in answer.ranked[:top]],
         "pareto": [_ranked(answer, r, training) for r in answer.pareto],
-        "yours": answer.as_dict().get("yours", []),
+        "yours": answer.decision.to_dict().get("yours", []),
         "trials": [r.summary(training) for r in result.records],
     }
 
@@ -72,7 +72,7 @@ def write_outputs(result: SearchResult, folder: str | Path) -> None:
     best = result.best_record
     launch = launch_of(result)
     payload = None if best is None else {**best.summary(result.job.training), "launch": launch,
-                                         "job": job_summary(result.job), "decision": result.answer.as_dict()}
+                                         "job": job_summary(result.job), "decision": result.answer.decision.to_dict()}
     atomic_write(folder / BEST_JSON, json.dumps(payload, indent=2, default=str) + "\n")
     for key, name in LAUNCH_FILES.items():
         atomic_write(folder / name, (launch[key] + "\n") if launch else "# no layout fits; see trials.csv\n")

@@ -499,7 +499,6 @@ def report_input(result, *, space_rules: bool = False) -> ReportInput:
     ranked = plots.trials_frame(answer.ranked)
     model = plots.trials_frame(answer.model_records(5))
     measured = any(r.measurement.source != "analytic" for r in answer.records)
-    warnings = tuple(w for w in ((d.memory_warning.text if d.memory_warning else None), d.pipeline_warning) if w)
     return ReportInput(
         trials=res.trials,
         title=res.title,
@@ -511,9 +510,9 @@ def report_input(result, *, space_rules: bool = False) -> ReportInput:
         usable_gib=res.usable_gib,
         ranked=ranked,
         front=tuple(str(r.layout) for r in answer.pareto),
-        tied=d.tied,
+        tied=d.tied_layouts,
         sentence=d.sentence,
-        warnings=warnings,
+        warnings=d.warnings,
         basis=_basis_text(answer),
         yours=tuple((v.layout, verdict_text(v), v.fits) for v in answer.yours),
         space=_space_counts(res, answer.space) if space_rules else dict(answer.space),
@@ -524,7 +523,7 @@ def report_input(result, *, space_rules: bool = False) -> ReportInput:
 
 
 def _basis_text(answer) -> str:
-    from autotune.tuning.answer import GPU, PROXY
+    from autotune.tuning.decision import GPU, PROXY
 
     if answer.basis == PROXY:
         p = answer.decision.proxy or {}

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from autotune.tuning.answer import Answer, Verdict
+    from autotune.tuning.answer import Answer
+    from autotune.tuning.decision import Decision, Verdict
     from search_spaces.measurement import Measurement
 
 __all__ = ["Result"]
@@ -58,10 +59,10 @@ class Result:
         return self.raw.best
 
     @property
-    def decision(self) -> dict[str, Any]:
-        """How sure the pick is and why: `confidence`, `reason`, `tied_layouts`, `stage`, `basis`,
-        `memory_warning`, `pipeline_warning`, `yours` (best.json's `decision`)."""
-        return self.answer.as_dict()
+    def decision(self) -> Decision:
+        """How sure the pick is and why, typed: `confidence`, `reason`, `tied_layouts`, `stage`, `basis`,
+        `memory_warning`, `pipeline_warning`, `yours` (`decision.to_dict()` is best.json's `decision`)."""
+        return self.answer.decision
 
     @property
     def confidence(self) -> str:

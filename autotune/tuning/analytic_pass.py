@@ -1,7 +1,7 @@
 """The analytic pass: score the whole feasible space with the cost models and rank it (the default answer).
 
     answer = analytic_pass(job, space, capacity_bytes=...)
-    answer.decision.pick        # row of the pick (the exact optimum of the model, up to ties)
+    answer.ranking.pick         # row of the pick (the exact optimum of the model, up to ties)
     answer.records(top=64)      # TrialRecords of the ranked rows, the Pareto front and the closest misses
 
 Every layout of `space` is scored by `autotune.cost.score.score_layouts` (the memory and throughput models, vectorised;
@@ -23,7 +23,7 @@ import numpy as np
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.layout_table import LayoutTable
 from autotune.cost.score import Scores, score_layouts
-from autotune.tuning.ranking import TIE_TOLERANCE, Decision, complexity, decide, equivalent_to_simpler, pareto_rows
+from autotune.tuning.ranking import TIE_TOLERANCE, Ranking, complexity, decide, equivalent_to_simpler, pareto_rows
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
@@ -51,7 +51,7 @@ class AnalyticAnswer:
     table: LayoutTable
     scores: Scores
     eligible: np.ndarray
-    decision: Decision
+    ranking: Ranking
     seconds: dict[str, float] = field(default_factory=dict)
     cal: Calibration = DEFAULT_CALIBRATION  # what the space was scored with
 
@@ -90,7 +90,7 @@ class AnalyticAnswer:
         return None
 
     def ranked_rows(self, top: int) -> np.ndarray:
-        return self.decision.order[:top]
+        return self.ranking.order[:top]
 
     def pareto(self) -> np.ndarray:
         return pareto_rows(self.scores.tokens_per_s_per_gpu, self.scores.total_bytes, self.eligible)
@@ -98,7 +98,7 @@ class AnalyticAnswer:
     def rows_to_keep(self, top: int, misses: int = 5) -> list[int]:
         """The rows worth a record: the ranked top, the Pareto front, and, when nothing fits, the closest misses."""
         keep = list(dict.fromkeys([*map(int, self.ranked_rows(top)), *map(int, self.pareto())]))
-        if self.decision.pick is None:
+        if self.ranking.pick is None:
             keep += [int(i) for i in closest_rows(self.scores.total_bytes, misses) if int(i) not in keep]
         return keep
 
@@ -115,14 +115,14 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
     scores = score_layouts(job, table, cal=cal, headroom_bytes=headroom, time_for="fits")
     t2 = time.perf_counter()
     eligible = scores.fits & ~equivalent_to_simpler(table, space.options.dist_opt)
-    decision = decide(scores.tokens_per_s_per_gpu, scores.capacity_bytes - scores.total_bytes, complexity(table),
+    ranking = decide(scores.tokens_per_s_per_gpu, scores.capacity_bytes - scores.total_bytes, complexity(table),
                       eligible=eligible, tolerance=tolerance,
                       band=cal.band_for(job.cluster.gpu, job.training.precision, job.model.is_moe),
                       band_note=cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
                       labels=_Labels(table), memory_bytes=scores.total_bytes,
                       kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes))
     t3 = time.perf_counter()
-    return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, decision=decision,
+    return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, ranking=ranking,
                           cal=cal,
                           seconds={"table_s": t1 - t0, "score_s": t2 - t1, "rank_s": t3 - t2})
 

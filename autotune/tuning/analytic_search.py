@@ -18,13 +18,13 @@ No Ray, no Optuna.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from autotune.tuning.analytic_pass import AnalyticAnswer
-from autotune.tuning.answer import GPU, MODEL, PROXY
 from autotune.tuning.batch_advice import pipeline_warning
-from autotune.tuning.ranking import complexity, decide_layouts, measured_tolerance, memory_margin
+from autotune.tuning.decision import GPU, MODEL, PROXY, Decision, Verdict
+from autotune.tuning.ranking import Ranking, complexity, decide_layouts, measured_tolerance, memory_margin
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 
@@ -33,29 +33,27 @@ __all__ = ["analytic_decision", "analytic_measurements", "measured_decision", "M
 MAX_TIED_LISTED = 50  # tied layouts named in the decision (the count is always given)
 
 
-def analytic_decision(answer: AnalyticAnswer, user: Sequence[Layout] = ()) -> dict[str, Any]:
+def _named(r: Ranking, name: Any) -> dict[str, Any]:
+    """A ranking's fields as `Decision` fields, its rows named by `name` (row -> layout text)."""
+    return {"pick": None if r.pick is None else name(r.pick),
+            "fastest": None if r.fastest is None else name(r.fastest),
+            "tied": int(len(r.tied)), "tied_layouts": tuple(name(int(i)) for i in r.tied[:MAX_TIED_LISTED]),
+            "confidence": r.confidence, "reason": r.reason, "tolerance": r.tolerance, "within_band": r.in_band,
+            "band": r.band, "memory_resolution": r.resolution, **r.details}
+
+
+def analytic_decision(answer: AnalyticAnswer, user: Sequence[Layout] = ()) -> Decision:
     """The model's decision over the whole space, with the verdicts on the `user` layouts."""
     from autotune.tuning.verdicts import verdict
 
-    d = answer.decision
-    out: dict[str, Any] = {"stage": "analytic", "basis": MODEL, "space_size": answer.size, **d.as_dict(),
-                           "pick": None if d.pick is None else str(answer.layout(d.pick)),
-                           "tied_layouts": [str(answer.layout(int(i))) for i in d.tied[:MAX_TIED_LISTED]],
-                           "seconds": dict(answer.seconds), "space": space_counts(answer)}
-    if d.fastest is not None:
-        out["fastest"] = str(answer.layout(d.fastest))
-    warning = pipeline_warning(answer)
-    if warning is not None:
-        out["pipeline_warning"] = warning
-    s = answer.scores
+    r, s = answer.ranking, answer.scores
     margin = memory_margin(s.tokens_per_s_per_gpu, s.total_bytes, float(s.capacity_bytes), complexity(answer.table),
-                           eligible=answer.eligible, pick=d.pick, tolerance=d.tolerance, resolution=d.resolution,
+                           eligible=answer.eligible, pick=r.pick, tolerance=r.tolerance, resolution=r.resolution,
                            labels=_Labels(answer), kept_bytes=answer.job.cluster.gpu.memory_bytes - s.capacity_bytes)
-    if margin is not None:
-        out["memory_warning"] = margin
-    if user:
-        out["yours"] = [verdict(answer, layout) for layout in dict.fromkeys(user)]
-    return out
+    return Decision(stage="analytic", basis=MODEL, space_size=answer.size, space=space_counts(answer),
+                    **_named(r, lambda i: str(answer.layout(int(i)))),
+                    pipeline_warning=pipeline_warning(answer), memory_warning=margin,
+                    yours=tuple(verdict(answer, layout) for layout in dict.fromkeys(user)))
 
 
 class _Labels:
@@ -96,100 +94,87 @@ def analytic_measurements(answer: AnalyticAnswer, *, top: int, user: Sequence[La
 
 
 def measured_decision(measurements: Sequence[Measurement], capacity_bytes: float,
-                      answer: AnalyticAnswer | None = None, user: Sequence[Layout] = ()) -> dict[str, Any]:
+                      answer: AnalyticAnswer | None = None, user: Sequence[Layout] = ()) -> Decision | None:
     """The pick among the layouts measured on GPUs that fit (one figure per layout: the last one, at the most
-    steps); with CPU-proxy measurements only, the model's pick, checked by the proxy (module docstring)."""
+    steps); with CPU-proxy measurements only, the model's pick, checked by the proxy (module docstring). None
+    when nothing measured fits and there is no model's answer to fall back on."""
     last: dict[Layout, Measurement] = {}
     for m in measurements:
         if m.source != "analytic":
             last[m.layout] = m
-    analytic = analytic_decision(answer, user) if answer is not None else {}
+    analytic = analytic_decision(answer, user) if answer is not None else None
     if last and all(m.source == "megatron-cpu-proxy" for m in last.values()):
-        return proxy_checked(analytic, last, answer)
+        return None if analytic is None else proxy_checked(analytic, last, answer)
     fits = [m for m in last.values() if m.ok and (m.tokens_per_s_per_gpu or 0) > 0
             and m.memory_bytes is not None and m.memory_bytes <= capacity_bytes]
     if not fits:  # nothing measured on GPUs fits: the model's pick, but never one the measurements saw fail
-        if not analytic:
-            return {}
+        if analytic is None:
+            return None
         failed = {lay: m for lay, m in last.items() if m.status == "failed"}
-        return avoid_failed({**analytic, "stage": "analytic", "measured": 0}, failed, answer, "when measured")
+        return avoid_failed(replace(analytic, stage="analytic", measured=0), failed, answer, "when measured")
     tolerance = measured_tolerance([m.step_time_s or 0.0 for m in fits],
                                    [float(m.time.get("step_stdev", 0.0) or 0.0) for m in fits])
     tokens = [float(m.tokens_per_s_per_gpu or 0.0) for m in fits]
     memory = [float(m.memory_bytes or 0.0) for m in fits]
     kept = 0.0 if answer is None else answer.job.cluster.gpu.memory_bytes - capacity_bytes  # the headroom
-    d = decide_layouts([m.layout for m in fits], tokens, [capacity_bytes - x for x in memory], tolerance=tolerance,
+    r = decide_layouts([m.layout for m in fits], tokens, [capacity_bytes - x for x in memory], tolerance=tolerance,
                        measured=True, memory_bytes=memory, kept_bytes=kept)
-    out: dict[str, Any] = {"stage": "measured", "basis": GPU, "measured": len(last), **d.as_dict(),
-                           "pick": None if d.pick is None else str(fits[d.pick].layout),
-                           "tied_layouts": [str(fits[int(i)].layout) for i in d.tied[:MAX_TIED_LISTED]]}
-    if d.fastest is not None:
-        out["fastest"] = str(fits[d.fastest].layout)
     import numpy as np
 
     from autotune.cost.layout_table import LayoutTable
 
     margin = memory_margin(np.asarray(tokens), np.asarray(memory), capacity_bytes,
                            complexity(LayoutTable.from_layouts([m.layout for m in fits])),
-                           eligible=np.ones(len(fits), dtype=bool), pick=d.pick, tolerance=tolerance,
-                           resolution=d.resolution, labels=[str(m.layout) for m in fits],
+                           eligible=np.ones(len(fits), dtype=bool), pick=r.pick, tolerance=tolerance,
+                           resolution=r.resolution, labels=[str(m.layout) for m in fits],
                            kept_bytes=kept)
-    if margin is not None:
-        out["memory_warning"] = margin
-    if analytic:
-        out["analytic_pick"] = analytic.get("pick")
-        for key in ("pipeline_warning", "space", "space_size"):
-            if key in analytic:
-                out[key] = analytic[key]
-        if "yours" in analytic:
-            out["yours"] = [_with_measured(v, last) for v in analytic["yours"]]
-    return out
+    out = Decision(stage="measured", basis=GPU, measured=len(last), **_named(r, lambda i: str(fits[int(i)].layout)),
+                   memory_warning=margin)
+    if analytic is None:
+        return out
+    return replace(out, analytic_pick=analytic.pick, pipeline_warning=analytic.pipeline_warning,
+                   space=analytic.space, space_size=analytic.space_size,
+                   yours=tuple(_with_measured(v, last) for v in analytic.yours))
 
 
-def _with_measured(v: dict[str, Any], last: dict[Layout, Measurement]) -> dict[str, Any]:
+def _with_measured(v: Verdict, last: dict[Layout, Measurement]) -> Verdict:
     """A verdict by the model with the layout's measured figures beside it, when it was measured."""
     from search_spaces.layout import parse_layout
 
-    m = last.get(parse_layout(v["layout"]))
+    m = last.get(parse_layout(v.layout))
     if m is None:
         return v
-    return {**v, "measured": {"status": m.status, "source": m.source, "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
-                              "memory_gib": m.memory_gib, "reason": m.reason[:300]}}
+    return replace(v, measured={"status": m.status, "source": m.source, "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+                                "memory_gib": m.memory_gib, "reason": m.reason[:300]})
 
 
-def proxy_checked(analytic: dict[str, Any], last: dict[Layout, Measurement],
-                  answer: AnalyticAnswer | None) -> dict[str, Any]:
+def proxy_checked(analytic: Decision, last: dict[Layout, Measurement], answer: AnalyticAnswer | None) -> Decision:
     """The model's decision with what the CPU proxy found: which layouts built and trained, which failed. The pick
     stays the model's unless the proxy saw it fail to build or train (an exception, not a timeout of a loaded
     machine); then it is the first layout of the model's ranking the proxy did not see fail."""
     failed = {lay: m for lay, m in last.items() if m.status == "failed"}
     ran = sum(m.ok for m in last.values())
-    out: dict[str, Any] = {**analytic, "basis": PROXY, "measured": len(last),
-                           "proxy": {"measured": len(last), "ran": ran, "failed": len(failed),
-                                     "timed_out": sum(m.status == "timeout" for m in last.values()),
-                                     "failed_layouts": {str(k): v.reason[:300] for k, v in list(failed.items())[:10]}}}
+    out = replace(analytic, basis=PROXY, measured=len(last),
+                  proxy={"measured": len(last), "ran": ran, "failed": len(failed),
+                         "timed_out": sum(m.status == "timeout" for m in last.values()),
+                         "failed_layouts": {str(k): v.reason[:300] for k, v in list(failed.items())[:10]}})
     out = avoid_failed(out, failed, answer, "on the CPU proxy")
-    if "yours" in out:
-        out["yours"] = [_with_measured(v, last) for v in out["yours"]]
-    return out
+    return replace(out, yours=tuple(_with_measured(v, last) for v in out.yours))
 
 
-def avoid_failed(out: dict[str, Any], failed: dict[Layout, Measurement], answer: AnalyticAnswer | None,
-                  where: str) -> dict[str, Any]:
+def avoid_failed(out: Decision, failed: dict[Layout, Measurement], answer: AnalyticAnswer | None,
+                 where: str) -> Decision:
     """`out` with its pick moved to the first layout of the model's ranking that did not fail, when the pick failed
     to build or train (`where` it failed, for the reason)."""
-    pick = out.get("pick")
+    pick = out.pick
     if answer is None or pick is None or not any(str(lay) == pick for lay in failed):
         return out
-    for row in answer.decision.order:
+    for row in answer.ranking.order:
         layout = answer.layout(int(row))
         if layout not in failed:
-            out["model_pick"] = pick
-            out["pick"] = str(layout)
-            out["reason"] = (f"the model's pick {pick} failed {where} ({failed_reason(failed, pick)}); picked the "
-                             f"next of the model's ranking that was not seen to fail")
-            out.pop("memory_warning", None)
-            break
+            return replace(out, model_pick=pick, pick=str(layout), memory_warning=None,
+                           reason=(f"the model's pick {pick} failed {where} ({failed_reason(failed, pick)}); picked "
+                                   f"the next of the model's ranking that was not seen to fail"))
     return out
 
 

@@ -7,7 +7,7 @@
     answer.yours                      # a Verdict per --layout: fits or not (and by what), rank, change vs the pick
 
 Nothing downstream re-ranks: a table prints `answer.ranked` in order, the report and the plots mark
-`answer.decision.pick`, best.json is `answer.as_dict()`.
+`answer.decision.pick`, best.json's `decision` is `answer.decision.to_dict()`.
 
 **What a figure is** (`basis`): the model's prediction (`model`), a GPU measurement (`GPU measurements`), or the
 model checked by the CPU proxy. CPU-proxy jobs (a scaled-down model with the same parallel structure, on gloo) show
@@ -23,117 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotune.tuning.decision import MODEL, PROXY, Decision, Verdict
 from autotune.tuning.results import TrialRecord, distinct_feasible, pareto_front
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 from search_spaces.units import GIB
 
-__all__ = ["SearchResult", "Answer", "Decision", "MemoryWarning", "Verdict", "answer_of", "largest_time_term",
-           "MODEL", "GPU", "PROXY"]
-
-MODEL, GPU = "model", "GPU measurements"
-PROXY = "model; CPU proxy checked that layouts build and train"  # CPU-proxy jobs never overrule the model
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryWarning:
-    """The pick's free memory is inside the memory model's error: the margin to keep and what it costs."""
-
-    free_gib: float
-    error_gib: float
-    headroom_gib: float  # the --headroom-gib that keeps the error free
-    layout: str | None  # what the same rule picks with that headroom (None: nothing fits then)
-    tokens_per_s_per_gpu: float | None
-    change: float | None  # its tokens/s relative to the pick's
-    text: str
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MemoryWarning:
-        return cls(free_gib=float(d["free_gib"]), error_gib=float(d["error_gib"]),
-                   headroom_gib=float(d["headroom_gib"]), layout=d.get("layout"),
-                   tokens_per_s_per_gpu=d.get("tokens_per_s_per_gpu"), change=d.get("change"), text=str(d["text"]))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Verdict:
-    """One of the user's layouts against the search (`autotune.tuning.verdicts.verdict`)."""
-
-    layout: str
-    status: str  # ok, oom, invalid (the model's word)
-    fits: bool
-    tokens_per_s_per_gpu: float | None = None
-    mfu: float | None = None
-    memory_gib: float | None = None
-    free_gib: float | None = None
-    over_gib: float | None = None
-    violations: tuple[str, ...] = ()
-    rank: int | None = None  # among every layout that fits (1 = the fastest)
-    of: int | None = None
-    change_vs_pick: float | None = None
-    is_pick: bool = False
-    tied: bool = False
-    largest_time_term: str | None = None
-    largest_time_share: float | None = None
-    largest_memory_term: str | None = None
-    better: str | None = None  # the fastest layout that fits in no more memory, when faster than this one
-    better_change: float | None = None
-    nearest: str | None = None  # the nearest variant that fits, when this one does not
-    nearest_changes: tuple[str, ...] = ()
-    nearest_tokens_per_s_per_gpu: float | None = None
-    nearest_free_gib: float | None = None
-    measured: dict[str, Any] | None = None  # what a measuring backend found for it
-    pick_gain: float | None = None  # the pick's predicted tokens/s over this layout's, minus 1
-    gain_terms: tuple[tuple[str, float, float], ...] = ()  # (term, this layout's s, the pick's s) per step
-    unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN: the term it rests most on
-    unverified_share: float | None = None  # that term's share of the step time the pick saves
-    recipe: str | None = None  # where NVIDIA published this layout, when it is the job's baseline
-    published_tokens_per_s_per_gpu: float | None = None  # what NVIDIA measured with it (its own cluster)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Verdict:
-        known = set(cls.__dataclass_fields__)
-        values: dict[str, Any] = {k: (tuple(v) if k in ("violations", "nearest_changes") else v)
-                                  for k, v in d.items() if k in known}
-        if "gain_terms" in values:
-            values["gain_terms"] = tuple((str(t), float(a), float(b)) for t, a, b in values["gain_terms"])
-        return cls(**values)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Decision:
-    """Which layout the search picks, how sure it is and why (the dict form is best.json's `decision`)."""
-
-    stage: str  # "analytic" or "measured"
-    basis: str  # MODEL, GPU or PROXY
-    pick: str | None
-    fastest: str | None
-    tied: tuple[str, ...]
-    confidence: str
-    reason: str
-    memory_warning: MemoryWarning | None = None
-    pipeline_warning: str | None = None
-    analytic_pick: str | None = None  # the model's own pick, when measurements chose another
-    proxy: dict[str, Any] | None = None  # CPU proxy: measured, ran, failed, timed_out
-
-    @property
-    def sentence(self) -> str:
-        """The confidence sentence the terminal, the report's Winner box and the notebook show."""
-        if not self.confidence or self.confidence == "none":
-            return ""
-        return f"Pick: {self.confidence} ({self.basis}): {self.reason}."
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Decision:
-        warning = d.get("memory_warning")
-        pipeline = d.get("pipeline_warning")
-        return cls(stage=str(d.get("stage", "analytic")), basis=str(d.get("basis", MODEL)), pick=d.get("pick"),
-                   fastest=d.get("fastest"), tied=tuple(d.get("tied_layouts") or ()),
-                   confidence=str(d.get("confidence", "")), reason=str(d.get("reason", "")),
-                   memory_warning=MemoryWarning.from_dict(warning) if isinstance(warning, dict) else None,
-                   pipeline_warning=pipeline.get("text") if isinstance(pipeline, dict) else None,
-                   analytic_pick=d.get("analytic_pick") if d.get("stage") == "measured" else d.get("model_pick"),
-                   proxy=d.get("proxy"))
+__all__ = ["SearchResult", "Answer", "answer_of", "largest_time_term"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,10 +44,7 @@ class Answer:
     ranked: tuple[TrialRecord, ...]
     pareto: tuple[TrialRecord, ...]
     decision: Decision
-    yours: tuple[Verdict, ...] = ()
-    space: dict[str, Any] = field(default_factory=dict)
     capacity_bytes: float = 0.0
-    raw_decision: dict[str, Any] = field(default_factory=dict)
     calibration: Any = None  # the Calibration the model's figures use (None: DEFAULT_CALIBRATION)
 
     @property
@@ -169,11 +63,17 @@ class Answer:
         return self.decision.pick is not None and str(layout) == self.decision.pick
 
     def is_tied(self, layout: Layout | str) -> bool:
-        return str(layout) in self.decision.tied
+        return str(layout) in self.decision.tied_layouts
 
-    def as_dict(self) -> dict[str, Any]:
-        """best.json's `decision` (the search's own, without its timings)."""
-        return {k: v for k, v in self.raw_decision.items() if k != "seconds"}
+    @property
+    def yours(self) -> tuple[Verdict, ...]:
+        """The verdict on each of the user's layouts (`--layout`, the published recipe)."""
+        return self.decision.yours
+
+    @property
+    def space(self) -> dict[str, Any]:
+        """The whole space's counts: valid, fit, out of memory by largest term."""
+        return self.decision.space
 
     def model_records(self, k: int = 5) -> list[TrialRecord]:
         """The first k of `ranked` with the cost model's figures and terms (what the breakdown plots stack): a
@@ -207,8 +107,7 @@ def _tokens_of(r: TrialRecord) -> float:
 def answer_of(result: SearchResult) -> Answer:
     """The answer of `result` (module docstring); `SearchResult.answer` calls this once."""
 
-    d = result.decision or {}
-    decision = Decision.from_dict(d) if d else _fallback_decision(result)
+    decision = result.decision or _fallback_decision(result)
     if decision.basis == PROXY:
         pool = _model_records(result)
     else:
@@ -224,10 +123,8 @@ def answer_of(result: SearchResult) -> Answer:
         ranked = [pick, *[r for r in ranked if r is not pick]]
     front = pareto_front(pool)
     front = sorted(front, key=lambda r: (r is not pick, -_tokens_of(r), str(r.layout)))
-    yours = tuple(Verdict.from_dict(v) for v in d.get("yours") or ())
     return Answer(job=result.job, calibration=result.calibration, records=tuple(result.records), ranked=tuple(ranked),
-                  pareto=tuple(front), decision=decision, yours=yours, space=dict(d.get("space") or {}),
-                  capacity_bytes=result.capacity_bytes, raw_decision=dict(d))
+                  pareto=tuple(front), decision=decision, capacity_bytes=result.capacity_bytes)
 
 
 def _find(pool: Sequence[TrialRecord], layout: str | None) -> TrialRecord | None:
@@ -241,8 +138,8 @@ def _fallback_decision(result: SearchResult) -> Decision:
 
     fits = distinct_feasible(result.records)
     pick = str(fits[0].layout) if fits else None
-    return Decision(stage="analytic", basis=MODEL, pick=pick, fastest=pick, tied=(pick,) if pick else (),
-                    confidence="", reason="")
+    return Decision(stage="analytic", basis=MODEL, pick=pick, fastest=pick, tied=int(pick is not None),
+                    tied_layouts=(pick,) if pick else (), confidence="", reason="")
 
 
 def _model_records(result: SearchResult) -> list[TrialRecord]:
@@ -298,10 +195,10 @@ def _scored(job: Any, capacity_bytes: float, layout: Layout, *, number: int, ori
 
 @dataclass(frozen=True, kw_only=True)
 class SearchResult:
-    """What a search found. `decision` is the search's decision as plain data (best.json's `decision`:
-    `autotune.tuning.analytic_search`); `answer` is the one typed answer every output reads (`Answer`: the pick,
-    the ranking, the Pareto front, the verdicts on the user's layouts), computed once from the records and the
-    decision. `best` is the pick (None when nothing fits)."""
+    """What a search found. `decision` is the search's one typed decision (`autotune.tuning.decision.Decision`,
+    made by `autotune.tuning.analytic_search`; None: the fastest record that fits); `answer` is the one answer
+    every output reads (`Answer`: the pick, the ranking, the Pareto front, the verdicts on the user's layouts),
+    computed once from the records and the decision. `best` is the pick (None when nothing fits)."""
 
     job: Job
     records: tuple[TrialRecord, ...]
@@ -314,7 +211,7 @@ class SearchResult:
     stats: dict[str, Any] = field(default_factory=dict)  # proposals, invalid_proposals, duplicates, timings
     interrupted: bool = False
     output_dir: str | None = None
-    decision: dict[str, Any] = field(default_factory=dict)
+    decision: Decision | None = None
     calibration: Any = None  # the Calibration the cost model used (None: DEFAULT_CALIBRATION)
 
     @functools.cached_property
@@ -334,7 +231,7 @@ class SearchResult:
     @property
     def tied(self) -> set[str]:
         """Layout texts tied with the pick (the pick included), as the decision says."""
-        return set(self.answer.decision.tied)
+        return set(self.answer.decision.tied_layouts)
 
     @property
     def best_record(self) -> TrialRecord | None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from autotune.tuning.analytic_pass import AnalyticAnswer
+from autotune.tuning.decision import PipelineWarning
 
 __all__ = ["pipeline_warning", "suggested_global_batch", "BUBBLE_TARGET", "BUBBLE_WARN"]
 
@@ -48,9 +49,9 @@ def _at_batch(answer: AnalyticAnswer, row: int, gbs: int) -> Any:
     return AnalyticBackend(headroom_bytes=headroom, calibration=answer.cal).evaluate(bigger, answer.layout(row))
 
 
-def pipeline_warning(answer: AnalyticAnswer) -> dict[str, Any] | None:
+def pipeline_warning(answer: AnalyticAnswer) -> PipelineWarning | None:
     """The warning (module docstring), or None when the global batch feeds the pipelines."""
-    d, s, t = answer.decision, answer.scores, answer.table
+    d, s, t = answer.ranking, answer.scores, answer.table
     if d.pick is None:
         return None
     share = s.breakdown["pp_bubble"] / s.step_time_s
@@ -79,24 +80,21 @@ def pipeline_warning(answer: AnalyticAnswer) -> dict[str, Any] | None:
     pp, vpp, mbs, dp = int(t.pp[row]), int(t.vpp_size[row]), int(t.mbs[row]), int(t.dp[row])
     m = gbs // (mbs * dp)
     layout = answer.layout(row)
-    out: dict[str, Any] = {
-        "layout": str(layout), "pick": row == d.pick, "global_batch_size": gbs, "microbatches": m, "pp": pp,
-        "vpp": vpp, "bubble_share": float(share[row]), "suggested_global_batch_size": suggested,
-    }
+    figures: dict[str, Any] = {}
     if there.status == "ok" and there.tokens_per_s_per_gpu:
-        out["tokens_per_s_per_gpu_at_suggested"] = there.tokens_per_s_per_gpu
-        out["mfu_at_suggested"] = there.mfu
+        figures = {"tokens_per_s_per_gpu_at_suggested": there.tokens_per_s_per_gpu, "mfu_at_suggested": there.mfu}
     who = "the pick" if row == d.pick else f"the fastest PP {pp} layout ({layout})"
     text = (f"global batch {gbs} leaves {m} micro-batch{'es' if m != 1 else ''} per step for {who}: with PP {pp}"
             f"{f' x VPP {vpp}' if vpp > 1 else ''} the pipeline bubble is {share[row]:.0%} of the step")
     if row != d.pick:
         text += ", so the pick avoids deep pipelines"
     text += f". --global-batch-size {suggested} would bring it under {BUBBLE_TARGET:.0%}"
-    if "tokens_per_s_per_gpu_at_suggested" in out:
-        text += (f" (the model: {out['tokens_per_s_per_gpu_at_suggested']:,.0f} tokens/s/GPU, MFU "
-                 f"{out['mfu_at_suggested']:.1%}, vs {pick_tps:,.0f} for the pick now)")
-    out["text"] = text + "."
-    return out
+    if figures:
+        text += (f" (the model: {figures['tokens_per_s_per_gpu_at_suggested']:,.0f} tokens/s/GPU, MFU "
+                 f"{figures['mfu_at_suggested']:.1%}, vs {pick_tps:,.0f} for the pick now)")
+    return PipelineWarning(layout=str(layout), pick=row == d.pick, global_batch_size=gbs, microbatches=m, pp=pp,
+                           vpp=vpp, bubble_share=float(share[row]), suggested_global_batch_size=suggested,
+                           text=text + ".", **figures)
 
 
 def _suggested(t: Any, row: int) -> int:

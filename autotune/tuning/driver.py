@@ -29,12 +29,13 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.tuning.answer import SearchResult
+from autotune.tuning.decision import Decision
 from autotune.tuning.ray_run import TERMINATED, ray_session
 from autotune.tuning.results import (
     CALIBRATION_YAML,
@@ -213,8 +214,8 @@ def _concluded(plan: SearchPlan, mode: str, records: list[TrialRecord], interrup
     decision = _decision(mode, records, plan.capacity_bytes, plan.analytic, user)
     if mode != "analytic" and plan.backend_name != "analytic":  # what the GPUs measured, for the next search
         stats["measured_calibration"] = write_measured_calibration(job, records, folder)
-    if recipe is not None:
-        _mark_recipe(decision, *recipe)
+    if recipe is not None and decision is not None:
+        decision = _mark_recipe(decision, *recipe)
     return SearchResult(job=job, records=tuple(records), capacity_bytes=plan.capacity_bytes,
                         headroom_bytes=plan.headroom_bytes, mode=mode, backend=plan.backend_name, seed=plan.seed,
                         space_size=plan.space.size, stats=stats, interrupted=interrupted, output_dir=str(folder),
@@ -360,7 +361,7 @@ def run_search(
             mode = meta["mode"]
         else:
             # nothing fits by the model: the measured stage has no candidate (the closest misses are the answer)
-            nothing = answer.decision.pick is None
+            nothing = answer.ranking.pick is None
             mode = "analytic" if analytic_only or nothing else "exhaustive" if space.size <= threshold else "search"
         plan = SearchPlan(job=job, space=space, backend=backend_obj, backend_name=backend_name,
                           capacity_bytes=capacity, headroom_bytes=headroom, seed=seed, trials=trials,
@@ -443,12 +444,13 @@ def _calibration_text(meta: dict[str, Any]) -> str:
     return f"{c.get('file')} ({c.get('factors')})"[:300]
 
 
-def _mark_recipe(decision: dict[str, Any], row: PublishedRecipe, layout: Layout) -> None:
-    """Label the baseline's verdict with where NVIDIA published it (and the figure it published)."""
-    for v in decision.get("yours") or ():
-        if v.get("layout") == str(layout):
-            v["recipe"] = row.label
-            v["published_tokens_per_s_per_gpu"] = row.published_tokens_per_s_per_gpu
+def _mark_recipe(decision: Decision, row: PublishedRecipe, layout: Layout) -> Decision:
+    """The decision with the baseline's verdict labelled with where NVIDIA published it (and the figure it
+    published)."""
+    text = str(layout)
+    return replace(decision, yours=tuple(
+        replace(v, recipe=row.label, published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu)
+        if v.layout == text else v for v in decision.yours))
 
 
 def _analytic_only(backend: Backend, address: str | None) -> bool:
@@ -459,7 +461,7 @@ def _analytic_only(backend: Backend, address: str | None) -> bool:
 
 
 def _decision(mode: str, records: Sequence[TrialRecord], capacity: float, answer: Any,
-              user: Sequence[Layout] = ()) -> dict[str, Any]:
+              user: Sequence[Layout] = ()) -> Decision | None:
     from autotune.tuning.analytic_search import analytic_decision, avoid_failed, measured_decision
 
     if mode == "analytic" or all(r.measurement.source == "analytic" for r in records):

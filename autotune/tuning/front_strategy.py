@@ -19,7 +19,7 @@ class FrontStrategy:
     def __init__(self, context: StrategyContext) -> None:
         self.context = context
         self.done = set(context.measured)
-        self.order = iter(context.analytic.decision.order)
+        self.order = iter(context.analytic.ranking.order)
         self.spent = len(self.done)
 
     def propose(self) -> Layout | None:

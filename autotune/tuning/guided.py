@@ -59,7 +59,7 @@ class GuidedStrategy:
         if self.model is None or self.spent >= self.context.budget or self.taken.all():
             return None
         if not self.obs_y:
-            order = self.context.analytic.decision.order
+            order = self.context.analytic.ranking.order
             positions = (self._position_of_row(int(r)) for r in order)
             pos = next((p for p in positions if p is not None and not self.taken[p]),
                        None)

@@ -34,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from autotune.cost.layout_table import LayoutTable
+from autotune.tuning.decision import MemoryWarning
 from search_spaces.layout import Layout
 from search_spaces.units import GIB
 
-__all__ = ["pareto_rows", "TIE_TOLERANCE", "MEMORY_RESOLUTION", "Decision", "decide", "complexity", "layout_complexity",
+__all__ = ["pareto_rows", "TIE_TOLERANCE", "MEMORY_RESOLUTION", "Ranking", "decide", "complexity", "layout_complexity",
            "equivalent_to_simpler", "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE",
            "dominated", "memory_margin", "switch_count"]
 
@@ -125,8 +126,9 @@ def dominated(tokens: np.ndarray, memory: np.ndarray, rows: np.ndarray, resoluti
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Decision:
-    """Which row wins and why. Indices are into the arrays given to `decide`.
+class Ranking:
+    """Which row wins and why, by row: indices are into the arrays given to `decide` (the search names the rows and
+    adds what else it knows to make its one typed decision, `autotune.tuning.decision.Decision`).
 
     `order`: the pick first, then the rest by tokens/s (fastest first). `tied`: the rows within `tolerance` of
     the fastest (the pick among them). `candidates`: the tied rows no other row dominates. `in_band`: rows
@@ -144,19 +146,13 @@ class Decision:
     confidence: str  # "clear", "within the model's uncertainty", "measured", "measured, tied", "none"
     candidates: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     resolution: float = MEMORY_RESOLUTION
-    details: dict[str, object] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, object]:
-        return {"confidence": self.confidence, "reason": self.reason, "tied": int(len(self.tied)),
-                "tolerance": self.tolerance, "within_band": self.in_band,
-                "band": None if self.band is None else list(self.band), "memory_resolution": self.resolution,
-                **self.details}
+    details: dict[str, Any] = field(default_factory=dict)  # figures named as `Decision` fields (pick_free_gib, ...)
 
 
 def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *, eligible: np.ndarray | None = None,
            tolerance: float = TIE_TOLERANCE, band: tuple[float, float] | None = None, measured: bool = False,
            labels: Sequence[str] | None = None, memory_bytes: np.ndarray | None = None,
-           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0, band_note: str | None = None) -> Decision:
+           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0, band_note: str | None = None) -> Ranking:
     """Rank the eligible rows (fitting, not an equivalent of a simpler one) and pick one (module docstring).
 
     `memory_bytes`: each row's peak (for the resolution and the error margin; without it memory is compared exactly,
@@ -170,7 +166,7 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
     ok = np.isfinite(tokens) if eligible is None else (np.asarray(eligible, dtype=bool) & np.isfinite(tokens))
     rows = np.flatnonzero(ok)
     if len(rows) == 0:
-        return Decision(pick=None, fastest=None, order=rows, tied=rows, in_band=0, tolerance=tolerance, band=band,
+        return Ranking(pick=None, fastest=None, order=rows, tied=rows, in_band=0, tolerance=tolerance, band=band,
                         reason="no layout fits", confidence="none", resolution=resolution)
     if memory_bytes is None:  # compare by free memory, exactly; no error margin
         memory, res = -free_bytes, 0.0
@@ -192,7 +188,7 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         low = tokens[pick] * math.exp(band[0])
         in_band = int(np.count_nonzero(tokens[rows] >= low)) - 1
     name = (lambda i: labels[i]) if labels is not None else (lambda i: f"row {i}")
-    details: dict[str, object] = {"fastest_tokens_per_s_per_gpu": float(best),
+    details: dict[str, Any] = {"fastest_tokens_per_s_per_gpu": float(best),
                                   "pick_tokens_per_s_per_gpu": float(tokens[pick]),
                                   "pick_free_gib": float(free_bytes[pick] / GIB),
                                   "dominated_ties": int(len(tied) - len(candidates))}
@@ -214,7 +210,7 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
     else:
         confidence = "clear"
         reason += "; no other layout lies within the model's band" + (f" ({band_note})" if band_note else "")
-    return Decision(pick=pick, fastest=fastest, order=order, tied=tied, in_band=in_band, tolerance=tolerance,
+    return Ranking(pick=pick, fastest=fastest, order=order, tied=tied, in_band=in_band, tolerance=tolerance,
                     band=band, reason=reason, confidence=confidence, candidates=candidates, resolution=resolution,
                     details=details)
 
@@ -251,7 +247,7 @@ def _reason(tokens: np.ndarray, free: np.ndarray, simplicity: np.ndarray, unsafe
 def memory_margin(tokens: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: float, simplicity: np.ndarray, *,
                   eligible: np.ndarray, pick: int | None, tolerance: float = TIE_TOLERANCE,
                   resolution: float = MEMORY_RESOLUTION, labels: Any = None,
-                  kept_bytes: float = 0.0) -> dict[str, object] | None:
+                  kept_bytes: float = 0.0) -> MemoryWarning | None:
     """None when the pick's free memory is outside the memory model's error; else the warning: its free memory, the
     error (resolution x its peak), the `--headroom-gib` that keeps that much free, and what the same rule picks
     with that headroom (the layout, its tokens/s and the change). `capacity_bytes` is what the search let a layout
@@ -270,25 +266,22 @@ def memory_margin(tokens: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: 
     headroom_gib = math.ceil(round(error / GIB * 10, 6)) / 10
     headroom = headroom_gib * GIB - kept_bytes  # beyond what the search already keeps
     safe = np.asarray(eligible, dtype=bool) & (free >= headroom)
-    out: dict[str, object] = {"free_gib": float(free[pick] / GIB), "error_gib": float(error / GIB),
-                              "memory_resolution": resolution, "headroom_gib": headroom_gib}
     then = decide(tokens, free - headroom, simplicity, eligible=safe, tolerance=tolerance, memory_bytes=memory,
                   resolution=resolution, kept_bytes=headroom_gib * GIB)
-    if then.pick is not None:
-        out.update(layout=labels[then.pick] if labels is not None else then.pick,
-                   tokens_per_s_per_gpu=float(tokens[then.pick]),
-                   change=float(tokens[then.pick] / tokens[pick] - 1.0), free_then_gib=float(free[then.pick] / GIB))
     beyond = f" beyond the {kept_bytes / GIB:.1f} GiB headroom kept" if kept_bytes > 0 else ""
     text = (f"the pick leaves {free[pick] / GIB:.1f} GiB free{beyond}, inside the memory model's error "
             f"({resolution:.1%} of its {memory[pick] / GIB:.1f} GiB peak = {error / GIB:.1f} GiB); to keep that "
             f"margin, search with --headroom-gib {headroom_gib:.1f}")
-    if then.pick is not None:
-        text += (f": it picks {out['layout']} ({tokens[then.pick]:,.0f} tokens/s/GPU, {out['change']:+.1%}, "
-                 f"{free[then.pick] / GIB:.1f} GiB free)")
-    else:
-        text += ": then no layout fits"
-    out["text"] = text
-    return out
+    figures = {"free_gib": float(free[pick] / GIB), "error_gib": float(error / GIB), "memory_resolution": resolution,
+               "headroom_gib": headroom_gib}
+    if then.pick is None:
+        return MemoryWarning(**figures, text=text + ": then no layout fits")
+    layout = labels[then.pick] if labels is not None else str(then.pick)
+    change = float(tokens[then.pick] / tokens[pick] - 1.0)
+    text += (f": it picks {layout} ({tokens[then.pick]:,.0f} tokens/s/GPU, {change:+.1%}, "
+             f"{free[then.pick] / GIB:.1f} GiB free)")
+    return MemoryWarning(**figures, text=text, layout=layout, tokens_per_s_per_gpu=float(tokens[then.pick]),
+                         change=change, free_then_gib=float(free[then.pick] / GIB))
 
 
 MEASURED_TOLERANCE = 0.01  # the least spread a measured tokens/s is taken to have
@@ -302,7 +295,7 @@ def measured_tolerance(step_times: Sequence[float], stdevs: Sequence[float]) -> 
 
 def decide_layouts(layouts: Sequence[Layout], tokens: Sequence[float], free_bytes: Sequence[float], *,
                    tolerance: float, measured: bool, memory_bytes: Sequence[float] | None = None,
-                   kept_bytes: float = 0.0) -> Decision:
+                   kept_bytes: float = 0.0) -> Ranking:
     """`decide` over a list of layouts (one entry per distinct layout), e.g. the measured ones."""
     table = LayoutTable.from_layouts(layouts)
     dist_opt = sorted({lay.dist_opt for lay in layouts})

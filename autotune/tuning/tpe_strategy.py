@@ -45,7 +45,7 @@ class TPEStrategy:
         for layout, m in context.measured.items():
             self._record(layout, m)
             self.spent += 1
-        order = context.analytic.decision.order
+        order = context.analytic.ranking.order
         for row in order[:FRONT]:
             layout = context.analytic.layout(int(row))
             if layout not in self.values:

@@ -1,6 +1,6 @@
 """"Is my layout good?": the verdict on one of the user's layouts, and the nearest variant that fits.
 
-    verdict(answer, layout)         # -> dict: fits or not (and by what), tokens/s, change vs the pick, rank,
+    verdict(answer, layout)         # -> Verdict: fits or not (and by what), tokens/s, change vs the pick, rank,
                                     #    largest time and memory terms, a layout that beats it at no more memory,
                                     #    the nearest variant that fits when it does not
     nearest_fitting(answer, layout) # -> (row, changes) of the closest layout of the space that fits, or None
@@ -20,6 +20,7 @@ import numpy as np
 
 from autotune.tuning.analytic_pass import AnalyticAnswer
 from autotune.tuning.answer import largest_time_term
+from autotune.tuning.decision import Verdict
 from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES, Layout
 from search_spaces.units import GIB
 
@@ -81,8 +82,8 @@ def nearest_fitting(answer: AnalyticAnswer, layout: Layout) -> tuple[int, list[s
     return row, _changes(answer.table, row, layout)
 
 
-def verdict(answer: AnalyticAnswer, layout: Layout) -> dict[str, Any]:
-    """The verdict on `layout` against the whole scored space (module docstring); plain data for best.json."""
+def verdict(answer: AnalyticAnswer, layout: Layout) -> Verdict:
+    """The verdict on `layout` against the whole scored space (module docstring)."""
     from autotune.cost.analytic import AnalyticBackend
 
     capacity = float(answer.scores.capacity_bytes)
@@ -91,7 +92,7 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> dict[str, Any]:
         headroom_bytes=answer.job.cluster.gpu.memory_bytes - capacity, calibration=answer.cal).evaluate(answer.job,
                                                                                                        layout)
     out: dict[str, Any] = {"layout": str(layout), "status": m.status, "in_space": row is not None,
-                           "violations": list(m.violations), "memory_gib": m.memory_gib,
+                           "violations": tuple(m.violations), "memory_gib": m.memory_gib,
                            "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu, "mfu": m.mfu,
                            "largest_memory_term": m.extra.get("dominant_memory")}
     fits = m.status == "ok" and m.memory_bytes is not None and m.memory_bytes <= capacity
@@ -101,7 +102,7 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> dict[str, Any]:
     term = largest_time_term(m.time, m.step_time_s)
     if term is not None:
         out["largest_time_term"], out["largest_time_share"] = term[0], term[1]
-    s, d = answer.scores, answer.decision
+    s, d = answer.scores, answer.ranking
     tokens = s.tokens_per_s_per_gpu
     if fits and m.tokens_per_s_per_gpu:
         t = m.tokens_per_s_per_gpu
@@ -125,10 +126,10 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> dict[str, Any]:
         near = nearest_fitting(answer, layout)
         if near is not None:
             r, changes = near
-            out.update(nearest=str(answer.layout(r)), nearest_changes=changes,
+            out.update(nearest=str(answer.layout(r)), nearest_changes=tuple(changes),
                        nearest_tokens_per_s_per_gpu=float(tokens[r]),
                        nearest_free_gib=float((capacity - s.total_bytes[r]) / GIB))
-    return out
+    return Verdict(**out)
 
 
 def gain_terms(pick: Any, yours: Any) -> list[tuple[str, float, float]]:
@@ -148,7 +149,7 @@ def gain_vs_pick(pick: Any, yours: Any) -> dict[str, Any]:
         return {}
     gain = float(pick.tokens_per_s_per_gpu) / float(yours.tokens_per_s_per_gpu) - 1.0
     terms = gain_terms(pick, yours)
-    out: dict[str, Any] = {"pick_gain": gain, "gain_terms": [list(t) for t in terms[:4]]}
+    out: dict[str, Any] = {"pick_gain": gain, "gain_terms": tuple(terms[:4])}
     if gain > UNVERIFIED_GAIN and terms:
         term, mine, theirs = terms[0]
         saved = sum(a - b for _, a, b in terms if a > b) or (mine - theirs)

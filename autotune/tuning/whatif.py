@@ -101,7 +101,7 @@ def _answer_row(job: Job, *, headroom_bytes: float, options: SpaceOptions, token
     space = feasible_space(job, options)
     cal = DEFAULT_CALIBRATION if calibration is None else calibration.calibration(job.cluster.gpu)
     answer = analytic_pass(job, space, capacity_bytes=job.cluster.gpu.memory_bytes - headroom_bytes, cal=cal)
-    s, d = answer.scores, answer.decision
+    s, d = answer.scores, answer.ranking
     fits = int(s.fits.sum())
     if d.pick is None:
         closest = float(s.total_bytes.min() / GIB) if len(s.total_bytes) else None

@@ -277,7 +277,7 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
     title = (f"Best layouts (of {result.space_size:,} scored)" if result.mode == "analytic"
              else f"Best layouts by the model, of the {len(ranked)} the CPU proxy ran" if answer.cpu_proxy
              else f"Best layouts (of {len(result.records)} trials)")
-    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=answer.decision.tied,
+    console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=answer.decision.tied_layouts,
                                pick=pick))
     console.print(f"{FLAGS_LEGEND}; {MARKS_LEGEND}; {BOUND_NOTE}", markup=False, highlight=False, style="dim")
     _decision_lines(console, result)
@@ -358,15 +358,17 @@ def _summary_line(console: Any, result: Any) -> None:
 
 def _decision_lines(console: Any, result: Any) -> None:
     """How sure the pick is and why; the memory-margin and pipeline-batch warnings."""
+    from autotune.tuning.decision import PROXY
+
     d = result.answer.decision
     if d.sentence:
         console.print(d.sentence, markup=False, highlight=False)
-    if d.analytic_pick and d.analytic_pick != d.pick:
-        what = "the GPU measurements overrule it" if d.stage == "measured" else "it failed on the CPU proxy"
-        console.print(f"The model's own pick was {d.analytic_pick}; {what}.", markup=False, highlight=False)
-    for warning in (d.memory_warning.text if d.memory_warning else None, d.pipeline_warning):
-        if warning:
-            console.print("Warning: " + warning + ".", style="yellow", markup=False, highlight=False)
+    if d.overruled:
+        what = ("the GPU measurements overrule it" if d.stage == "measured" else
+                "it failed on the CPU proxy" if d.basis == PROXY else "it failed when measured")
+        console.print(f"The model's own pick was {d.overruled}; {what}.", markup=False, highlight=False)
+    for warning in d.warnings:
+        console.print("Warning: " + warning + ".", style="yellow", markup=False, highlight=False)
 
 
 def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
