@@ -36,7 +36,8 @@ def test_the_pick_is_the_rule_applied_to_the_scalar_scores() -> None:
     assert None not in memory  # the analytic backend estimates every layout's memory
     free = job.cluster.gpu.memory_bytes - np.array(memory, dtype=float)
     eligible = np.array([m.status == "ok" for m in ms]) & ~equivalent_to_simpler(table)
-    ref = decide(tokens, free, complexity(table), eligible=eligible)
+    ref = decide(tokens, free, complexity(table), eligible=eligible, memory_bytes=np.array(memory, dtype=float),
+                 keep_error_free=True)
     assert ref.pick is not None and answer.ranking.pick is not None
     assert layouts[ref.pick] == answer.layout(answer.ranking.pick)
     assert [layouts[i] for i in ref.tied] == [answer.layout(i) for i in answer.ranking.tied]

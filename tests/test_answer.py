@@ -20,7 +20,7 @@ from autotune.tuning.analytic_pass import analytic_pass
 from autotune.tuning.analytic_search import analytic_decision, measured_decision
 from autotune.tuning.answer import PROXY, SearchResult
 from autotune.tuning.driver import run_search
-from autotune.tuning.ranking import MEMORY_RESOLUTION
+from autotune.tuning.ranking import MEMORY_RESOLUTION, TIE_TOLERANCE, inside_memory_error
 from autotune.tuning.results import TrialRecord
 from autotune.tuning.verdicts import NEAREST_FIELDS, UNVERIFIED_GAIN, gain_vs_pick, nearest_fitting, nearest_variant
 from autotune.ui.api import make_job
@@ -41,16 +41,19 @@ JOBS = [
 
 @pytest.mark.parametrize(("model", "nodes", "kwargs"), JOBS)
 def test_no_layout_dominates_the_pick(model, nodes, kwargs) -> None:
-    # over the whole space scored: no layout that fits is faster at a peak within the memory model's resolution of
-    # the pick's (so none is faster at equal or less memory either)
+    # over the whole space scored: the pick leaves the memory model's error free (some layout does here), and no
+    # layout that fits and leaves it free is faster at a peak within the memory model's resolution of the pick's
+    # (so none is faster at equal or less memory either)
     job = make_job(model, nodes=nodes, **kwargs)
     answer = analytic_pass(job, feasible_space(job, DEFAULT_SPACE))
     s, pick = answer.scores, answer.ranking.pick
     assert pick is not None
     tokens, memory = s.tokens_per_s_per_gpu, s.total_bytes
-    beats = answer.eligible & (tokens > tokens[pick]) & (memory <= memory[pick] * (1 + MEMORY_RESOLUTION))
+    safe = answer.eligible & ~inside_memory_error(answer.free_bytes, memory)
+    assert safe[pick] and answer.ranking.error_free == bool((answer.eligible & ~safe).any())
+    beats = safe & (tokens > tokens[pick]) & (memory <= memory[pick] * (1 + MEMORY_RESOLUTION))
     assert not beats.any(), [str(answer.layout(int(i))) for i in np.flatnonzero(beats)[:3]]
-    assert tokens[pick] >= (1 - answer.ranking.tolerance) * np.nanmax(np.where(answer.eligible, tokens, np.nan))
+    assert tokens[pick] >= (1 - answer.ranking.tolerance) * np.nanmax(np.where(safe, tokens, np.nan))
     # issue 21: the README pick was `tp4 ... rc=sel` at -1.4% tokens/s over the same layout without recompute, to
     # save 0.008 GiB; a pick with recompute is never one its twin without recompute beats in about the same memory
     picked = str(answer.layout(pick))
@@ -188,6 +191,29 @@ def test_nearest_fitting_changes_the_fewest_fields() -> None:
     assert near is not None and near["layout"] == str(answer.layout(row)) and near["changes"] == changes
 
 
+def test_the_readme_pick_fits_with_the_memory_models_confidence(readme, tmp_path) -> None:
+    # issue 46: the README pick left 2.0 GiB free against a 2.9 GiB error while a layout with room was 4% slower;
+    # now the pick leaves the error free and the faster layout inside it is named beside it, marked '!' in the table
+    d = readme.answer.decision
+    pick = readme.best
+    assert pick is not None and pick.memory_bytes is not None and d.error_free and d.memory_warning is None
+    assert not inside_memory_error(readme.capacity_bytes - pick.memory_bytes, pick.memory_bytes)
+    fitting = [r.measurement for r in readme.records if r.feasible]
+    fastest = max(fitting, key=lambda m: m.tokens_per_s_per_gpu or 0.0)
+    assert d.riskier is not None and d.riskier.layout == str(fastest.layout) and d.riskier.text in d.warnings
+    assert d.riskier.free_gib < d.riskier.error_gib and d.riskier.change > 0
+    assert readme.answer.inside_error(next(r for r in readme.records if r.layout == fastest.layout))
+    # the ranking reads the same: the layouts that leave the error free first
+    inside = [readme.answer.inside_error(r) for r in readme.answer.ranked]
+    assert inside == sorted(inside) and not inside[0]
+    # a search given --headroom-gib trusts that headroom: 0 GiB takes the faster layout, flagged
+    bold = run_search(make_job("mixtral", nodes=4), output_dir=tmp_path / "bold", progress=False, headroom_bytes=0.0)
+    b = bold.answer.decision
+    assert not b.error_free and b.riskier is None and b.memory_warning is not None
+    assert bold.best is not None and bold.best.tokens_per_s_per_gpu is not None
+    assert bold.best.tokens_per_s_per_gpu >= (1 - TIE_TOLERANCE) * d.riskier.tokens_per_s_per_gpu
+
+
 def test_a_pick_inside_the_memory_error_is_flagged_with_the_headroom_to_use(tmp_path) -> None:
     # qwen3-30b-a3b on one node at 16K tokens: every layout near the fastest leaves less free than the memory model's
     # error (3.7% of the peak), so the pick is flagged (free + the headroom kept below the error). The warning names
@@ -196,7 +222,7 @@ def test_a_pick_inside_the_memory_error_is_flagged_with_the_headroom_to_use(tmp_
         job = make_job("qwen3-30b-a3b", nodes=nodes, seq_length=seq, global_batch_size=gbs)
         space = feasible_space(job, DEFAULT_SPACE)
         for kept in (0.0, 0.25):
-            answer = analytic_pass(job, space, headroom_bytes=kept * GIB)
+            answer = analytic_pass(job, space, headroom_bytes=kept * GIB, keep_error_free=False)  # as --headroom-gib
             d = analytic_decision(answer)
             pick_peak = answer.scores.total_bytes[answer.ranking.pick] / GIB
             w = d.memory_warning

@@ -15,7 +15,9 @@ from autotune.tuning.ranking import (
     decide,
     dominated,
     equivalent_to_simpler,
+    inside_memory_error,
     memory_margin,
+    riskier_layout,
 )
 from search_spaces.layout import Layout
 from search_spaces.units import GIB
@@ -101,6 +103,31 @@ def test_memory_margin_names_the_headroom_and_the_pick_it_gives() -> None:
                          labels=["a", "b", "c"])
     assert kept is not None and kept.headroom_gib == pytest.approx(2.9) and kept.layout == "b"
     assert "beyond the 0.5 GiB headroom kept" in kept.text
+
+
+def test_the_pick_leaves_the_memory_error_free_and_names_the_riskier_one() -> None:
+    # 80 GiB GPU, 3.7% error: 78 GiB (2 GiB free < 2.886) and 77.5 GiB (2.5 < 2.87) are inside it, 70 and 50 are not
+    tokens, memory = [100.0, 99.0, 95.0, 90.0], [78.0, 77.5, 70.0, 50.0]
+    assert list(inside_memory_error(CAPACITY_GIB * GIB - np.array(memory) * GIB, np.array(memory) * GIB)) == [
+        True, True, False, False]
+    r = _pick(tokens, memory, keep_error_free=True)
+    assert r.pick == 2 and r.error_free and r.riskier == 0  # the fastest outside the error; the fastest inside named
+    assert list(r.order) == [2, 3, 0, 1]  # outside the error first, then inside it, each fastest first
+    assert list(r.tied) == [2] and r.details["fastest_tokens_per_s_per_gpu"] == 95.0
+    assert r.reason.startswith("2 of the 4 layouts that fit leave the memory model's error free")
+    note = riskier_layout(np.array(tokens), np.array(memory) * GIB, CAPACITY_GIB * GIB, pick=r.pick,
+                          riskier=r.riskier, labels=["a", "b", "c", "d"])
+    assert note is not None and note.layout == "a" and note.change == pytest.approx(100 / 95 - 1)
+    assert note.free_gib == pytest.approx(2.0) and note.error_gib == pytest.approx(MEMORY_RESOLUTION * 78)
+    assert "--headroom-gib 0" in note.text
+    # without the rule (the user's --headroom-gib) the error only breaks ties: 99 is within 2% of 100 and inside too
+    assert _pick(tokens, memory).pick == 0 and _pick(tokens, memory).riskier is None
+    # when every layout is inside the error, the rule cannot hold: the usual pick, flagged by memory_margin
+    every = _pick(tokens[:2], memory[:2], keep_error_free=True)
+    assert every.pick == 0 and not every.error_free and every.riskier is None
+    # a slower layout inside the error is no riskier alternative
+    slow = _pick([100.0, 90.0], [70.0, 78.0], keep_error_free=True)
+    assert slow.pick == 0 and slow.error_free and slow.riskier is None and list(slow.order) == [0, 1]
 
 
 def test_ineligible_rows_are_not_ranked() -> None:

@@ -31,7 +31,8 @@ FLAGS_TEXT = ("sp sequence parallel, dopt distributed optimizer, rc recompute (s
               "all-to-all overlap, split uneven pipeline stages (first|..|last layers; emb+loss: embedding and loss "
               "count as layers), fsdp Megatron-FSDP (ZeRO-3), off=N activations of N layers offloaded to the host")
 FLAGS_LEGEND = "flags: " + FLAGS_TEXT
-MARKS_LEGEND = "* the pick, = tied with the pick (the model cannot tell them apart)"
+MARKS_LEGEND = ("* the pick, = tied with the pick (the model cannot tell them apart), ! free memory inside the memory "
+                "model's error (may not fit; never the pick while another layout leaves it free)")
 _GRAPH_FLAGS = {"transformer_engine": "te", "full_iteration": "full", "local": "local"}
 _GAP = 1  # columns are separated by one space (box.SIMPLE_HEAD without padding)
 _FLAGS_NARROW = 16  # the flags column wraps onto a second line beyond this, unless wide ("sp dopt rc=full" is 15)
@@ -133,7 +134,8 @@ def _columns(records: Sequence[Any], *, moe: bool, ranks: bool) -> list[_Column]
     predicted = any("analytic_prediction" in r.measurement.extra for r in records)
     proxy = any("proxy" in r.measurement.extra for r in records)
     if ranks:
-        cols = [_Column("#", lambda r: f"{r._rank}{'*' if r._pick else '=' if r._tied else ''}", 0)]
+        cols = [_Column("#", lambda r: f"{r._rank}{'*' if r._pick else '=' if r._tied else '!' if r._risky else ''}",
+                        0)]
     else:
         cols = [_Column("", lambda r: "*" if r._pick else "", 0)]
     for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs"):
@@ -172,8 +174,8 @@ def _layout_cell(key: str) -> Callable[[Any], str]:
 class _Ranked:
     """A record with its rank and marks, for the '#' column."""
 
-    def __init__(self, record: Any, rank: int, tied: bool = False, pick: bool = False) -> None:
-        self._record, self._rank, self._tied, self._pick = record, rank, tied, pick
+    def __init__(self, record: Any, rank: int, tied: bool = False, pick: bool = False, risky: bool = False) -> None:
+        self._record, self._rank, self._tied, self._pick, self._risky = record, rank, tied, pick, risky
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._record, name)
@@ -201,11 +203,12 @@ def _flags(columns: list[_Column]) -> _Column | None:
 
 
 def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width: int, wide: bool,
-           tied: Collection[str] = (), pick: str | None = None) -> Any:
+           tied: Collection[str] = (), pick: str | None = None, risky: Collection[str] = ()) -> Any:
     from rich import box
     from rich.table import Table
 
-    rows = [_Ranked(r, i, str(r.layout) in tied, str(r.layout) == pick) for i, r in enumerate(records, 1)]
+    rows = [_Ranked(r, i, str(r.layout) in tied, str(r.layout) == pick, str(r.layout) in risky)
+            for i, r in enumerate(records, 1)]
     shown = _fit(_columns(records, moe=moe, ranks=ranks), rows, width, wide)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False,
                   show_edge=False)
@@ -218,11 +221,12 @@ def _table(title: str, records: Sequence[Any], *, moe: bool, ranks: bool, width:
 
 
 def ranked_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, title: str = "",
-                 tied: Collection[str] = (), pick: str | None = None) -> Any:
+                 tied: Collection[str] = (), pick: str | None = None, risky: Collection[str] = ()) -> Any:
     """The ranked layouts (TrialRecords, in the answer's order: the pick first) as a rich Table that fits `width`;
-    the pick's rank carries a '*', those of the layouts in `tied` (layout texts: tied with the pick) an '='."""
+    the pick's rank carries a '*', those of the layouts in `tied` (layout texts: tied with the pick) an '=', those
+    in `risky` (inside the memory model's error) a '!'."""
     return _table(title or "Best layouts", records, moe=moe, ranks=True, width=width, wide=wide, tied=tied,
-                  pick=pick)
+                  pick=pick, risky=risky)
 
 
 def pareto_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = False, pick: str | None = None) -> Any:

@@ -8,7 +8,8 @@ Every layout of `space` is scored by `autotune.cost.score.score_layouts` (the me
 figures equal to `AnalyticBackend.evaluate` per layout; the step time only where the layout fits), then
 `autotune.tuning.ranking.decide` picks among the
 layouts that fit: the fastest, up to ties (never one another beats on speed at no more memory; then free memory
-outside the memory model's error, then the simplest), equivalent layouts merged. No Ray,
+outside the memory model's error, then the simplest), equivalent layouts merged; by default only among the layouts
+that leave the memory model's error free, when any does. No Ray,
 no Optuna, no Layout object per row.
 """
 
@@ -105,9 +106,10 @@ class AnalyticAnswer:
 
 def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | None = None,
                   headroom_bytes: float = 0.0, cal: Calibration = DEFAULT_CALIBRATION,
-                  tolerance: float = TIE_TOLERANCE) -> AnalyticAnswer:
+                  tolerance: float = TIE_TOLERANCE, keep_error_free: bool = True) -> AnalyticAnswer:
     """Score and rank every layout of `space` (module docstring). `capacity_bytes` defaults to the GPU's memory
-    minus `headroom_bytes`."""
+    minus `headroom_bytes`. `keep_error_free`: the pick leaves the memory model's error free when some layout
+    does (the default; a search given `--headroom-gib` trusts that headroom instead)."""
     t0 = time.perf_counter()
     table = LayoutTable.from_space(space)
     t1 = time.perf_counter()
@@ -120,7 +122,8 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
                       band=cal.band_for(job.cluster.gpu, job.training.precision, job.model.is_moe),
                       band_note=cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
                       labels=_Labels(table), memory_bytes=scores.total_bytes,
-                      kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes))
+                      kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes),
+                      keep_error_free=keep_error_free)
     t3 = time.perf_counter()
     return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, ranking=ranking,
                           cal=cal,

@@ -24,7 +24,15 @@ from typing import Any
 from autotune.tuning.analytic_pass import AnalyticAnswer
 from autotune.tuning.batch_advice import pipeline_warning
 from autotune.tuning.decision import GPU, MODEL, PROXY, Decision, Verdict
-from autotune.tuning.ranking import Ranking, complexity, decide_layouts, measured_tolerance, memory_margin
+from autotune.tuning.ranking import (
+    Ranking,
+    complexity,
+    decide_layouts,
+    inside_memory_error,
+    measured_tolerance,
+    memory_margin,
+    riskier_layout,
+)
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
 
@@ -39,7 +47,7 @@ def _named(r: Ranking, name: Any) -> dict[str, Any]:
             "fastest": None if r.fastest is None else name(r.fastest),
             "tied": int(len(r.tied)), "tied_layouts": tuple(name(int(i)) for i in r.tied[:MAX_TIED_LISTED]),
             "confidence": r.confidence, "reason": r.reason, "tolerance": r.tolerance, "within_band": r.in_band,
-            "band": r.band, "memory_resolution": r.resolution, **r.details}
+            "band": r.band, "memory_resolution": r.resolution, "error_free": r.error_free, **r.details}
 
 
 def analytic_decision(answer: AnalyticAnswer, user: Sequence[Layout] = ()) -> Decision:
@@ -47,11 +55,14 @@ def analytic_decision(answer: AnalyticAnswer, user: Sequence[Layout] = ()) -> De
     from autotune.tuning.verdicts import verdict
 
     r, s = answer.ranking, answer.scores
+    kept = answer.job.cluster.gpu.memory_bytes - float(s.capacity_bytes)
     margin = memory_margin(s.tokens_per_s_per_gpu, s.total_bytes, float(s.capacity_bytes), complexity(answer.table),
                            eligible=answer.eligible, pick=r.pick, tolerance=r.tolerance, resolution=r.resolution,
-                           labels=_Labels(answer), kept_bytes=answer.job.cluster.gpu.memory_bytes - s.capacity_bytes)
+                           labels=_Labels(answer), kept_bytes=kept)
+    riskier = riskier_layout(s.tokens_per_s_per_gpu, s.total_bytes, float(s.capacity_bytes), pick=r.pick,
+                             riskier=r.riskier, resolution=r.resolution, labels=_Labels(answer), kept_bytes=kept)
     return Decision(stage="analytic", basis=MODEL, space_size=answer.size, space=space_counts(answer),
-                    **_named(r, lambda i: str(answer.layout(int(i)))),
+                    **_named(r, lambda i: str(answer.layout(int(i)))), riskier=riskier,
                     pipeline_warning=pipeline_warning(answer), memory_warning=margin,
                     yours=tuple(verdict(answer, layout) for layout in dict.fromkeys(user)))
 
@@ -165,14 +176,19 @@ def proxy_checked(analytic: Decision, last: dict[Layout, Measurement], answer: A
 def avoid_failed(out: Decision, failed: dict[Layout, Measurement], answer: AnalyticAnswer | None,
                  where: str) -> Decision:
     """`out` with its pick moved to the first layout of the model's ranking that did not fail, when the pick failed
-    to build or train (`where` it failed, for the reason)."""
+    to build or train (`where` it failed, for the reason): of those that leave the memory model's error free first,
+    when the pick did."""
     pick = out.pick
     if answer is None or pick is None or not any(str(lay) == pick for lay in failed):
         return out
-    for row in answer.ranking.order:
+    r, s = answer.ranking, answer.scores
+    inside = inside_memory_error(answer.free_bytes, s.total_bytes, r.resolution,
+                                 answer.job.cluster.gpu.memory_bytes - float(s.capacity_bytes))
+    order = r.order if r.pick is None or inside[r.pick] else [*r.order[~inside[r.order]], *r.order[inside[r.order]]]
+    for row in order:
         layout = answer.layout(int(row))
         if layout not in failed:
-            return replace(out, model_pick=pick, pick=str(layout), memory_warning=None,
+            return replace(out, model_pick=pick, pick=str(layout), memory_warning=None, riskier=None,
                            reason=(f"the model's pick {pick} failed {where} ({failed_reason(failed, pick)}); picked "
                                    f"the next of the model's ranking that was not seen to fail"))
     return out

@@ -75,6 +75,11 @@ class Answer:
         """The whole space's counts: valid, fit, out of memory by largest term."""
         return self.decision.space
 
+    def inside_error(self, r: TrialRecord) -> bool:
+        """Is a predicted peak's free memory (with the headroom kept) inside the memory model's error
+        (`ranking.inside_memory_error`)? A measured peak carries no model error."""
+        return _inside_error(self.job, self.capacity_bytes, self.decision, r)
+
     def model_records(self, k: int = 5) -> list[TrialRecord]:
         """The first k of `ranked` with the cost model's figures and terms (what the breakdown plots stack): a
         record of the model as it is, a measured one scored by the model for the real job."""
@@ -118,13 +123,26 @@ def answer_of(result: SearchResult) -> Answer:
         pick = made if made is not None and made.feasible else None
         if pick is not None:
             pool = [pick, *pool]
-    ranked = sorted(pool, key=lambda r: (-_tokens_of(r), r.measurement.memory_bytes or 0.0, str(r.layout)))
+    risky = functools.partial(_inside_error, result.job, result.capacity_bytes, decision) if decision.error_free else (
+        lambda r: False)
+    ranked = sorted(pool, key=lambda r: (risky(r), -_tokens_of(r), r.measurement.memory_bytes or 0.0, str(r.layout)))
     if pick is not None:
         ranked = [pick, *[r for r in ranked if r is not pick]]
     front = pareto_front(pool)
     front = sorted(front, key=lambda r: (r is not pick, -_tokens_of(r), str(r.layout)))
     return Answer(job=result.job, calibration=result.calibration, records=tuple(result.records), ranked=tuple(ranked),
                   pareto=tuple(front), decision=decision, capacity_bytes=result.capacity_bytes)
+
+
+def _inside_error(job: Job, capacity_bytes: float, decision: Decision, r: TrialRecord) -> bool:
+    from autotune.tuning.ranking import MEMORY_RESOLUTION, inside_memory_error
+
+    m = r.measurement
+    if m.source != "analytic" or m.memory_bytes is None:
+        return False
+    kept = job.cluster.gpu.memory_bytes - capacity_bytes
+    resolution = decision.memory_resolution or MEMORY_RESOLUTION
+    return bool(inside_memory_error(capacity_bytes - m.memory_bytes, m.memory_bytes, resolution, kept))
 
 
 def _find(pool: Sequence[TrialRecord], layout: str | None) -> TrialRecord | None:

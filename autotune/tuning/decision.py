@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
-__all__ = ["Decision", "MemoryWarning", "PipelineWarning", "Verdict", "MODEL", "GPU", "PROXY"]
+__all__ = ["Decision", "MemoryWarning", "PipelineWarning", "RiskierLayout", "Verdict", "MODEL", "GPU", "PROXY"]
 
 MODEL, GPU = "model", "GPU measurements"
 PROXY = "model; CPU proxy checked that layouts build and train"  # CPU-proxy jobs never overrule the model
@@ -48,6 +48,19 @@ class MemoryWarning:
     change: float | None = None  # its tokens/s relative to the pick's
     free_then_gib: float | None = None
 
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RiskierLayout:
+    """A layout the model calls faster than the pick whose free memory is inside the memory model's error: shown
+    beside the pick, never instead of it (`autotune.tuning.ranking.riskier_layout`)."""
+
+    layout: str
+    tokens_per_s_per_gpu: float
+    change: float  # its tokens/s relative to the pick's
+    free_gib: float
+    error_gib: float
+    text: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,6 +142,7 @@ class Decision:
     within_band: int = 0
     band: tuple[float, float] | None = None
     memory_resolution: float | None = None
+    error_free: bool = False  # picked among the layouts that leave the memory model's error free (those first)
     fastest_tokens_per_s_per_gpu: float | None = None
     pick_tokens_per_s_per_gpu: float | None = None
     pick_free_gib: float | None = None
@@ -138,6 +152,7 @@ class Decision:
     space: dict[str, Any] = field(default_factory=dict)  # the whole space's counts (`analytic_search.space_counts`)
     measured: int | None = None  # layouts measured (a measuring backend)
     memory_warning: MemoryWarning | None = None
+    riskier: RiskierLayout | None = None
     pipeline_warning: PipelineWarning | None = None
     yours: tuple[Verdict, ...] = ()
     model_pick: str | None = None
@@ -159,8 +174,9 @@ class Decision:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """The memory-margin and pipeline-batch warnings' texts, as the terminal and the report print them."""
-        return tuple(w.text for w in (self.memory_warning, self.pipeline_warning) if w is not None)
+        """The memory-margin, riskier-layout and pipeline-batch warnings' texts, as the terminal and the report
+        print them."""
+        return tuple(w.text for w in (self.memory_warning, self.riskier, self.pipeline_warning) if w is not None)
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)

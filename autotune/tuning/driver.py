@@ -294,7 +294,9 @@ def run_search(
     each a helper, run in that order.)
 
     `trials`: the budget of trials (seeds included). `headroom_bytes`: kept free on each GPU beyond the memory
-    model's own allowance (default 0). `compare`: layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `baseline`:
+    model's own allowance; without it (None) none is kept but the pick leaves the memory model's error free when
+    some layout does (a faster layout inside the error is named beside it, `Decision.riskier`). `compare`:
+    layout texts (`"tp=2,pp=4,ep=8"`) evaluated too. `baseline`:
     NVIDIA's published layout for the job, when there is one (`search_spaces.published_recipes`), is evaluated
     (and measured) first, with a verdict of its own.
     `exhaustive_threshold`:
@@ -329,6 +331,7 @@ def run_search(
         raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)} or module:Class, but got {strategy!r}.")
     options = space_options or DEFAULT_SPACE
     headroom = default_headroom_bytes(job) if headroom_bytes is None else float(headroom_bytes)
+    keep_error_free = headroom_bytes is None  # the user's --headroom-gib is the margin they chose
     _check_headroom(job, headroom)
     folder = Path(resume) if resume is not None else Path(output_dir) if output_dir else default_output_dir(job)
     # Every input is checked before the folder is touched: a refused search changes nothing.
@@ -347,6 +350,7 @@ def run_search(
         if meta is not None:  # the resumed search's own settings
             trials, seed, naming = int(meta["trials"]), int(meta.get("seed", seed)), meta.get("naming", naming)
             headroom = float(meta["headroom_bytes"])
+            keep_error_free = bool(meta.get("keep_error_free", False))
             _check_headroom(job, headroom)
         capacity = job.cluster.gpu.memory_bytes - headroom
         done = read_trials(folder, capacity, job=fingerprint) if meta is not None else []
@@ -355,7 +359,7 @@ def run_search(
         say(f"scoring {space.size:,} layouts with the cost models")
         from autotune.tuning.analytic_pass import analytic_pass
 
-        answer = analytic_pass(job, space, capacity_bytes=capacity, cal=cal)
+        answer = analytic_pass(job, space, capacity_bytes=capacity, cal=cal, keep_error_free=keep_error_free)
         t_analytic = time.perf_counter() - t_analytic
         if meta:
             mode = meta["mode"]
@@ -371,7 +375,8 @@ def run_search(
                           progress=progress if callable(progress) else None, analytic=answer, notice=notice,
                           strategy=strategy or ("front" if backend_name == "analytic" else DEFAULT_STRATEGY))
         meta = {"fingerprint": fingerprint, "job": job_summary(job), "trials": trials, "seed": seed,
-                "naming": naming, "headroom_bytes": headroom, "backend": backend_name, "space_size": space.size,
+                "naming": naming, "headroom_bytes": headroom, "keep_error_free": keep_error_free,
+                "backend": backend_name, "space_size": space.size,
                 "mode": mode, "completed": False, "strategy": plan.strategy if mode == "search" else None,
                 "compare": list(compare), "study": f"sqlite:///{(folder / STUDY_DB).resolve()}",
                 "recipe": None if recipe is None else {"layout": str(recipe[1]), "label": recipe[0].label},

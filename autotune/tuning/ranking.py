@@ -34,13 +34,13 @@ from typing import Any
 import numpy as np
 
 from autotune.cost.layout_table import LayoutTable
-from autotune.tuning.decision import MemoryWarning
+from autotune.tuning.decision import MemoryWarning, RiskierLayout
 from search_spaces.layout import Layout
 from search_spaces.units import GIB
 
-__all__ = ["pareto_rows", "TIE_TOLERANCE", "MEMORY_RESOLUTION", "Ranking", "decide", "complexity", "layout_complexity",
-           "equivalent_to_simpler", "canonical", "decide_layouts", "measured_tolerance", "MEASURED_TOLERANCE",
-           "dominated", "memory_margin", "switch_count"]
+__all__ = ["pareto_rows", "TIE_TOLERANCE", "MEMORY_RESOLUTION", "Ranking", "decide", "inside_memory_error",
+           "riskier_layout", "complexity", "layout_complexity", "equivalent_to_simpler", "canonical", "decide_layouts",
+           "measured_tolerance", "MEASURED_TOLERANCE", "dominated", "memory_margin", "switch_count"]
 
 TIE_TOLERANCE = 0.02  # relative tokens/s below which the model's ranking is no reason to prefer a layout
 # The memory model's mean |error| of the device peak on 27 public measured runs (docs/memory-model.md section 5,
@@ -147,13 +147,26 @@ class Ranking:
     candidates: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     resolution: float = MEMORY_RESOLUTION
     details: dict[str, Any] = field(default_factory=dict)  # figures named as `Decision` fields (pick_free_gib, ...)
+    riskier: int | None = None  # with keep_error_free: the fastest row, faster than the pick, inside the memory error
+    error_free: bool = False  # picked among the rows that leave the memory model's error free (`keep_error_free`)
+
+
+def inside_memory_error(free_bytes: Any, memory_bytes: Any, resolution: float = MEMORY_RESOLUTION,
+                        kept_bytes: float = 0.0) -> Any:
+    """Is a layout's free memory (plus the headroom the search keeps) inside the memory model's error, its
+    `resolution` x the peak? The one rule for "the prediction cannot promise it fits"."""
+    return np.asarray(free_bytes) + kept_bytes < resolution * np.asarray(memory_bytes)
 
 
 def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *, eligible: np.ndarray | None = None,
            tolerance: float = TIE_TOLERANCE, band: tuple[float, float] | None = None, measured: bool = False,
            labels: Sequence[str] | None = None, memory_bytes: np.ndarray | None = None,
-           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0, band_note: str | None = None) -> Ranking:
+           resolution: float = MEMORY_RESOLUTION, kept_bytes: float = 0.0, band_note: str | None = None,
+           keep_error_free: bool = False) -> Ranking:
     """Rank the eligible rows (fitting, not an equivalent of a simpler one) and pick one (module docstring).
+
+    `keep_error_free`: pick only among the rows that leave the memory model's error free (when any does; the
+    fastest of the others is the ranking's `riskier`); else that margin only breaks ties.
 
     `memory_bytes`: each row's peak (for the resolution and the error margin; without it memory is compared exactly,
     by free memory). `kept_bytes`: the headroom the search keeps beyond `free_bytes`, which counts toward the margin
@@ -167,14 +180,20 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
     rows = np.flatnonzero(ok)
     if len(rows) == 0:
         return Ranking(pick=None, fastest=None, order=rows, tied=rows, in_band=0, tolerance=tolerance, band=band,
-                        reason="no layout fits", confidence="none", resolution=resolution)
+                       reason="no layout fits", confidence="none", resolution=resolution)
     if memory_bytes is None:  # compare by free memory, exactly; no error margin
         memory, res = -free_bytes, 0.0
         unsafe = np.zeros(len(tokens), dtype=bool)
     else:
         memory, res = np.asarray(memory_bytes, dtype=np.float64), resolution
-        unsafe = free_bytes + kept_bytes < resolution * memory
-    by_speed = rows[np.lexsort((simplicity[rows], -tokens[rows]))]  # fastest first, ties: simpler
+        unsafe = inside_memory_error(free_bytes, memory, resolution, kept_bytes)
+    everything = rows[np.lexsort((simplicity[rows], -tokens[rows]))]  # fastest first, ties: simpler
+    restricted = keep_error_free and bool(unsafe[rows].any()) and not unsafe[rows].all()
+    if restricted:
+        # inside the error is a peak above a threshold (free = capacity - peak), so no row outside it is dominated
+        # by one inside it: the pick among the rows outside the error is the pick of their own space
+        rows = rows[~unsafe[rows]]
+    by_speed = everything[np.isin(everything, rows)]
     fastest = int(by_speed[0])
     best = tokens[fastest]
     tied = by_speed[tokens[by_speed] >= best * (1.0 - tolerance)]
@@ -182,21 +201,25 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
     # every row faster than a tied row is tied too, so dominance among the tied rows is dominance in the whole space
     candidates = tied[~beaten]
     pick = int(candidates[np.lexsort((-tokens[candidates], simplicity[candidates], unsafe[candidates]))[0]])
-    order = np.concatenate(([pick], by_speed[by_speed != pick]))
+    risky = everything[unsafe[everything]] if restricted else everything[:0]
+    order = np.concatenate(([pick], by_speed[by_speed != pick], risky))  # inside the error last, when it is kept
+    riskier = int(risky[0]) if len(risky) and tokens[risky[0]] > tokens[pick] * (1.0 + 1e-12) else None
     in_band = 0
     if band is not None:
         low = tokens[pick] * math.exp(band[0])
-        in_band = int(np.count_nonzero(tokens[rows] >= low)) - 1
+        in_band = int(np.count_nonzero(tokens[everything] >= low)) - 1
     name = (lambda i: labels[i]) if labels is not None else (lambda i: f"row {i}")
     details: dict[str, Any] = {"fastest_tokens_per_s_per_gpu": float(best),
                                   "pick_tokens_per_s_per_gpu": float(tokens[pick]),
                                   "pick_free_gib": float(free_bytes[pick] / GIB),
                                   "dominated_ties": int(len(tied) - len(candidates))}
     if len(by_speed) > 1:
-        runner = int(order[1])
+        runner = int(by_speed[by_speed != pick][0])
         details["runner_up_margin"] = float(1.0 - tokens[runner] / tokens[pick])
     what = "measured" if measured else "predicted"
-    reason = _reason(tokens, free_bytes, simplicity, unsafe, fastest=fastest, pick=pick, tied=tied,
+    kept = (f"{len(rows):,} of the {len(everything):,} layouts that fit leave the memory model's error free; among "
+            f"them, " if restricted else "")
+    reason = kept + _reason(tokens, free_bytes, simplicity, unsafe, fastest=fastest, pick=pick, tied=tied,
                      candidates=candidates, by_speed=by_speed, what=what, tolerance=tolerance, resolution=res,
                      name=name, details=details)
     if measured:
@@ -211,8 +234,8 @@ def decide(tokens: np.ndarray, free_bytes: np.ndarray, simplicity: np.ndarray, *
         confidence = "clear"
         reason += "; no other layout lies within the model's band" + (f" ({band_note})" if band_note else "")
     return Ranking(pick=pick, fastest=fastest, order=order, tied=tied, in_band=in_band, tolerance=tolerance,
-                    band=band, reason=reason, confidence=confidence, candidates=candidates, resolution=resolution,
-                    details=details)
+                   band=band, reason=reason, confidence=confidence, candidates=candidates, resolution=resolution,
+                   details=details, riskier=riskier, error_free=restricted)
 
 
 def _reason(tokens: np.ndarray, free: np.ndarray, simplicity: np.ndarray, unsafe: np.ndarray, *, fastest: int,
@@ -260,7 +283,7 @@ def memory_margin(tokens: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: 
     memory = np.asarray(memory_bytes, dtype=np.float64)
     free = capacity_bytes - memory
     error = resolution * memory[pick]
-    if free[pick] + kept_bytes >= error:
+    if not inside_memory_error(free[pick], memory[pick], resolution, kept_bytes):
         return None
     # the error, rounded up to the tenth of a GiB --headroom-gib is given in (above what is kept, as free + kept < it)
     headroom_gib = math.ceil(round(error / GIB * 10, 6)) / 10
@@ -282,6 +305,26 @@ def memory_margin(tokens: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: 
              f"{free[then.pick] / GIB:.1f} GiB free)")
     return MemoryWarning(**figures, text=text, layout=layout, tokens_per_s_per_gpu=float(tokens[then.pick]),
                          change=change, free_then_gib=float(free[then.pick] / GIB))
+
+
+def riskier_layout(tokens: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: float, *, pick: int | None,
+                   riskier: int | None, resolution: float = MEMORY_RESOLUTION, labels: Any = None,
+                   kept_bytes: float = 0.0) -> RiskierLayout | None:
+    """The ranking's `riskier` row (faster than the pick, inside the memory model's error) as the note shown beside
+    the pick; None without one."""
+    if pick is None or riskier is None:
+        return None
+    peak = float(memory_bytes[riskier])
+    free, error = capacity_bytes - peak, resolution * peak
+    layout = labels[riskier] if labels is not None else str(riskier)
+    change = float(tokens[riskier] / tokens[pick] - 1.0)
+    beyond = f" beyond the {kept_bytes / GIB:.1f} GiB headroom kept" if kept_bytes > 0 else ""
+    text = (f"a faster layout by the model, {layout} ({tokens[riskier]:,.0f} tokens/s/GPU, {change:+.1%}), leaves "
+            f"{free / GIB:.1f} GiB free{beyond}, inside the memory model's error ({resolution:.1%} of its "
+            f"{peak / GIB:.1f} GiB peak = {error / GIB:.1f} GiB), so it is not the pick; to accept that risk, search "
+            f"with --headroom-gib 0, or measure its peak: --backend megatron --layout '{layout}'")
+    return RiskierLayout(layout=layout, tokens_per_s_per_gpu=float(tokens[riskier]), change=change,
+                         free_gib=free / GIB, error_gib=error / GIB, text=text)
 
 
 MEASURED_TOLERANCE = 0.01  # the least spread a measured tokens/s is taken to have

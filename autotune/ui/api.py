@@ -80,9 +80,9 @@ def search(
 
     The job is `model` itself when it is a `Job`, else `make_job(model, ...)` with the cluster and
     training keywords. `trials`, `seed`, `backend` (`"auto"`: megatron where GPUs are visible, else
-    analytic) and `headroom_gib` (default 0: the memory model keeps its own allowance) mean what the CLI's flags
-    mean; with the same inputs the ranking is the same. The search writes its files (trials.csv, best.json, launch
-    files, plots, `report.html`) into `output_dir` (empty or new), by default a new temporary folder
+    analytic) and `headroom_gib` (default: none kept, but the pick leaves the memory model's error free) mean what
+    the CLI's flags mean; with the same inputs the ranking is the same. The search writes its files (trials.csv,
+    best.json, launch files, plots, `report.html`) into `output_dir` (empty or new), by default a new temporary folder
     (`tempfile.mkdtemp`, kept after the call; `result.output_dir` says where), never into the notebook's or
     script's own folder. `force=True` moves a non-empty `output_dir` aside; `resume=DIR` continues one.
     Extra `options` go to `autotune.tuning.driver.run_search` unchanged (`compare=`, `resume=`, `address=` ...).
@@ -101,7 +101,7 @@ def search(
     driver = _driver()
     job_options = {k: options.pop(k) for k in JOB_OPTIONS if k in options}
     job = _job_or_build(model, job_options)
-    headroom_bytes = driver.default_headroom_bytes(job) if headroom_gib is None else headroom_gib * GIB
+    headroom_bytes = None if headroom_gib is None else headroom_gib * GIB  # None: the search's default margin
     dash = _dashboard(dashboard)
     from autotune.ui.dashboard import track_search
 

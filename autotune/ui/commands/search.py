@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the model's figures; to watch them in the dashboard)")
     g.add_argument("--headroom-gib", type=float, default=None,
                    help="GPU memory kept free per GPU beyond the memory model's own allowance (CUDA context, "
-                        "NCCL, the allocator's reserve); a layout above capacity minus this is infeasible (default 0)")
+                        "NCCL, the allocator's reserve); a layout above capacity minus this is infeasible. "
+                        "Default: none kept, and the pick leaves the memory model's error (3.7%% of its peak) free "
+                        "when some layout does; given, this is the margin (0: take the fastest that fits)")
     g.add_argument("--backend", choices=("auto", "analytic", "megatron"), default="auto",
                    help="analytic cost models, or megatron-core profiling jobs (default auto = analytic: real jobs "
                         "start only with --backend megatron, also where GPUs are visible)")
@@ -278,7 +280,7 @@ def render(result: Any, *, top: int = 10, console: Any = None, wide: bool = Fals
              else f"Best layouts by the model, of the {len(ranked)} the CPU proxy ran" if answer.cpu_proxy
              else f"Best layouts (of {len(result.records)} trials)")
     console.print(ranked_table(ranked, moe=moe, width=width, wide=wide, title=title, tied=answer.decision.tied_layouts,
-                               pick=pick))
+                               pick=pick, risky={str(r.layout) for r in ranked if answer.inside_error(r)}))
     console.print(f"{FLAGS_LEGEND}; {MARKS_LEGEND}; {BOUND_NOTE}", markup=False, highlight=False, style="dim")
     _decision_lines(console, result)
     if answer.cpu_proxy or any(r.measurement.source == "megatron-cpu-proxy" for r in answer.records):
