@@ -19,7 +19,7 @@ from typing import Any
 
 from search_spaces.megatron_names import megatron_settings
 
-__all__ = ["arguments_block", "iteration_line", "memory_line", "megatron_lm_log", "published_step_s",
+__all__ = ["arguments_block", "iteration_line", "memory_line", "megatron_lm_log", "published_step_s", "logged_tflops",
            "job_arguments", "bridge_summary"]
 
 
@@ -73,10 +73,15 @@ def job_arguments(job: Any, layout: Any) -> dict[str, Any]:
 
 
 def megatron_lm_log(step_ms: Sequence[float], *, global_batch_size: int, arguments: dict[str, Any] | None = None,
-                    max_allocated_mb: float | None = None, first: int = 1) -> str:
-    """A whole log: the arguments block (when given), then one iteration line per step time (log_interval 1),
-    a memory report after the first."""
-    out = ["using world size: 64, data-parallel size: 2, context-parallel size: 1",
+                    max_allocated_mb: float | None = None, first: int = 1, tflops: float | None = None,
+                    world_size: int = 64, cp: int = 1) -> str:
+    """A whole log: the world line, the arguments block (when given), then one iteration line per step time
+    (log_interval 1, each with `tflops`: `logged_tflops` for the job's own), a memory report after the first."""
+    if arguments is not None:
+        world_size = int(arguments.get("world_size", world_size))
+        cp = int(arguments.get("context_parallel_size", cp))
+    out = [f"using world size: {world_size}, data-parallel size: 2, context-parallel size: {cp}, hierarchical "
+           f"context-parallel sizes: None, tensor-model-parallel size: 1, pipeline-model-parallel size: 1",
            "> initializing torch distributed ..."]
     text = "\n".join(out) + "\n"
     if arguments is not None:
@@ -84,10 +89,18 @@ def megatron_lm_log(step_ms: Sequence[float], *, global_batch_size: int, argumen
     lines = []
     iters = first + len(step_ms) - 1
     for k, ms in enumerate(step_ms):
-        lines.append(iteration_line(first + k, iters, ms, global_batch_size=global_batch_size))
+        lines.append(iteration_line(first + k, iters, ms, global_batch_size=global_batch_size, tflops=tflops))
         if k == 0 and max_allocated_mb is not None:
             lines.append(memory_line(first + k, max_allocated_mb))
     return text + "\n".join(lines) + "\n"
+
+
+def logged_tflops(job: Any, step_s: float) -> float:
+    """What Megatron-LM logs as `throughput per GPU (TFLOP/s/GPU)` for `job` at a step of `step_s`:
+    `num_floating_point_operations(args, GBS) / (step * 1e12 * world size)` (`training.py::training_log`)."""
+    from autotune.cost.flops import model_flops_per_step
+
+    return model_flops_per_step(job.model, job.training) / (step_s * 1e12 * job.world_size)
 
 
 def published_step_s(row: Any) -> float:

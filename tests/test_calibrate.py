@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from megatron_logs import bridge_summary, job_arguments, megatron_lm_log, published_step_s
+from megatron_logs import bridge_summary, job_arguments, logged_tflops, megatron_lm_log, published_step_s
 
 from autotune.cost.calibration_file import FACTOR_BOUNDS, read_calibration
 from autotune.cost.efficiency import DEFAULT_CALIBRATION
@@ -55,7 +55,7 @@ def test_steady_step_drops_warmup_and_outliers() -> None:
 def test_reads_arguments_memory_and_throughput() -> None:
     r = _row()
     text = megatron_lm_log(_steps(3.0), global_batch_size=r.job.training.global_batch_size,
-                           arguments=job_arguments(r.job, r.layout), max_allocated_mb=51234.5)
+                           arguments=job_arguments(r.job, r.layout), max_allocated_mb=51234.5, tflops=412.3)
     log = parse_log(text)
     assert log.argument("tensor_model_parallel_size") == str(r.layout.tp)
     assert log.argument("world_size") == "64"
@@ -69,7 +69,8 @@ def test_published_run_reproduced_within_3_percent(tmp_path: Path) -> None:
     r = _row()
     path = tmp_path / "run.log"
     path.write_text(megatron_lm_log(_steps(published_step_s(r)), global_batch_size=r.job.training.global_batch_size,
-                                    arguments=job_arguments(r.job, r.layout)))
+                                    arguments=job_arguments(r.job, r.layout),
+                                    tflops=logged_tflops(r.job, published_step_s(r))))
     step, _ = steady_step_s(read_log(path))
     fit = fit_factors([Run(job=r.job, layout=r.layout, step_time_s=step)])
     tokens = estimate_time(r.job, r.layout, fit.calibration).tokens_per_s_per_gpu
@@ -83,7 +84,8 @@ def test_cli_calibrate_then_estimate_reproduces_the_published_run(capsys, tmp_pa
     r = _row()
     log = tmp_path / "run.log"
     log.write_text(megatron_lm_log(_steps(published_step_s(r)), global_batch_size=r.job.training.global_batch_size,
-                                   arguments=job_arguments(r.job, r.layout), max_allocated_mb=50000.0))
+                                   arguments=job_arguments(r.job, r.layout), max_allocated_mb=50000.0,
+                                   tflops=logged_tflops(r.job, published_step_s(r))))
     out_file = tmp_path / "my-cluster.yaml"
     common = ["--model", r.model, "--gpu", r.gpu, "--release", r.release]
     code, out, err = _run(capsys, "calibrate", "--log", str(log), *common, "--output", str(out_file))
@@ -109,7 +111,8 @@ def test_a_megatron_bridge_log_gives_its_layout_in_its_configuration_summary(cap
     r = _row()
     log = tmp_path / "bridge.log"
     log.write_text(bridge_summary(r.job, r.layout) + megatron_lm_log(
-        _steps(published_step_s(r)), global_batch_size=r.job.training.global_batch_size))
+        _steps(published_step_s(r)), global_batch_size=r.job.training.global_batch_size,
+        tflops=logged_tflops(r.job, published_step_s(r)), world_size=r.job.world_size))
     assert "arguments" not in log.read_text()
     common = ["--gpu", r.gpu, "--release", r.release, "--nodes", str(r.job.cluster.nodes),
               "--precision", r.job.training.precision]
@@ -130,7 +133,8 @@ def test_a_bound_holds_and_says_so(capsys, tmp_path: Path) -> None:
     predicted = estimate_time(r.job, r.layout, DEFAULT_CALIBRATION).step_time_s
     log = tmp_path / "slow.log"
     log.write_text(megatron_lm_log(_steps(5 * predicted), global_batch_size=r.job.training.global_batch_size,
-                                   arguments=job_arguments(r.job, r.layout)))
+                                   arguments=job_arguments(r.job, r.layout),
+                                   tflops=logged_tflops(r.job, 5 * predicted)))
     out_file = tmp_path / "slow.yaml"
     code, out, _ = _run(capsys, "calibrate", "--log", str(log), "--model", r.model, "--release", r.release,
                         "--output", str(out_file))

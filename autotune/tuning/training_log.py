@@ -15,7 +15,9 @@ Megatron-Bridge `src/megatron/bridge/training/utils/train_utils.py::training_log
       tensor_model_parallel_size ...................... 2
     -------------------- end of arguments ---------------------
 
-and `megatron/training/utils/common_utils.py::report_memory` the memory of a rank
+and its world and context-parallel sizes (`validate_args`: `using world size: 64, data-parallel size: 2,
+context-parallel size: 1, ...`), which count where the block does not say them, and
+`megatron/training/utils/common_utils.py::report_memory` the memory of a rank
 (`[Rank 0] (after 10 iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved:
 ...`). Lines may carry a launcher's prefix (`0: `, `[default0]:`): the patterns are searched, not anchored.
 
@@ -61,6 +63,8 @@ _TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([^\s|]+)\s*\|")
 _BATCH = re.compile(r"global batch size:\s*(\d+)\s*\|")
 _MEMORY = re.compile(r"memory \(MB\)\s*\|\s*allocated:\s*([\d.]+)\s*\|\s*max allocated:\s*([\d.]+)\s*\|\s*"
                      r"reserved:\s*([\d.]+)\s*\|\s*max reserved:\s*([\d.]+)")
+# Megatron-LM `arguments.py::validate_args`: "using world size: 64, data-parallel size: 2, context-parallel size: 1"
+_WORLD = re.compile(r"using world size:\s*(\d+),.*?context-parallel size:\s*(\d+)")
 _ARGS_START = re.compile(r"-{3,} arguments -{3,}")
 _ARGS_END = re.compile(r"-{3,} end of arguments -{3,}")
 _ARG = re.compile(r"(?:^|\s)([A-Za-z_]\w*) \.+ (.*?)\s*$")
@@ -85,6 +89,8 @@ class TrainingLog:
     arguments: tuple[tuple[str, str], ...] = ()  # Megatron-LM's arguments block, as printed
     max_allocated_mb: float | None = None  # the largest `max allocated` of the memory reports
     cut_line: bool = False  # the last iteration line was cut off (and left out)
+    world_size: int | None = None  # the `using world size: ...` line's
+    context_parallel_size: int | None = None  # and its context-parallel size
 
     def argument(self, name: str) -> str | None:
         return dict(self.arguments).get(name)
@@ -124,6 +130,7 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
     bridge: dict[str, str] = {}
     section: str | None = None  # inside Bridge's configuration summary: its current section ("" before the first)
     rules = 0
+    world: dict[str, int] = {}
     lines = text.splitlines()
     for n, line in enumerate(lines):
         if section is not None:
@@ -151,6 +158,9 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
             continue
         if not args_seen and _ARGS_START.search(line):
             in_args = args_seen = True
+            continue
+        if not world and (w := _WORLD.search(line)) is not None:
+            world = {"world_size": int(w.group(1)), "context_parallel_size": int(w.group(2))}
             continue
         if (mem := _MEMORY.search(line)) is not None:
             allocated.append(float(mem.group(2)))
@@ -185,7 +195,8 @@ def parse_log(text: str, *, path: str = "<log>") -> TrainingLog:
         raise ValueError(f"--log {path}: {what}; give the stdout log of a Megatron-LM or Megatron-Bridge training "
                          f"run that logged some iterations.")
     return TrainingLog(path=path, iterations=tuple(iterations), tflops_per_gpu=tuple(tflops), global_batch_size=batch,
-                       arguments=tuple(arguments.items()), max_allocated_mb=max(allocated, default=None), cut_line=cut)
+                       arguments=tuple(arguments.items()), max_allocated_mb=max(allocated, default=None), cut_line=cut,
+                       world_size=world.get("world_size"), context_parallel_size=world.get("context_parallel_size"))
 
 
 def _bridge_value(text: str) -> str:

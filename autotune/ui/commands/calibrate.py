@@ -67,6 +67,7 @@ class _Logged:
     layout: Any  # Layout
     step_time_s: float
     lines: int  # iteration lines the median is of
+    warnings: tuple[str, ...] = ()  # what was assumed, what the log's throughput says (`_throughput_notes`)
 
 
 def _value(text: str | None) -> Any:
@@ -83,16 +84,18 @@ def _value(text: str | None) -> Any:
     return text
 
 
-def _disagree(path: str, what: str, logged: Any, given: Any, flag: str) -> ValueError:
-    return ValueError(f"--log {path}: its arguments block says {what} {logged}, but {flag} says {given}: the log is "
+def _disagree(path: str, what: str, logged: Any, given: Any, flag: str, where: str = "arguments block") -> ValueError:
+    return ValueError(f"--log {path}: its {where} says {what} {logged}, but {flag} says {given}: the log is "
                       f"of another run; give the flags of the run that wrote it.")
 
 
-def _job_args(args: argparse.Namespace, log: Any) -> argparse.Namespace:
-    """`args` with the job settings the log's arguments block gives filled in (and checked against the flags)."""
+def _job_args(args: argparse.Namespace, log: Any) -> tuple[argparse.Namespace, tuple[str, ...]]:
+    """`args` with the job settings the log's arguments block gives filled in (and checked against the flags), and
+    the settings neither says, taken at their defaults (as the flags that set them: `--seq-length 4096`)."""
     from autotune.ui.request import DEFAULT_GLOBAL_BATCH_SIZE, DEFAULT_SEQ_LENGTH
 
     out = argparse.Namespace(**vars(args))
+    assumed: list[str] = []
     for name, default in (("seq_length", DEFAULT_SEQ_LENGTH), ("global_batch_size", DEFAULT_GLOBAL_BATCH_SIZE)):
         logged = _value(log.argument(name))
         if name == "global_batch_size" and logged is None:
@@ -101,6 +104,8 @@ def _job_args(args: argparse.Namespace, log: Any) -> argparse.Namespace:
         if given is not None and logged is not None and logged != given:
             raise _disagree(log.path, name, logged, given, f"--{name.replace('_', '-')}")
         setattr(out, name, given if given is not None else logged if logged is not None else default)
+        if given is None and logged is None:
+            assumed.append(f"--{name.replace('_', '-')} {default}")
     fp8, fp4 = log.argument("fp8"), log.argument("fp4")  # Megatron-LM's --fp8-format / --fp4-format, Bridge's too
     logged_precision = None if fp8 is None else "bf16" if _value(fp8) is None else "fp8"
     if fp4 is not None and _value(fp4) is not None:
@@ -109,16 +114,20 @@ def _job_args(args: argparse.Namespace, log: Any) -> argparse.Namespace:
         raise _disagree(log.path, "fp4" if logged_precision == "fp4" else "fp8",
                         fp4 if logged_precision == "fp4" else fp8, args.precision, "--precision")
     out.precision = args.precision or logged_precision or "bf16"
+    if args.precision is None and logged_precision is None:
+        assumed.append("--precision bf16")
     if out.precision == "fp8" and args.fp8_recipe is None and _value(log.argument("fp8_recipe")) is not None:
         out.fp8_recipe = log.argument("fp8_recipe")
-    world = _value(log.argument("world_size"))
+    world = _value(log.argument("world_size")) or log.world_size
     if isinstance(world, int) and args.nodes is None and args.cluster is None:
         gpn = args.gpus_per_node or 8
         if world % gpn:
             raise ValueError(f"--log {log.path}: its world size {world} is not a whole number of {gpn}-GPU nodes; "
                              f"give --nodes and --gpus-per-node.")
         out.nodes, out.gpus_per_node = world // gpn, gpn
-    return out
+    elif args.nodes is None and args.cluster is None:
+        assumed.append("--nodes 1")
+    return out, tuple(assumed)
 
 
 def _layout_text(log: Any) -> str | None:
@@ -149,8 +158,14 @@ def _check_against_log(log: Any, job: Any, layout: Any) -> None:
         raise ValueError(f"--log {log.path}: its arguments block says num_experts {experts}, but --model "
                          f"{job.model.name} has {ours}: the log is of another model.")
     world = _value(log.argument("world_size"))
+    where = "arguments block"
+    if world is None:
+        world, where = log.world_size, "`using world size` line"
     if isinstance(world, int) and world != job.world_size:
-        raise _disagree(log.path, "world_size", world, job.world_size, "--nodes x --gpus-per-node")
+        raise _disagree(log.path, "world_size", world, job.world_size, "--nodes x --gpus-per-node", where)
+    if log.context_parallel_size is not None and log.context_parallel_size != layout.cp:
+        raise _disagree(log.path, "context-parallel size", log.context_parallel_size, layout.cp, "--layout",
+                        "`using world size` line")
     for arg, name in LAYOUT_ARGS.items():
         logged = _value(log.argument(arg))
         mine = layout.expert_tp if name == "etp" else getattr(layout, name)
@@ -170,7 +185,7 @@ def _logged_runs(args: argparse.Namespace) -> list[_Logged]:
     out = []
     for i, path in enumerate(args.log):
         log = read_log(path)
-        job_args = _job_args(args, log)
+        job_args, assumed = _job_args(args, log)
         job = job_from_args(job_args)
         text = layouts[i] if len(layouts) > 1 else layouts[0] if layouts else _layout_text(log)
         if text is None:
@@ -182,8 +197,62 @@ def _logged_runs(args: argparse.Namespace) -> list[_Logged]:
         if broken:
             raise ValueError(f"--log {path}: layout {layout} breaks {broken[0].rule}: {broken[0].message}")
         step, lines = steady_step_s(log)
-        out.append(_Logged(log=log, job=job, layout=layout, step_time_s=step, lines=lines))
+        notes = _throughput_notes(log, job, step, assumed)
+        if lines == 1:
+            notes.append(f"{path}: its step time is one iteration line (after the warm-up); a fit from one "
+                         f"iteration is noisy: log more of them (--log-interval 1, at least 20 iterations)")
+        out.append(_Logged(log=log, job=job, layout=layout, step_time_s=step, lines=lines, warnings=tuple(notes)))
     return out
+
+
+THROUGHPUT_TOLERANCE = 0.15  # logged TFLOP/s vs ours: Megatron-LM versions count causal attention differently
+SEQ_LENGTHS = tuple(1 << k for k in range(10, 18))  # 1,024 .. 131,072: what a log's throughput is tried against
+
+
+def _throughput_notes(log: Any, job: Any, step_s: float, assumed: tuple[str, ...]) -> list[str]:
+    """The job against the step time and what the log says it achieved (Megatron-LM's logged TFLOP/s per GPU is
+    `num_floating_point_operations(args, GBS) / (step x 1e12 x world size)`, `training.py::training_log`; ours is
+    the same formula, `autotune.cost.flops.model_flops_per_step`). Refuses a job whose step would beat the GPU's
+    peak, or a logged figure that contradicts a job partly assumed at defaults (naming the sequence length that
+    fits it); warns of what was assumed. Returns the warnings."""
+    import statistics
+
+    from autotune.cost.flops import model_flops_per_step
+
+    t, gpu = job.training, job.cluster.gpu
+    implied = model_flops_per_step(job.model, t) / (step_s * 1e12 * job.world_size)
+    peak = gpu.peak_flops(t.precision) / 1e12
+    what = (f"{job.model.name} on {job.world_size} {gpu.name}, seq {t.seq_length}, GBS {t.global_batch_size}, "
+            f"{t.precision}" + (f" (assumed: {', '.join(assumed)})" if assumed else ""))
+    if implied > peak:
+        raise ValueError(f"--log {log.path}: its {step_s:.4g} s step would be {implied:,.0f} TFLOP/s per GPU for "
+                         f"{what}, above the {gpu.name}'s {peak:,.0f} TFLOP/s {t.precision} peak: the log ran "
+                         f"another job; give the run's flags.")
+    if not log.tflops_per_gpu:
+        return [f"{log.path}: the log does not say {', '.join(a.split()[0] for a in assumed)}; assumed "
+                f"{', '.join(assumed)}, and it logs no throughput to check that by (Megatron-LM "
+                f"--log-throughput): give the run's flags if it differed"] if assumed else []
+    logged = statistics.median(log.tflops_per_gpu)
+    if logged > peak * (1 + THROUGHPUT_TOLERANCE):
+        raise ValueError(f"--log {log.path}: it logs {logged:,.0f} TFLOP/s per GPU, above the {gpu.name}'s "
+                         f"{peak:,.0f} TFLOP/s {t.precision} peak: the log is of another GPU or precision; give "
+                         f"the run's --gpu and --precision.")
+    if abs(logged / implied - 1) <= THROUGHPUT_TOLERANCE:
+        return [f"{log.path}: the log does not say {', '.join(a.split()[0] for a in assumed)}; assumed "
+                f"{', '.join(assumed)} (its logged {logged:,.0f} TFLOP/s per GPU agrees)"] if assumed else []
+    text = (f"--log {log.path}: it logs {logged:,.0f} TFLOP/s per GPU, but {what} at its {step_s:.4g} s step is "
+            f"{implied:,.0f} (Megatron-LM's num_floating_point_operations)")
+    if "--seq-length" in " ".join(assumed):
+        from dataclasses import replace
+
+        fits = [s for s in SEQ_LENGTHS if abs(logged / (model_flops_per_step(job.model, replace(t, seq_length=s))
+                                                       / (step_s * 1e12 * job.world_size)) - 1)
+                <= THROUGHPUT_TOLERANCE]
+        if fits:
+            text += f"; its throughput fits --seq-length {' or '.join(map(str, fits))}"
+    if assumed:
+        raise ValueError(text + ": the log ran another job; give the run's flags.")
+    return [text[len("--log "):] + ": Megatron counted this model's FLOPs otherwise, or the log is of another run"]
 
 
 def _provenance(logged: list[_Logged], fit: Any) -> dict[str, Any]:
@@ -204,7 +273,8 @@ def _provenance(logged: list[_Logged], fit: Any) -> dict[str, Any]:
                      "logged_tflops_per_gpu": (sorted(r.log.tflops_per_gpu)[len(r.log.tflops_per_gpu) // 2]
                                                if r.log.tflops_per_gpu else None),
                      "logged_max_allocated_gib": (None if r.log.max_allocated_mb is None
-                                                  else round(r.log.max_allocated_mb * 2**20 / GIB, 3))})
+                                                  else round(r.log.max_allocated_mb * 2**20 / GIB, 3)),
+                     "warnings": list(r.warnings)})
     return {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "autotune_version": autotune.__version__, "relative_to": "DEFAULT_CALIBRATION of that version",
             "bounds": {n: [round(lo, 4), round(hi, 4)] for n, lo, hi in fit.bounds}, "logs": logs}
@@ -266,6 +336,9 @@ def run(args: argparse.Namespace) -> int:
         held = f" (held by its bound {lo:.2f}..{hi:.2f}: the fit wanted further)" if name in fit.at_bound else ""
         moved.append(f"{name} x{value:.3f}{held}")
     print(f"factors: {', '.join(moved)}")
+    for r in logged:
+        for note in r.warnings:
+            print(f"warning: {note}")
     for name in fit.at_bound:
         lo, hi = bounds[name]
         print(f"warning: the fit would push {name} outside {lo:.2f}..{hi:.2f}; it keeps the bound (the logs differ "
