@@ -4,7 +4,9 @@
 `bench/recipe_rows.py`) holds the layout of every scored row of Megatron-Bridge's performance tables, releases 25.09 to
 26.08: the table's TP, PP, CP, VP, EP and micro-batch with the switches its recipe sets. `published_recipe(job)` is
 the row of the job's model, GPU, GPU count and precision (`Job.gemm_recipe`, or bf16) from the newest release not newer
-than the job's, the same sequence length and global batch first, a table variant (token dropping) last.
+than the job's, the same sequence length and global batch first, a table variant (token dropping) last. A row of
+another job (`PublishedRecipe.differences`: another precision, optimizer, sequence or batch) is shown as the nearest
+published row with what differs, never with its measured figure as the job's.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ class PublishedRecipe:
         return (f"NVIDIA's published layout{variant}: Megatron-Bridge {self.release} performance table, "
                 f"{self.num_gpus} x {self.gpu}, {self.precision}{muon}, seq {self.seq_length}, "
                 f"GBS {self.global_batch_size}")
+
+    def differences(self, job: Job) -> tuple[str, ...]:
+        """What makes this row's run another job than `job` (precision and its recipe, optimizer, sequence length,
+        global batch; the GPU and GPU count match by how rows are chosen), as `GBS 128, not 256`: empty when the row
+        is the same job, and only then is its measured figure the job's."""
+        t = job.training
+        mine = (("precision", self.precision, job.gemm_recipe or "bf16"), ("optimizer", self.optimizer, t.optimizer),
+                ("seq", self.seq_length, t.seq_length), ("GBS", self.global_batch_size, t.global_batch_size))
+        return tuple(f"{name} {theirs}, not {ours}" for name, theirs, ours in mine if theirs != ours)
 
 
 @lru_cache(maxsize=1)

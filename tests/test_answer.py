@@ -361,18 +361,30 @@ def test_cpu_proxy_runs_are_labelled_in_the_terminal_and_the_report(tmp_path) ->
 def test_nvidias_published_layout_is_the_baseline_with_its_own_verdict(tmp_path) -> None:
     # issue 25: a job with a published Megatron-Bridge row (qwen3-30b-a3b on 16 H100) shows that layout first, labelled,
     # with the figure NVIDIA published and the pick's gain over it; --no-baseline (baseline=False) leaves it out
+    from autotune.outputs.tables import verdict_text
     from search_spaces.published_recipes import published_recipe
 
-    job = make_job("qwen3-30b-a3b", nodes=2, gpu="h100")
+    job = make_job("qwen3-30b-a3b", nodes=2, gpu="h100", precision="fp8", training={"fp8_recipe": "tensorwise"},
+                   global_batch_size=1024)
     found = published_recipe(job)
     assert found is not None
     row, layout = found
     assert (row.model, row.num_gpus, row.gpu) == ("qwen3-30b-a3b", 16, "h100-sxm") and row.release <= "26.08"
+    assert row.differences(job) == ()  # the published run is this job
     result = run_search(job, output_dir=tmp_path / "a", progress=False, compare=["tp=2,pp=1,ep=8,sp=true"])
     first, mine = result.answer.yours
     assert first.layout == str(layout) and first.recipe == row.label and "Megatron-Bridge" in first.recipe
-    assert first.published_tokens_per_s_per_gpu == row.published_tokens_per_s_per_gpu
+    assert first.published_tokens_per_s_per_gpu == row.published_tokens_per_s_per_gpu and not first.recipe_differs
     assert mine.recipe is None and first.pick_gain is not None and first.gain_terms
+    # issue 46: at BF16 and GBS 256 the row is another job: named as the nearest, with what differs, and its
+    # measured figure is never attached to this job
+    other = make_job("qwen3-30b-a3b", nodes=2, gpu="h100")
+    assert published_recipe(other) is not None and published_recipe(other)[0] == row
+    assert row.differences(other) == ("precision tensorwise, not bf16", "GBS 1024, not 256")
+    near = run_search(other, output_dir=tmp_path / "c", progress=False).answer.yours[0]
+    assert near.layout == str(layout) and near.published_tokens_per_s_per_gpu is None
+    assert near.recipe_differs == row.differences(other) and "the nearest published row" in str(near.recipe)
+    assert "NVIDIA measured" not in verdict_text(near) and "GBS 1024, not 256" in verdict_text(near)
     assert json.loads((tmp_path / "a" / "search.json").read_text())["recipe"]["layout"] == str(layout)
     bare = run_search(job, output_dir=tmp_path / "b", progress=False, baseline=False)
     assert bare.answer.yours == ()

@@ -116,7 +116,8 @@ class Verdict:
     unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN: the term it rests most on
     unverified_share: float | None = None  # that term's share of the step time the pick saves
     recipe: str | None = None  # where NVIDIA published this layout, when it is the job's baseline
-    published_tokens_per_s_per_gpu: float | None = None  # what NVIDIA measured with it (its own cluster)
+    published_tokens_per_s_per_gpu: float | None = None  # what NVIDIA measured with it (the same job only)
+    recipe_differs: tuple[str, ...] = ()  # how the published row's job differs from this one (empty: the same)
 
 
 

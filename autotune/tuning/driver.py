@@ -215,7 +215,7 @@ def _concluded(plan: SearchPlan, mode: str, records: list[TrialRecord], interrup
     if mode != "analytic" and plan.backend_name != "analytic":  # what the GPUs measured, for the next search
         stats["measured_calibration"] = write_measured_calibration(job, records, folder)
     if recipe is not None and decision is not None:
-        decision = _mark_recipe(decision, *recipe)
+        decision = _mark_recipe(decision, job, *recipe)
     return SearchResult(job=job, records=tuple(records), capacity_bytes=plan.capacity_bytes,
                         headroom_bytes=plan.headroom_bytes, mode=mode, backend=plan.backend_name, seed=plan.seed,
                         space_size=plan.space.size, stats=stats, interrupted=interrupted, output_dir=str(folder),
@@ -449,12 +449,18 @@ def _calibration_text(meta: dict[str, Any]) -> str:
     return f"{c.get('file')} ({c.get('factors')})"[:300]
 
 
-def _mark_recipe(decision: Decision, row: PublishedRecipe, layout: Layout) -> Decision:
-    """The decision with the baseline's verdict labelled with where NVIDIA published it (and the figure it
-    published)."""
-    text = str(layout)
+def _mark_recipe(decision: Decision, job: Job, row: PublishedRecipe, layout: Layout) -> Decision:
+    """The decision with the baseline's verdict labelled with where NVIDIA published it: with the figure it
+    published when the row is the job's own, else as the nearest published row with what differs and no figure."""
+    text, differs = str(layout), row.differences(job)
+    if differs:
+        label = (f"the nearest published row ({row.label}) is another job ({'; '.join(differs)}): its layout on "
+                 f"your job")
+        published = None
+    else:
+        label, published = row.label, row.published_tokens_per_s_per_gpu
     return replace(decision, yours=tuple(
-        replace(v, recipe=row.label, published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu)
+        replace(v, recipe=label, published_tokens_per_s_per_gpu=published, recipe_differs=differs)
         if v.layout == text else v for v in decision.yours))
 
 
