@@ -5,10 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from search_spaces.cluster import ClusterSpec
+from search_spaces.gpus import list_gpus
 from search_spaces.model import ModelSpec
 from search_spaces.training import TrainingSpec, default_cuda_graph_modules
 
 __all__ = ["Job"]
+
+
+def _blackwell() -> str:
+    """The catalog's Blackwell GPUs, as the messages name them (`B200, GB200, B300, GB300`)."""
+    return ", ".join(g.name.upper() for g in list_gpus() if g.arch == "blackwell")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,15 +32,16 @@ class Job:
             raise ValueError(f"--optimizer muon: the Muon step of a hybrid Mamba model ({self.model.name}) is not "
                              "modelled (its Mamba weights' shapes are not enumerated); use --optimizer adam.")
         if t.fp4 and gpu.fp4_flops is None:
-            raise ValueError(f"NVFP4 training (--precision fp4) needs FP4 tensor cores, a Blackwell GPU (B200, GB200, "
-                             f"B300, GB300), but the cluster has {gpu.name} ({gpu.arch}); use --precision fp8 or bf16.")
+            raise ValueError(f"NVFP4 training (--precision fp4) needs FP4 tensor cores, a Blackwell GPU "
+                             f"({_blackwell()}), but the cluster has {gpu.name} ({gpu.arch}); use --precision fp8 or "
+                             f"bf16.")
         if not t.fp8:
             return
         if gpu.fp8_flops is None:
             raise ValueError(f"GPU {gpu.name} has no FP8 tensor cores; use --precision bf16.")
         recipe = self.fp8_recipe
         if recipe == "mxfp8" and gpu.arch != "blackwell":
-            raise ValueError(f"fp8_recipe mxfp8 needs a Blackwell GPU (B200, GB200), but the cluster has "
+            raise ValueError(f"fp8_recipe mxfp8 needs a Blackwell GPU ({_blackwell()}), but the cluster has "
                              f"{gpu.name} ({gpu.arch}); use tensorwise or delayed.")
         if recipe == "blockwise" and gpu.arch != "hopper":
             raise ValueError(f"fp8_recipe blockwise runs on Hopper GPUs only, but the cluster has {gpu.name} "

@@ -136,6 +136,9 @@ class TrainingSpec:
         _one_of("precision", self.precision, PRECISION_CHOICES)
         if self.fp8_recipe is not None:
             _one_of("fp8_recipe", self.fp8_recipe, FP8_RECIPES)
+            if self.precision == "bf16":
+                raise ValueError(f"fp8_recipe {self.fp8_recipe} needs precision fp8 (or fp4, whose non-FP4 layers "
+                                 f"it scales); at bf16 no layer runs in FP8.")
         if self.fp8_dot_product_attention and self.precision != "fp8":
             raise ValueError("fp8_dot_product_attention needs precision fp8 (Transformer Engine runs FP8 attention "
                              "inside its FP8 autocast only).")

@@ -101,6 +101,10 @@ CASES = [
     ("unknown-flag", ["space", "--model", "mixtral", "--frobnicate"], 2),
     ("config-not-json", ["space", "--model", "{file}"], 2),
     ("space-negative-sample", ["space", "--model", "mixtral", "--sample", "-1"], 2),
+    # issue 46: accepted silently before
+    ("fp8-recipe-at-bf16", [*SMALL, "--precision", "bf16", "--fp8-recipe", "mxfp8", "--output", "new"], 2),
+    ("fp8-recipe-default-bf16", ["estimate", *SMALL, "--layout", "tp=1", "--fp8-recipe", "tensorwise"], 2),
+    ("what-if-with-output", ["--model", "mixtral", "--nodes", "4,8", "--output", "new"], 2),
 ]
 
 
@@ -162,3 +166,17 @@ def test_a_folder_that_cannot_be_created_is_one_line(tmp_path: Path, monkeypatch
     monkeypatch.setattr(Path, "mkdir", refuse)
     with pytest.raises(ValueError, match=f"cannot create .*run: {os.strerror(err)}"):
         make_folder(tmp_path / "run")
+
+
+def test_the_gpu_help_and_the_blackwell_messages_name_every_catalog_gpu(capsys) -> None:
+    # issue 46: `--gpu` help and the mxfp8 message left out B300 and GB300
+    from autotune.ui.cli import main
+    from search_spaces.gpus import list_gpus
+
+    assert main(["search", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(g.name in text for g in list_gpus()), text
+    code = main(["estimate", *SMALL, "--layout", "tp=1", "--precision", "fp8", "--fp8-recipe", "mxfp8"])
+    err = capsys.readouterr().err
+    blackwell = [g.name.upper() for g in list_gpus() if g.arch == "blackwell"]
+    assert code == 2 and all(name in err for name in blackwell) and "GB300" in blackwell, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -41,6 +42,12 @@ def test_best_json_says_how_sure_the_pick_is(capsys, tmp_path) -> None:
     assert d["confidence"] in ("clear", "within the model's uncertainty") and d["reason"]
     assert d["tied"] == len(d["tied_layouts"]) >= 1 and best["layout_text"] in d["tied_layouts"]
     assert "Pick: " + d["confidence"] in out
+    # the band is in log units (docs/search.md): the terminal's percentages are exp(low) - 1 and exp(high) - 1
+    low, high = d["band"]
+    assert low < 0 < high and (d["within_band"] == 0 or f"{math.exp(low) - 1:+.0%} / {math.exp(high) - 1:+.0%}"
+                                in d["reason"])
+    # MFU's reference precision is said beside the table
+    assert "dense peak at the job's precision" in " ".join(out.split())
     # the ranked table marks the pick '1*' and the rows tied with it '2=', ...
     assert re.search(r"^ *1\* ", out, re.M) and bool(re.search(r"^ *2= ", out, re.M)) == (d["tied"] > 1)
 
@@ -58,3 +65,20 @@ def test_cross_node_tp_flags_widen_the_search(capsys, tmp_path, flag) -> None:
     _, narrow, _ = _run(capsys, tmp_path / "a", *args)
     _, wide, _ = _run(capsys, tmp_path / "b", *args, flag)
     assert json.loads(wide)["space_size"] > json.loads(narrow)["space_size"]
+
+
+def test_layout_strings_are_never_broken_across_lines(capsys, tmp_path, monkeypatch) -> None:
+    # issue 46: at 80 columns the reasons and warnings broke layout strings mid-word, so a copied line was not
+    # a layout; every layout the decision names is whole on one line of the screen
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = _run(capsys, tmp_path, "--model", "mixtral", "--nodes", "4", "--layout", "tp=1,pp=4,ep=8")
+    d = json.loads((tmp_path / "run" / "best.json").read_text())["decision"]
+    named = [d["pick"], d["fastest"], d["riskier"]["layout"], *(v["layout"] for v in d["yours"])]
+    lines = out.splitlines()
+    assert code == 0 and len(named) == 4
+    for layout in named:
+        assert any(layout in line for line in lines), layout
+    # and the prose around them still fits 80 columns wherever no layout is in the way (the launch lines are one
+    # line each, on purpose: paste-able)
+    prose = [line for line in lines if "tp=" not in line and not line.startswith(("--", "model.", "Results: "))]
+    assert all(len(line) <= 80 for line in prose), max(prose, key=len)

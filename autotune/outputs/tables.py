@@ -21,8 +21,8 @@ from search_spaces.layout import Layout
 from search_spaces.units import GIB
 
 __all__ = ["terminal_width", "make_console", "print_nearest", "layout_cells", "layout_flags", "ranked_table",
-           "pareto_table", "breakdown_table", "verdict_text", "FLAGS_LEGEND", "MARKS_LEGEND", "PIPED_WIDTH",
-           "WIDE_WIDTH"]
+           "pareto_table", "breakdown_table", "verdict_text", "paragraph", "FLAGS_LEGEND", "MARKS_LEGEND",
+           "PIPED_WIDTH", "WIDE_WIDTH"]
 
 PIPED_WIDTH = 120  # piped without COLUMNS: complete rows
 WIDE_WIDTH = 100_000  # --wide: no column is dropped, no cell is wrapped
@@ -238,6 +238,16 @@ def pareto_table(records: Sequence[Any], *, moe: bool, width: int, wide: bool = 
 
 def _pct(x: float) -> str:
     return f"{x:+.1%}"
+
+
+def paragraph(console: Any, text: str, *, style: str | None = None) -> None:
+    """Print `text` wrapped at spaces only, never inside a word: a layout string stays whole for copy-paste (one
+    wider than the terminal gets a line of its own). Plain text: no markup, no highlighting."""
+    import textwrap
+
+    for line in textwrap.wrap(text, width=max(20, console.width), break_long_words=False,
+                              break_on_hyphens=False) or [""]:
+        console.print(line, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
 def verdict_text(v: Any) -> str:

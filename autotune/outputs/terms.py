@@ -24,7 +24,8 @@ TIME_TERMS: dict[str, str] = {k: _TIME_LABELS.get(k, k.replace("_", " ")) for k 
 MEMORY_TERMS: dict[str, str] = {k: k for k in MEMORY_KEYS}
 BOUND_HEADER = "largest non-compute"
 BOUND_NOTE = ("largest non-compute: the step-time term beyond compute that takes the most time, with its share of "
-              "the step (host: CPU launch work the GPU waits for)")
+              "the step (host: CPU launch work the GPU waits for); MFU: model FLOPs (Megatron-LM's count) over the "
+              "GPU's dense peak at the job's precision (an FP8 run's, the FP8 peak)")
 
 
 def time_label(name: object) -> str:

@@ -82,9 +82,11 @@ def _add_job_options(p: argparse.ArgumentParser, *, model_required: bool = True)
     g.add_argument("--nodes", type=_node_counts, default=None,
                    help="number of nodes (default 1); the search verb also takes a list, 4,8,16, for a what-if table")
     g.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    from search_spaces.gpus import list_gpus  # the catalog: one place for the GPUs
+
     g.add_argument("--gpu", default=None,
-                   help="GPU type: h100, h200, a100-80gb, a100-40gb, b200, gb200 (default h100); the search verb also "
-                        "takes a list, h100,h200, for a what-if table")
+                   help=f"GPU type: {', '.join(g.name for g in list_gpus())} (default h100-sxm, alias h100); the "
+                        f"search verb also takes a list, h100,h200, for a what-if table")
     g.add_argument("--intra-node", default=None, help="link inside a node (default: the GPU's NVLink generation)")
     g.add_argument("--inter-node", default=None,
                    help="network between nodes: ib-ndr, ib-hdr, roce-400g, ethernet-100g (default ib-ndr)")

@@ -115,7 +115,8 @@ def _print_rich(job, m, headroom: float, calibration=None) -> None:
         low, high = m.extra.get("tokens_per_s_per_gpu_low"), m.extra.get("tokens_per_s_per_gpu_high")
         band = f" ({low:,.0f}-{high:,.0f})" if low and high else ""
         console.print(f"[bold]step time[/bold] {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f}{band} tokens/s "
-                      f"per GPU, {m.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {m.mfu:.1%}")
+                      f"per GPU, {m.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {m.mfu:.1%} (of the "
+                      f"{job.training.precision} dense peak)")
         note = _band_note(job)
         if note:
             console.print(f"  band: {note}", markup=False, highlight=False)

@@ -207,12 +207,14 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
         parse_tokens(args.tokens)
     if _is_what_if(args):
-        for flag, given in (("--resume", args.resume), ("--layout", args.layouts), ("--address", args.address),
+        for flag, given in (("--resume", args.resume), ("--output", args.output), ("--force", args.force),
+                            ("--layout", args.layouts), ("--address", args.address),
                             ("--backend megatron", args.backend == "megatron"), ("--dashboard", args.dashboard),
                             ("--measured-stage", args.measured_stage)):
             if given:
                 raise ValueError(f"{flag} is for one cluster; the what-if table (a list of --nodes or --gpu) "
-                                 f"scores each cluster with the model: give one --nodes and one --gpu with {flag}.")
+                                 f"scores each cluster with the model and writes no folder (--json prints it): give "
+                                 f"one --nodes and one --gpu with {flag}.")
 
 
 def _job_flags_from_folder(args: argparse.Namespace) -> None:
@@ -318,14 +320,14 @@ def _spaced(rows: list[Any], n: int) -> list[Any]:
 
 def _yours_lines(console: Any, answer: Any) -> None:
     """"Your layouts": each --layout's verdict (fits or not and by what, tokens/s, change vs the pick, rank)."""
-    from autotune.outputs.tables import verdict_text
+    from autotune.outputs.tables import paragraph, verdict_text
 
     if not answer.yours:
         return
     console.print("[bold]Your layouts[/]")
     for v in answer.yours:
         style = "" if v.fits else "yellow"
-        console.print(f"  {v.layout}: {verdict_text(v)}", style=style, markup=False, highlight=False)
+        paragraph(console, f"  {v.layout}: {verdict_text(v)}", style=style or None)
 
 
 def _summary_line(console: Any, result: Any) -> None:
@@ -360,17 +362,18 @@ def _summary_line(console: Any, result: Any) -> None:
 
 def _decision_lines(console: Any, result: Any) -> None:
     """How sure the pick is and why; the memory-margin and pipeline-batch warnings."""
+    from autotune.outputs.tables import paragraph
     from autotune.tuning.decision import PROXY
 
     d = result.answer.decision
     if d.sentence:
-        console.print(d.sentence, markup=False, highlight=False)
+        paragraph(console, d.sentence)
     if d.overruled:
         what = ("the GPU measurements overrule it" if d.stage == "measured" else
                 "it failed on the CPU proxy" if d.basis == PROXY else "it failed when measured")
-        console.print(f"The model's own pick was {d.overruled}; {what}.", markup=False, highlight=False)
+        paragraph(console, f"The model's own pick was {d.overruled}; {what}.")
     for warning in d.warnings:
-        console.print("Warning: " + warning + ".", style="yellow", markup=False, highlight=False)
+        paragraph(console, "Warning: " + warning + ".", style="yellow")
 
 
 def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
