@@ -18,10 +18,11 @@ from autotune.outputs.files import launch_of, result_json
 from autotune.outputs.view import Result
 from autotune.tuning.analytic_pass import analytic_pass
 from autotune.tuning.analytic_search import analytic_decision, measured_decision
-from autotune.tuning.answer import PROXY, SearchResult
+from autotune.tuning.answer import SearchResult
+from autotune.tuning.decision import PROXY
 from autotune.tuning.driver import run_search
 from autotune.tuning.ranking import MEMORY_RESOLUTION, TIE_TOLERANCE, inside_memory_error
-from autotune.tuning.results import TrialRecord
+from autotune.tuning.results import TrialRecord, pareto_front
 from autotune.tuning.verdicts import NEAREST_FIELDS, UNVERIFIED_GAIN, gain_vs_pick, nearest_fitting, nearest_variant
 from autotune.ui.api import make_job
 from search_spaces.layout import parse_layout
@@ -189,6 +190,20 @@ def test_nearest_fitting_changes_the_fewest_fields() -> None:
     # check / estimate score the space nearest first and stop early: the same layout as over the whole space
     near = nearest_variant(job, layout, 0.0)
     assert near is not None and near["layout"] == str(answer.layout(row)) and near["changes"] == changes
+
+
+def test_the_front_shows_no_trade_off_the_memory_model_cannot_resolve(readme) -> None:
+    # issue 46: near-duplicate Pareto rows (8 MB of recompute saving shown as a trade-off): on the front a faster
+    # layout needs more memory than a slower one by more than the memory model's resolution
+    front = [r.measurement for r in readme.answer.pareto if not readme.answer.is_pick(r.layout)]
+    assert len(front) >= 3
+    for a in front:
+        for b in front:
+            if (a.tokens_per_s_per_gpu or 0) > (b.tokens_per_s_per_gpu or 0):
+                assert (a.memory_bytes or 0) > (b.memory_bytes or 0) * (1 + MEMORY_RESOLUTION), (a.layout, b.layout)
+    exact = pareto_front(readme.records)
+    assert {str(r.layout) for r in readme.answer.pareto} - {readme.answer.decision.pick} <= {
+        str(r.layout) for r in exact}  # a subset of the exact front
 
 
 def test_the_readme_pick_fits_with_the_memory_models_confidence(readme, tmp_path) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.tuning.decision import MODEL, PROXY, Decision, Verdict
+from autotune.tuning.decision import GPU, MODEL, PROXY, Decision, Verdict
 from autotune.tuning.results import TrialRecord, distinct_feasible, pareto_front
 from search_spaces.job import Job
 from search_spaces.layout import Layout
@@ -128,7 +128,12 @@ def answer_of(result: SearchResult) -> Answer:
     ranked = sorted(pool, key=lambda r: (risky(r), -_tokens_of(r), r.measurement.memory_bytes or 0.0, str(r.layout)))
     if pick is not None:
         ranked = [pick, *[r for r in ranked if r is not pick]]
-    front = pareto_front(pool)
+    # predicted peaks are compared at the memory model's resolution (a saving it cannot resolve is no trade-off);
+    # measured ones exactly. The pick is on the front even when a faster layout inside the error is within it.
+    resolution = (decision.memory_resolution or 0.0) if decision.basis != GPU else 0.0
+    front = pareto_front(pool, resolution)
+    if pick is not None and pick not in front:
+        front = [pick, *front]
     front = sorted(front, key=lambda r: (r is not pick, -_tokens_of(r), str(r.layout)))
     return Answer(job=result.job, calibration=result.calibration, records=tuple(result.records), ranked=tuple(ranked),
                   pareto=tuple(front), decision=decision, capacity_bytes=result.capacity_bytes)

@@ -49,14 +49,19 @@ TIE_TOLERANCE = 0.02  # relative tokens/s below which the model's ranking is no 
 MEMORY_RESOLUTION = 0.037
 
 
-def pareto_rows(tokens: np.ndarray, memory: np.ndarray, eligible: np.ndarray) -> np.ndarray:
+def pareto_rows(tokens: np.ndarray, memory: np.ndarray, eligible: np.ndarray, resolution: float = 0.0) -> np.ndarray:
     """Eligible rows no other eligible row beats on both tokens/s (higher) and memory (lower), by memory: the one
     Pareto rule of the search, the records (`results.pareto_front`), the tables, the report and the plots.
     One sort: fastest first (ties: less memory); a row is on the front when it needs less memory than every
-    faster row (equal figures are kept together)."""
+    faster row (equal figures are kept together). With a `resolution` (the memory model's, for predicted peaks), a
+    row is on it only when it needs less than every faster row by more than that share: a saving the model cannot
+    resolve (8 MB of recompute) is no trade-off (`dominated`)."""
     rows = np.flatnonzero(eligible)
     if len(rows) == 0:
         return rows
+    if resolution > 0:
+        front = rows[~dominated(tokens, memory, rows, resolution)]
+        return front[np.argsort(memory[front], kind="stable")]
     rows = rows[np.lexsort((memory[rows], -tokens[rows]))]
     mem = memory[rows]
     before = np.concatenate(([np.inf], np.minimum.accumulate(mem)[:-1]))

@@ -352,13 +352,13 @@ def distinct_feasible(records: Iterable[TrialRecord]) -> list[TrialRecord]:
                                                  r.measurement.memory_bytes or 0.0, str(r.layout)))
 
 
-def pareto_front(records: Iterable[TrialRecord]) -> list[TrialRecord]:
-    """Feasible layouts no other feasible one beats on both tokens/s per GPU and memory (`ranking.pareto_rows`);
-    by memory, then layout."""
+def pareto_front(records: Iterable[TrialRecord], resolution: float = 0.0) -> list[TrialRecord]:
+    """Feasible layouts no other feasible one beats on both tokens/s per GPU and memory (`ranking.pareto_rows`, at
+    the memory `resolution`); by memory, then layout."""
     distinct = distinct_feasible(records)
     tokens = np.array([r.measurement.tokens_per_s_per_gpu or 0.0 for r in distinct])
     memory = np.array([r.measurement.memory_bytes or 0.0 for r in distinct])
-    front = [distinct[int(i)] for i in pareto_rows(tokens, memory, np.ones(len(distinct), dtype=bool))]
+    front = [distinct[int(i)] for i in pareto_rows(tokens, memory, np.ones(len(distinct), dtype=bool), resolution)]
     return sorted(front, key=lambda r: (r.measurement.memory_bytes or 0.0, str(r.layout)))
 
 
