@@ -82,3 +82,12 @@ def test_layout_strings_are_never_broken_across_lines(capsys, tmp_path, monkeypa
     # line each, on purpose: paste-able)
     prose = [line for line in lines if "tp=" not in line and not line.startswith(("--", "model.", "Results: "))]
     assert all(len(line) <= 80 for line in prose), max(prose, key=len)
+
+
+def test_the_summary_says_how_many_layouts_trials_csv_keeps(capsys, tmp_path) -> None:
+    # issue 46: `--trials 64` kept 108 rows without saying why: the summary counts them and names what they are
+    code, out, _ = _run(capsys, tmp_path, *SMALL, "--trials", "8", "--layout", "tp=2,pp=1")
+    kept = re.search(r"trials\.csv keeps ([\d,]+): the top --trials, the Pareto front and your --layouts",
+                     " ".join(out.split()))
+    rows = (tmp_path / "run" / "trials.csv").read_text().strip().splitlines()[1:]
+    assert code == 0 and kept is not None and int(kept.group(1).replace(",", "")) == len(rows) >= 8 + 1

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search")
     g.add_argument("--trials", type=int, default=64,
                    help="measured trials with a measuring backend (default 64); with the analytic backend the "
-                        "whole space is scored and this many of its top layouts are kept in trials.csv")
+                        "whole space is scored and this many of its top layouts are kept in trials.csv, with the "
+                        "Pareto front's and your --layouts beside them")
     g.add_argument("--strategy", default=None, metavar="NAME",
                    help="measured-stage strategy: guided (default: the analytic front corrected by the "
                         "measurements), tpe (Optuna), front (the analytic ranking), or module:Class")
@@ -337,7 +338,8 @@ def _summary_line(console: Any, result: Any) -> None:
     if result.mode == "analytic":
         seconds = s.get("timings", {}).get("analytic_s", 0.0)
         what = (f"scored all {result.space_size:,} valid layouts with the cost models in {seconds:.1f} s "
-                f"({analytic.get('fits', feasible):,} fit in memory); backend analytic, no profiling")
+                f"({analytic.get('fits', feasible):,} fit in memory); backend analytic, no profiling; trials.csv "
+                f"keeps {len(result.records):,}: the top --trials, the Pareto front and your --layouts")
     elif result.mode == "exhaustive":
         what = (f"the feasible space is small ({result.space_size} layouts): measured whole; {feasible} fit in "
                 f"memory; backend {result.backend}")
