@@ -266,6 +266,23 @@ def test_the_report_reads_the_answer(analytic_report):
         assert stat not in html
 
 
+def test_every_trial_says_why_it_is_not_the_pick(analytic_report):
+    # issue 46: the report's "why not" column was empty for every layout that fits
+    import re
+
+    _, path = analytic_report
+    html = path.read_text()
+    table = html[html.index('id="trials"'):]
+    table = table[table.index("<tbody>"):table.index("</tbody>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.S)
+    last = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[-1].strip() for row in rows]
+    assert len(last) > 10 and all(last), [i for i, text in enumerate(last) if not text][:5]
+    assert last.count("the pick") == 1
+    assert any("tokens/s against the pick" in text for text in last)
+    assert any("inside the memory model&#x27;s error" in text or "inside the memory model's error" in text
+               for text in last)
+
+
 @pytest.mark.slow
 def test_headless_chromium_shows_the_pick_marked_and_the_confidence(analytic_report, tmp_path):
     result, path = analytic_report

@@ -179,7 +179,7 @@ _COLUMNS: dict[str, tuple[str, Callable[[Any], str], str]] = {
     "layout": ("layout", _text, "wrap"),
     "count": ("layouts", _num(",d"), ""),
     "origin": ("from", _text, "text"),
-    "reason": ("why not", _text, "wrap"),
+    "why_not": ("why not", _text, "wrap"),
     "group": ("reason", _text, "wrap"),
     "trials": ("trials", _num("d"), ""),
     "example": ("example layout", _text, "wrap"),  # a layout with its switches runs past 120 characters
@@ -189,7 +189,7 @@ _LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "mbs", "flags")
 _RANKED = ("rank", *_LAYOUT_KEYS, "tokens_per_s_per_gpu", "mfu", "memory_gib", "free_gib", "step_time_s", "bound",
            "proxy", "origin")
 _FRONT = ("mark", *_LAYOUT_KEYS, "tokens_per_s_per_gpu", "mfu", "memory_gib", "free_gib", "bound", "proxy")
-_ALL = ("mark", "trial", *_LAYOUT_KEYS, "status", "tokens_per_s_per_gpu", "mfu", "memory_gib", "reason")
+_ALL = ("mark", "trial", *_LAYOUT_KEYS, "status", "tokens_per_s_per_gpu", "mfu", "memory_gib", "why_not")
 
 
 def _display(df: pd.DataFrame, usable_gib: float | None, *, pick: str | None = None,
@@ -215,6 +215,35 @@ def _display(df: pd.DataFrame, usable_gib: float | None, *, pick: str | None = N
     elif "proxy" in out:
         out = out.drop(columns=["proxy"])
     return out
+
+
+def _why_not(df: pd.DataFrame, *, pick: str | None, tied: tuple[str, ...], usable_gib: float | None) -> pd.DataFrame:
+    """`df` with a `why_not` column: why each trial is not the pick. Not run or out of memory: its status and reason
+    (the rule it breaks, the largest memory term); above the usable memory; free memory inside the memory model's
+    error (`ranking.inside_memory_error`); tied with the pick (the tie rules chose); else its tokens/s against the
+    pick's."""
+    from autotune.tuning.ranking import TIE_TOLERANCE, inside_memory_error
+
+    rows = df.to_dict("records")
+    best = next((r.get("tokens_per_s_per_gpu") for r in rows if r.get("layout") == pick), None)
+    out = []
+    for r in rows:
+        tokens, memory = r.get("tokens_per_s_per_gpu"), r.get("memory_gib")
+        if r.get("layout") == pick:
+            out.append("the pick")
+        elif r.get("status") != "ok":
+            out.append(f"{r.get('status')}: {_text(r.get('reason'))}".rstrip(": "))
+        elif usable_gib is not None and not _missing(memory) and memory > usable_gib:
+            out.append(f"{memory - usable_gib:.1f} GiB above the usable memory")
+        elif usable_gib is not None and not _missing(memory) and inside_memory_error(usable_gib - memory, memory):
+            out.append(f"{usable_gib - memory:.1f} GiB free, inside the memory model's error: may not fit")
+        elif r.get("layout") in tied:
+            out.append(f"tied with the pick (within {TIE_TOLERANCE:.0%}): the pick is simpler or leaves more memory")
+        elif best and not _missing(tokens):
+            out.append(f"{tokens / best - 1:+.1%} tokens/s against the pick")
+        else:
+            out.append(_text(r.get("reason")))
+    return df.assign(why_not=out)
 
 
 def _bound_text(row: Mapping[str, Any], label: Callable[[object], str]) -> str:
@@ -464,7 +493,8 @@ def render_report(data: ReportInput, pngs: Mapping[str, bytes] | None = None) ->
         _space(data),
         "<h2>Rejected trials, by reason</h2>", _rejections(df, u),
         "<h2>All trials</h2><details><summary>show every trial</summary>", cut,
-        _table(_display(shown, u, pick=pick), _ALL, table_id="trials", moe=moe), "</details>",
+        _table(_why_not(_display(shown, u, pick=pick), pick=pick, tied=tied, usable_gib=u), _ALL, table_id="trials",
+               moe=moe), "</details>",
     ]
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{_esc(data.title)}</title>"
