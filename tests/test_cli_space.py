@@ -98,6 +98,13 @@ def test_space_prints_size_rejections_and_sample(capsys) -> None:
     assert f"feasible layouts: {size:,}" in out
     assert "world_size_divisible" in out and "tp_within_node" in out  # rejection table rows
     assert "sample of 3 layouts" in out
+    # issue 46: "13,664 parallel shapes x 2 dist_opt x 3 recompute" did not multiply out to the size; now the
+    # settings per shape are given as the range they take, and the shapes times that range hold the size
+    found = re.search(r"\(([\d,]+) parallel shapes, each with the (\d+) to (\d+) dist_opt x recompute x CUDA-graph "
+                      r"settings", " ".join(out.split()))
+    assert found is not None, out
+    shapes, low, high = (int(g.replace(",", "")) for g in found.groups())
+    assert shapes * low <= size <= shapes * high
 
 
 def test_space_json_prints_only_valid_layouts_and_all_of_them(capsys) -> None:

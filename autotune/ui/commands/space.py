@@ -118,8 +118,11 @@ def _print_rich(job, options, space, report, n_sample: int) -> None:
     console.print(escape(version_line(job.training.megatron_core)))
     tp = "TP inside one node" if options.tp_within_node else "TP across nodes allowed"
     ep = "EP*ETP inside one node" if options.expert_within_node else "EP*ETP across nodes allowed"
-    console.print(f"feasible layouts: [bold]{space.size:,}[/bold] ({len(space.shapes):,} parallel shapes x "
-                  f"{len(options.dist_opt)} dist_opt x {len(options.recompute)} recompute; {tp}, {ep})")
+    settings = sorted({len(v) for v in space.switches.values() if v})
+    each = f"{settings[0]}" if len(settings) == 1 else f"{settings[0]} to {settings[-1]}"
+    console.print(f"feasible layouts: [bold]{space.size:,}[/bold] ({len(space.shapes):,} parallel shapes, each "
+                  f"with the {each} dist_opt x recompute x CUDA-graph settings its overlap, FSDP and offload "
+                  f"switches allow; {tp}, {ep})")
     ranges = ", ".join(f"{k} {len(v)}" for k, v in report.dimensions.items())
     console.print(f"candidates: {report.candidates:,} (product of per-dimension ranges: {ranges})")
     table = Table(title="rejected candidates, by the first rule each breaks")
