@@ -87,7 +87,7 @@ def test_layout_strings_are_never_broken_across_lines(capsys, tmp_path, monkeypa
 def test_the_summary_says_how_many_layouts_trials_csv_keeps(capsys, tmp_path) -> None:
     # issue 46: `--trials 64` kept 108 rows without saying why: the summary counts them and names what they are
     code, out, _ = _run(capsys, tmp_path, *SMALL, "--trials", "8", "--layout", "tp=2,pp=1")
-    kept = re.search(r"trials\.csv keeps ([\d,]+): the top --trials, the Pareto front and your --layouts",
+    kept = re.search(r"trials\.csv keeps ([\d,]+): the top --trials, the Pareto-optimal ones and your --layouts",
                      " ".join(out.split()))
     rows = (tmp_path / "run" / "trials.csv").read_text().strip().splitlines()[1:]
     assert code == 0 and kept is not None and int(kept.group(1).replace(",", "")) == len(rows) >= 8 + 1

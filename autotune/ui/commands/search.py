@@ -339,7 +339,7 @@ def _summary_line(console: Any, result: Any) -> None:
         seconds = s.get("timings", {}).get("analytic_s", 0.0)
         what = (f"scored all {result.space_size:,} valid layouts with the cost models in {seconds:.1f} s "
                 f"({analytic.get('fits', feasible):,} fit in memory); backend analytic, no profiling; trials.csv "
-                f"keeps {len(result.records):,}: the top --trials, the Pareto front and your --layouts")
+                f"keeps {len(result.records):,}: the top --trials, the Pareto-optimal ones and your --layouts")
     elif result.mode == "exhaustive":
         what = (f"the feasible space is small ({result.space_size} layouts): measured whole; {feasible} fit in "
                 f"memory; backend {result.backend}")
