@@ -105,6 +105,7 @@ CASES = [
     ("fp8-recipe-at-bf16", [*SMALL, "--precision", "bf16", "--fp8-recipe", "mxfp8", "--output", "new"], 2),
     ("fp8-recipe-default-bf16", ["estimate", *SMALL, "--layout", "tp=1", "--fp8-recipe", "tensorwise"], 2),
     ("what-if-with-output", ["--model", "mixtral", "--nodes", "4,8", "--output", "new"], 2),
+    ("flag-prefix", ["estimate", *SMALL, "--layout", "tp=1", "--gpus", "8"], 2),  # not --gpus-per-node
 ]
 
 

@@ -36,7 +36,12 @@ VERBS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (no usage block): `autotune search: error: ...`, exit code 2."""
+    """argparse with its errors on one line (no usage block): `autotune search: error: ...`, exit code 2; a flag is
+    taken only as spelled (no prefixes: `--gpus 8` is refused, never read as `--gpus-per-node 8`)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
