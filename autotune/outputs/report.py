@@ -99,6 +99,7 @@ class ReportInput:
     ranked: pd.DataFrame | None = None  # the answer's ranking as a trials table, in order (the pick first)
     front: tuple[str, ...] | None = None  # the answer's Pareto front (layout texts, the pick first)
     tied: tuple[str, ...] = ()  # layouts tied with the pick
+    inside_error: tuple[str, ...] = ()  # layouts whose predicted free memory is inside the memory model's error
     sentence: str = ""  # the confidence sentence
     warnings: tuple[str, ...] = ()  # memory margin, pipeline batch
     basis: str = ""  # what the figures are (the model, GPU measurements, the model checked by the CPU proxy)
@@ -217,12 +218,13 @@ def _display(df: pd.DataFrame, usable_gib: float | None, *, pick: str | None = N
     return out
 
 
-def _why_not(df: pd.DataFrame, *, pick: str | None, tied: tuple[str, ...], usable_gib: float | None) -> pd.DataFrame:
+def _why_not(df: pd.DataFrame, *, pick: str | None, tied: tuple[str, ...], inside_error: tuple[str, ...],
+             usable_gib: float | None) -> pd.DataFrame:
     """`df` with a `why_not` column: why each trial is not the pick. Not run or out of memory: its status and reason
     (the rule it breaks, the largest memory term); above the usable memory; free memory inside the memory model's
-    error (`ranking.inside_memory_error`); tied with the pick (the tie rules chose); else its tokens/s against the
-    pick's."""
-    from autotune.tuning.ranking import TIE_TOLERANCE, inside_memory_error
+    error (`inside_error`: the answer's `Answer.inside_error`); tied with the pick (the tie rules chose); else its
+    tokens/s against the pick's."""
+    from autotune.tuning.ranking import TIE_TOLERANCE
 
     rows = df.to_dict("records")
     best = next((r.get("tokens_per_s_per_gpu") for r in rows if r.get("layout") == pick), None)
@@ -235,7 +237,7 @@ def _why_not(df: pd.DataFrame, *, pick: str | None, tied: tuple[str, ...], usabl
             out.append(f"{r.get('status')}: {_text(r.get('reason'))}".rstrip(": "))
         elif usable_gib is not None and not _missing(memory) and memory > usable_gib:
             out.append(f"{memory - usable_gib:.1f} GiB above the usable memory")
-        elif usable_gib is not None and not _missing(memory) and inside_memory_error(usable_gib - memory, memory):
+        elif r.get("layout") in inside_error and usable_gib is not None:
             out.append(f"{usable_gib - memory:.1f} GiB free, inside the memory model's error: may not fit")
         elif r.get("layout") in tied:
             out.append(f"tied with the pick (within {TIE_TOLERANCE:.0%}): the pick is simpler or leaves more memory")
@@ -493,8 +495,8 @@ def render_report(data: ReportInput, pngs: Mapping[str, bytes] | None = None) ->
         _space(data),
         "<h2>Rejected trials, by reason</h2>", _rejections(df, u),
         "<h2>All trials</h2><details><summary>show every trial</summary>", cut,
-        _table(_why_not(_display(shown, u, pick=pick), pick=pick, tied=tied, usable_gib=u), _ALL, table_id="trials",
-               moe=moe), "</details>",
+        _table(_why_not(_display(shown, u, pick=pick), pick=pick, tied=tied, inside_error=data.inside_error,
+                        usable_gib=u), _ALL, table_id="trials", moe=moe), "</details>",
     ]
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{_esc(data.title)}</title>"
@@ -541,6 +543,7 @@ def report_input(result, *, space_rules: bool = False) -> ReportInput:
         ranked=ranked,
         front=tuple(str(r.layout) for r in answer.pareto),
         tied=d.tied_layouts,
+        inside_error=tuple(str(r.layout) for r in answer.records if answer.inside_error(r)),
         sentence=d.sentence,
         warnings=d.warnings,
         basis=_basis_text(answer),

@@ -28,7 +28,6 @@ from autotune.tuning.ranking import (
     Ranking,
     complexity,
     decide_layouts,
-    inside_memory_error,
     measured_tolerance,
     memory_margin,
     riskier_layout,
@@ -176,16 +175,12 @@ def proxy_checked(analytic: Decision, last: dict[Layout, Measurement], answer: A
 def avoid_failed(out: Decision, failed: dict[Layout, Measurement], answer: AnalyticAnswer | None,
                  where: str) -> Decision:
     """`out` with its pick moved to the first layout of the model's ranking that did not fail, when the pick failed
-    to build or train (`where` it failed, for the reason): of those that leave the memory model's error free first,
-    when the pick did."""
+    to build or train (`where` it failed, for the reason). The ranking's order already puts the layouts that leave
+    the memory model's error free first when the pick was chosen among them (`Ranking.error_free`)."""
     pick = out.pick
     if answer is None or pick is None or not any(str(lay) == pick for lay in failed):
         return out
-    r, s = answer.ranking, answer.scores
-    inside = inside_memory_error(answer.free_bytes, s.total_bytes, r.resolution,
-                                 answer.job.cluster.gpu.memory_bytes - float(s.capacity_bytes))
-    order = r.order if r.pick is None or inside[r.pick] else [*r.order[~inside[r.order]], *r.order[inside[r.order]]]
-    for row in order:
+    for row in answer.ranking.order:
         layout = answer.layout(int(row))
         if layout not in failed:
             return replace(out, model_pick=pick, pick=str(layout), memory_warning=None, riskier=None,

@@ -123,9 +123,11 @@ def answer_of(result: SearchResult) -> Answer:
         pick = made if made is not None and made.feasible else None
         if pick is not None:
             pool = [pick, *pool]
-    risky = functools.partial(_inside_error, result.job, result.capacity_bytes, decision) if decision.error_free else (
-        lambda r: False)
-    ranked = sorted(pool, key=lambda r: (risky(r), -_tokens_of(r), r.measurement.memory_bytes or 0.0, str(r.layout)))
+    def key(r: TrialRecord) -> tuple:  # with the error kept free, the layouts inside it rank after the others
+        risky = decision.error_free and _inside_error(result.job, result.capacity_bytes, decision, r)
+        return risky, -_tokens_of(r), r.measurement.memory_bytes or 0.0, str(r.layout)
+
+    ranked = sorted(pool, key=key)
     if pick is not None:
         ranked = [pick, *[r for r in ranked if r is not pick]]
     # predicted peaks are compared at the memory model's resolution (a saving it cannot resolve is no trade-off);

@@ -19,6 +19,7 @@ __all__ = ["Decision", "MemoryWarning", "PipelineWarning", "RiskierLayout", "Ver
 MODEL, GPU = "model", "GPU measurements"
 PROXY = "model; CPU proxy checked that layouts build and train"  # CPU-proxy jobs never overrule the model
 
+
 def _plain(value: Any) -> Any:
     """JSON-ready data: a nested record as its dict, a tuple as a list."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -49,7 +50,6 @@ class MemoryWarning:
     free_then_gib: float | None = None
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RiskierLayout:
     """A layout the model calls faster than the pick whose free memory is inside the memory model's error: shown
@@ -78,7 +78,6 @@ class PipelineWarning:
     text: str
     tokens_per_s_per_gpu_at_suggested: float | None = None
     mfu_at_suggested: float | None = None
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -118,7 +117,6 @@ class Verdict:
     recipe: str | None = None  # where NVIDIA published this layout, when it is the job's baseline
     published_tokens_per_s_per_gpu: float | None = None  # what NVIDIA measured with it (the same job only)
     recipe_differs: tuple[str, ...] = ()  # how the published row's job differs from this one (empty: the same)
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,4 +179,3 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return _as_dict(self)
-
