@@ -216,12 +216,18 @@ def _throughput_notes(log: Any, job: Any, step_s: float, assumed: tuple[str, ...
     peak, or a logged figure that contradicts a job partly assumed at defaults (naming the sequence length that
     fits it); warns of what was assumed. Returns the warnings."""
     import statistics
+    from dataclasses import replace
 
     from autotune.cost.flops import model_flops_per_step
 
+    def implied_at(training: Any) -> float:  # the TFLOP/s per GPU Megatron-LM would log for this job at that step
+        return model_flops_per_step(job.model, training) / (step_s * 1e12 * job.world_size)
+
     t, gpu = job.training, job.cluster.gpu
-    implied = model_flops_per_step(job.model, t) / (step_s * 1e12 * job.world_size)
+    implied = implied_at(t)
     peak = gpu.peak_flops(t.precision) / 1e12
+    said = (f"{log.path}: the log does not say {', '.join(a.split()[0] for a in assumed)}; assumed "
+            f"{', '.join(assumed)}")
     what = (f"{job.model.name} on {job.world_size} {gpu.name}, seq {t.seq_length}, GBS {t.global_batch_size}, "
             f"{t.precision}" + (f" (assumed: {', '.join(assumed)})" if assumed else ""))
     if implied > peak:
@@ -229,25 +235,20 @@ def _throughput_notes(log: Any, job: Any, step_s: float, assumed: tuple[str, ...
                          f"{what}, above the {gpu.name}'s {peak:,.0f} TFLOP/s {t.precision} peak: the log ran "
                          f"another job; give the run's flags.")
     if not log.tflops_per_gpu:
-        return [f"{log.path}: the log does not say {', '.join(a.split()[0] for a in assumed)}; assumed "
-                f"{', '.join(assumed)}, and it logs no throughput to check that by (Megatron-LM "
-                f"--log-throughput): give the run's flags if it differed"] if assumed else []
+        return [f"{said}, and it logs no throughput to check that by (Megatron-LM --log-throughput): give the run's "
+                f"flags if it differed"] if assumed else []
     logged = statistics.median(log.tflops_per_gpu)
     if logged > peak * (1 + THROUGHPUT_TOLERANCE):
         raise ValueError(f"--log {log.path}: it logs {logged:,.0f} TFLOP/s per GPU, above the {gpu.name}'s "
                          f"{peak:,.0f} TFLOP/s {t.precision} peak: the log is of another GPU or precision; give "
                          f"the run's --gpu and --precision.")
     if abs(logged / implied - 1) <= THROUGHPUT_TOLERANCE:
-        return [f"{log.path}: the log does not say {', '.join(a.split()[0] for a in assumed)}; assumed "
-                f"{', '.join(assumed)} (its logged {logged:,.0f} TFLOP/s per GPU agrees)"] if assumed else []
+        return [f"{said} (its logged {logged:,.0f} TFLOP/s per GPU agrees)"] if assumed else []
     text = (f"--log {log.path}: it logs {logged:,.0f} TFLOP/s per GPU, but {what} at its {step_s:.4g} s step is "
             f"{implied:,.0f} (Megatron-LM's num_floating_point_operations)")
-    if "--seq-length" in " ".join(assumed):
-        from dataclasses import replace
-
-        fits = [s for s in SEQ_LENGTHS if abs(logged / (model_flops_per_step(job.model, replace(t, seq_length=s))
-                                                       / (step_s * 1e12 * job.world_size)) - 1)
-                <= THROUGHPUT_TOLERANCE]
+    if any(a.startswith("--seq-length ") for a in assumed):
+        fits = [s for s in SEQ_LENGTHS
+                if abs(logged / implied_at(replace(t, seq_length=s)) - 1) <= THROUGHPUT_TOLERANCE]
         if fits:
             text += f"; its throughput fits --seq-length {' or '.join(map(str, fits))}"
     if assumed:
