@@ -32,7 +32,8 @@ FLAGS_TEXT = ("sp sequence parallel, dopt distributed optimizer, rc recompute (s
               "count as layers), fsdp Megatron-FSDP (ZeRO-3), off=N activations of N layers offloaded to the host")
 FLAGS_LEGEND = "flags: " + FLAGS_TEXT
 MARKS_LEGEND = ("* the pick, = tied with the pick (the model cannot tell them apart), ! free memory inside the memory "
-                "model's error (may not fit; never the pick while another layout leaves it free)")
+                "model's error (may not fit; without --headroom-gib never the pick while another layout leaves it "
+                "free)")
 _GRAPH_FLAGS = {"transformer_engine": "te", "full_iteration": "full", "local": "local"}
 _GAP = 1  # columns are separated by one space (box.SIMPLE_HEAD without padding)
 _FLAGS_NARROW = 16  # the flags column wraps onto a second line beyond this, unless wide ("sp dopt rc=full" is 15)
