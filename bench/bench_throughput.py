@@ -48,6 +48,7 @@ from autotune.cost.efficiency import (  # noqa: E402
 )
 from autotune.cost.score import estimate_time  # noqa: E402
 from bench.throughput_rows import Row, load_rows  # noqa: E402
+from search_spaces.layout import CUDA_GRAPH_CHOICES  # noqa: E402
 from search_spaces.releases import release_names  # noqa: E402
 
 TARGET_MEAN, TARGET_WORST, TARGET_PAIRS = 0.12, 0.30, 0.75
@@ -211,6 +212,16 @@ def fitted_groups(rows: list[Row]) -> tuple[str, ...]:
     return tuple(sorted(g for g, n in count.items() if n >= MIN_GROUP_ROWS))
 
 
+def fitted_graphs(rows: list[Row]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`Calibration.fitted_graphs` of these fitted rows: each GPU generation's CUDA-graph settings (in
+    CUDA_GRAPH_CHOICES order) that at least one of its rows ran."""
+    seen: dict[str, set[str]] = defaultdict(set)
+    for r in rows:
+        if not r.held_out:
+            seen[r.job.cluster.gpu.arch].add(r.layout.cuda_graphs)
+    return tuple((arch, tuple(g for g in CUDA_GRAPH_CHOICES if g in seen[arch])) for arch in sorted(seen))
+
+
 def calibration_source(cal: Calibration, rows: list[Row] | None = None) -> str:
     """`cal` as the Python source of DEFAULT_CALIBRATION (4 significant digits), to paste into efficiency.py."""
     def g(v: float) -> str:
@@ -229,6 +240,7 @@ def calibration_source(cal: Calibration, rows: list[Row] | None = None) -> str:
             lines.append(f"    {name}={g(get_value(cal, name))},")
     if rows is not None:
         lines.append(f"    fitted_groups={fitted_groups(rows)!r},")
+        lines.append(f"    fitted_graphs={fitted_graphs(rows)!r},")
     lines.append("    per_release=(")
     for release, r in cal.per_release:
         args = ", ".join(f"{k}={g(getattr(r, k))}" for k in ("dense", "moe") if getattr(r, k) is not None)

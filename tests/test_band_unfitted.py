@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, fit_group
 from autotune.cost.score import estimate_time
 from autotune.ui.cli import main
-from bench.bench_throughput import fitted_groups
+from bench.bench_throughput import fitted_graphs, fitted_groups
 from bench.throughput_rows import load_rows
 from search_spaces.catalog import get_model
 from search_spaces.gpus import build_cluster
@@ -25,6 +26,40 @@ def test_the_fitted_groups_are_what_the_fitted_rows_hold() -> None:
     fitted = [r for r in load_rows() if not r.held_out and not r.job.model.is_hybrid]
     assert DEFAULT_CALIBRATION.fitted_groups == fitted_groups(fitted)
     assert fit_group("hopper", "fp8", False) in DEFAULT_CALIBRATION.fitted_groups
+    assert DEFAULT_CALIBRATION.fitted_graphs == fitted_graphs(fitted)
+
+
+def test_a_graph_setting_no_fitted_run_of_the_generation_used_is_credited_as_the_nearest_one_seen() -> None:
+    cal = DEFAULT_CALIBRATION
+    # the fitted Hopper rows run no graphs or Transformer Engine's per-layer ones; Blackwell's every setting
+    assert [cal.credited_graphs("hopper", g) for g in ("none", "local", "transformer_engine", "full_iteration")] \
+        == ["none", "none", "transformer_engine", "transformer_engine"]
+    assert cal.credited_graphs("blackwell", "full_iteration") == "full_iteration"
+    assert cal.credited_graphs("ampere", "full_iteration") == "none"
+    assert replace(cal, fitted_graphs=None).credited_graphs("hopper", "full_iteration") == "full_iteration"
+    assert cal.uncredited_graphs(build_cluster(nodes=1, gpu="gb200").gpu, "full_iteration") is None
+    why = cal.uncredited_graphs(build_cluster(nodes=1, gpu="h100").gpu, "full_iteration")
+    assert why is not None and "cuda_graphs=transformer_engine" in why and "upper edge" in why
+
+
+def test_full_iteration_graphs_on_hopper_keep_the_pipeline_host_work_and_the_model_figure_is_the_upper_edge() -> None:
+    # issue 46, majors 1-2: llama3-70b's pick on 8 H100 nodes was tp4 pp2 vpp41 with full-iteration graphs, its PP
+    # p2p term 2.36 s without graphs and 0.0004 s with them, at 61.5% MFU: no fitted Hopper run used those graphs
+    job = Job(model=get_model("llama3-70b"), cluster=build_cluster(nodes=8, gpu="h100"),
+              training=TrainingSpec(seq_length=4096, global_batch_size=256))
+    base = dict(tp=4, pp=2, vpp=41, embedding_loss_split=True, dp=8, mbs=1, sp=True, dist_opt=True)
+    full = estimate_time(job, Layout(**base, cuda_graphs="full_iteration"))  # type: ignore[arg-type]
+    te = estimate_time(job, Layout(**base, cuda_graphs="transformer_engine"))  # type: ignore[arg-type]
+    raw = estimate_time(job, Layout(**base, cuda_graphs="full_iteration"),  # type: ignore[arg-type]
+                        replace(DEFAULT_CALIBRATION, fitted_graphs=None))
+    assert raw.breakdown["pp_p2p"] < 0.01 and raw.mfu > 0.6  # what the model alone says
+    assert full.step_time_s == pytest.approx(te.step_time_s) and full.breakdown == pytest.approx(te.breakdown)
+    assert full.breakdown["pp_p2p"] > 2.0 and full.mfu < 0.52
+    assert full.tokens_per_s_per_gpu_high == pytest.approx(raw.tokens_per_s_per_gpu_high)
+    assert full.tokens_per_s_per_gpu_low == pytest.approx(te.tokens_per_s_per_gpu_low)
+    # on Blackwell, where fitted runs used them, the graphs' saving stands
+    gb = replace(job, cluster=build_cluster(nodes=16, gpu="gb200", gpus_per_node=4))
+    assert estimate_time(gb, Layout(**base, cuda_graphs="full_iteration")).breakdown["pp_p2p"] < 0.01  # type: ignore
 
 
 def _estimate(precision: str, gpu: str = "h100"):
@@ -54,6 +89,8 @@ def test_estimate_prints_why_its_band_is_wide(capsys) -> None:
     assert "hopper bf16 dense" in json.loads(capsys.readouterr().out)["band_note"]
     assert main([*args[:-1], "--precision", "fp8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["band_note"] is None
+    assert main([*args[:-1], "--precision", "fp8", "--cuda-graphs", "full_iteration", "--json"]) == 0
+    assert "no fitted hopper run uses cuda_graphs=full_iteration" in json.loads(capsys.readouterr().out)["band_note"]
 
 
 def test_the_search_reason_names_why_its_band_is_wide() -> None:
@@ -78,3 +115,25 @@ def test_nvfp4_is_refused_off_blackwell_and_costs_fp4_gemms_on_it() -> None:
     assert fp4.breakdown["compute"] < fp8.breakdown["compute"]  # FP4 GEMMs, the attention core still bf16
     settings = job_settings(fp4_job, Layout(tp=8, pp=4, vpp=5, dp=2, mbs=1, sp=True, dist_opt=True))
     assert (settings["fp4"], settings["fp4_recipe"], settings["fp8"]) == ("e2m1", "nvfp4", None)
+
+
+def test_a_cluster_calibrated_on_runs_with_full_graphs_credits_them(tmp_path) -> None:
+    # "unless calibration says otherwise": a log of a full-graph Hopper run is timed with its graphs, and the file
+    # written from it credits them on that generation from then on
+    from autotune.cost.calibration_file import CalibrationFile, read_calibration, write_calibration
+    from autotune.tuning.calibrate import Run, fit_factors
+
+    job = Job(model=get_model("llama3-70b"), cluster=build_cluster(nodes=8, gpu="h100"),
+              training=TrainingSpec(seq_length=4096, global_batch_size=256))
+    layout = Layout(tp=4, pp=2, vpp=41, embedding_loss_split=True, dp=8, mbs=1, sp=True, dist_opt=True,
+                    cuda_graphs="full_iteration")
+    raw = estimate_time(job, layout, replace(DEFAULT_CALIBRATION, fitted_graphs=None)).step_time_s
+    fit = fit_factors([Run(job=job, layout=layout, step_time_s=raw)])
+    assert fit.graphs == ("full_iteration",) and fit.before[0] == pytest.approx(raw)
+    path = tmp_path / "cluster.yaml"
+    write_calibration(path, CalibrationFile(gpu_arch=fit.arch, factors=fit.factors, graphs=fit.graphs))
+    cal = read_calibration(path).calibration(job.cluster.gpu)
+    assert read_calibration(path).graphs == ("full_iteration",)
+    assert cal.credited_graphs("hopper", "full_iteration") == "full_iteration"
+    assert estimate_time(job, layout, cal).step_time_s == pytest.approx(raw, rel=0.02)
+    assert DEFAULT_CALIBRATION.credited_graphs("hopper", "full_iteration") == "transformer_engine"

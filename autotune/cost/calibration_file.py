@@ -18,6 +18,7 @@ largest fraction they scale reaches 1). The file (`autotune_calibration: 1`):
     factors: {compute: 0.93, network: 0.81, host: 1.0}
     precisions: [fp8]             # the GEMM precisions `compute` scales
     at_bound: []                  # factors a bound held
+    graphs: [none]                # the logs' CUDA-graph settings: credited on this generation from now on
     source: logs                  # logs | megatron-gpu (a search's or a profile's GPU runs) | megatron-cpu-proxy
     provenance: {date: ..., autotune_version: ..., logs: [{path, step_time_s, layout, error_before, error_after, ...}]}
 
@@ -35,6 +36,7 @@ from typing import Any
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, ArchFractions, Calibration
 from search_spaces.cluster import ARCHES, GPUSpec
+from search_spaces.layout import CUDA_GRAPH_CHOICES
 from search_spaces.training import PRECISION_CHOICES
 
 __all__ = ["FACTORS", "FACTOR_BOUNDS", "FORMAT_VERSION", "PROXY_SOURCE", "SOURCES", "CalibrationFile", "apply_factors",
@@ -57,6 +59,7 @@ class CalibrationFile:
     factors: tuple[tuple[str, float], ...]  # (name in FACTORS, value), every name once
     at_bound: tuple[str, ...] = ()
     precisions: tuple[str, ...] = ()  # the GEMM precisions `compute` scales (the logs'); () every precision
+    graphs: tuple[str, ...] = ()  # the logs' CUDA-graph settings: their saving is credited on this generation
     source: str = "logs"  # one of SOURCES
     provenance: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     path: str = ""  # where it was read from ("" for one not read from a file)
@@ -75,7 +78,8 @@ class CalibrationFile:
             raise ValueError(f"--calibration {self.name}: it was fitted on {self.gpu_arch} GPUs, but this job runs "
                              f"{gpu.name} ({gpu.arch}); calibrate on a log of a {gpu.arch} run, or leave "
                              f"--calibration out.")
-        return apply_factors(base, self.gpu_arch, dict(self.factors), self.precisions)
+        return apply_factors(base.seen_graphs(self.gpu_arch, self.graphs), self.gpu_arch, dict(self.factors),
+                             self.precisions)
 
     @property
     def name(self) -> str:
@@ -181,6 +185,9 @@ def read_calibration(path: str | Path) -> CalibrationFile:
     if not isinstance(precisions, list) or not set(precisions) <= set(PRECISION_CHOICES):
         raise _fail(path, f"`precisions` must list some of {', '.join(PRECISION_CHOICES)}, but got "
                           f"{precisions!r}"[:300])
+    graphs = data.get("graphs") or []
+    if not isinstance(graphs, list) or not set(graphs) <= set(CUDA_GRAPH_CHOICES):
+        raise _fail(path, f"`graphs` must list some of {', '.join(CUDA_GRAPH_CHOICES)}, but got {graphs!r}"[:300])
     source = data.get("source", "logs")
     if source not in SOURCES:
         raise _fail(path, f"`source` must be one of {', '.join(SOURCES)}, but got {source!r}"[:300])
@@ -188,7 +195,8 @@ def read_calibration(path: str | Path) -> CalibrationFile:
     if not isinstance(provenance, dict):
         raise _fail(path, "`provenance` must be a mapping")
     return CalibrationFile(gpu_arch=arch, factors=tuple(values), at_bound=tuple(at_bound),
-                           precisions=tuple(sorted(precisions)), source=source, provenance=provenance, path=str(path))
+                           precisions=tuple(sorted(precisions)), graphs=tuple(sorted(graphs)), source=source,
+                           provenance=provenance, path=str(path))
 
 
 def write_calibration(path: str | Path, cal: CalibrationFile) -> None:
@@ -199,7 +207,8 @@ def write_calibration(path: str | Path, cal: CalibrationFile) -> None:
 
     data = {"autotune_calibration": FORMAT_VERSION, "gpu_arch": cal.gpu_arch,
             "factors": {n: round(v, 4) for n, v in cal.factors}, "precisions": list(cal.precisions),
-            "at_bound": list(cal.at_bound), "source": cal.source, "provenance": cal.provenance}
+            "at_bound": list(cal.at_bound), "graphs": list(cal.graphs), "source": cal.source,
+            "provenance": cal.provenance}
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")

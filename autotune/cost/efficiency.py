@@ -20,10 +20,12 @@ roofline (bytes / HBM bandwidth) bounds very small GEMMs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from search_spaces.cluster import GPUSpec
+from search_spaces.layout import CUDA_GRAPH_CHOICES
 from search_spaces.releases import RELEASES
 
 __all__ = [
@@ -153,6 +155,11 @@ class Calibration:
     fitted_groups: tuple[str, ...] = ()
     unfitted_band_factor: float = 2.0  # assumed: an unfitted group's band is this many times the fitted one's (the
     #   release factors alone move one layout 0.8x-1.5x between releases, beyond the fitted band)
+    # what the fit saw of CUDA graphs: (GPUSpec.arch, the `Layout.cuda_graphs` settings of its fitted rows) (bench
+    # --fit prints it). A graph setting removes host work that the rows without it show only as a residual, so its
+    # saving is credited only on a generation where a fitted run used it (`credited_graphs`); None: every setting
+    # is credited (a calibration without a record of its rows)
+    fitted_graphs: tuple[tuple[str, tuple[str, ...]], ...] | None = None
     # --- software releases --------------------------------------------------------------
     per_release: tuple[tuple[str, ReleaseFactors], ...] = ()  # fitted per release (search_spaces.releases)
 
@@ -175,6 +182,49 @@ class Calibration:
         if fit_group(gpu.arch, precision, moe) in self.fitted_groups:
             return low, high
         return low * self.unfitted_band_factor, high * self.unfitted_band_factor
+
+    def credited_graphs(self, arch: str, graphs: str) -> str:
+        """The CUDA-graph setting whose time saving a prediction on a GPU generation credits for `graphs`: `graphs`
+        itself where a fitted run of that generation used it, else the last fitted setting before it in
+        CUDA_GRAPH_CHOICES (none, local, transformer_engine, full_iteration: each removes at least the host work
+        of the ones before it, as far as megatron-core's scopes go), else none. An unfitted setting's saving rests
+        on host constants fitted where host work was only a residual, so it is never the optimistic extreme: it is
+        timed as the nearest setting the fit saw, and the model's own saving is the band's upper edge."""
+        if self.fitted_graphs is None:
+            return graphs
+        seen = dict(self.fitted_graphs).get(arch, ())
+        at = CUDA_GRAPH_CHOICES.index(graphs)
+        return next((g for g in reversed(CUDA_GRAPH_CHOICES[:at + 1]) if g in seen), "none")
+
+    def seen_graphs(self, arch: str, graphs: Iterable[str]) -> Calibration:
+        """This calibration with `graphs` counted as fitted on generation `arch` (a cluster calibrated on runs that
+        used them: `calibrate`)."""
+        if self.fitted_graphs is None:
+            return self
+        seen = dict(self.fitted_graphs)
+        have = set(seen.get(arch, ())) | set(graphs)
+        seen[arch] = tuple(g for g in CUDA_GRAPH_CHOICES if g in have)
+        return replace(self, fitted_graphs=tuple(sorted(seen.items())))
+
+    def uncredited_graphs(self, gpu: GPUSpec, graphs: str) -> str | None:
+        """Why a layout's CUDA graphs are timed as another setting (None when their saving is credited)."""
+        credited = self.credited_graphs(gpu.arch, graphs)
+        if credited == graphs:
+            return None
+        seen = ", ".join(dict(self.fitted_graphs or ()).get(gpu.arch, ())) or "none"
+        return (f"no fitted {gpu.arch} run uses cuda_graphs={graphs} (they use {seen}), so its time saving is not "
+                f"credited: the step is timed as with cuda_graphs={credited}, and the model's own saving is the "
+                f"band's upper edge")
+
+    def uncredited_graph_settings(self, gpu: GPUSpec, settings: Iterable[str]) -> str | None:
+        """Which of `settings` (a search's CUDA-graph settings) are timed as another one on `gpu`, or None."""
+        given = set(settings)
+        moved = [(g, c) for g in CUDA_GRAPH_CHOICES if g in given and (c := self.credited_graphs(gpu.arch, g)) != g]
+        if not moved:
+            return None
+        return (f"no fitted {gpu.arch} run uses " + ", ".join(f"cuda_graphs={g}" for g, _ in moved)
+                + ", so their time saving is not credited (timed as " + ", ".join(f"{c}" for _, c in moved)
+                + "; the model's own saving is the band's upper edge)")
 
     def release_factor(self, release: str, kind: str) -> tuple[float, str]:
         """(factor, the release it was fitted on) of `kind` ("dense" or "moe") for `release`: its own where fitted,
@@ -225,6 +275,8 @@ DEFAULT_CALIBRATION = Calibration(  # bench/bench_throughput.py --fit --sweeps 6
     step_overhead_s=0.01995,
     fitted_groups=('blackwell bf16 MoE', 'blackwell fp4 dense', 'blackwell fp8 MoE', 'blackwell fp8 dense',
                    'hopper bf16 MoE', 'hopper fp8 MoE', 'hopper fp8 dense'),
+    fitted_graphs=(('ampere', ('none',)), ('blackwell', ('none', 'local', 'transformer_engine', 'full_iteration')),
+                   ('hopper', ('none', 'transformer_engine'))),
     per_release=(
         ('24.07', ReleaseFactors(dense=0.9607)),
         ('25.02', ReleaseFactors(dense=0.861)),

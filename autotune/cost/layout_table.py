@@ -185,6 +185,12 @@ class LayoutTable:
         return LayoutTable(**{name: _frozen(getattr(self, name)[rows], getattr(self, name).dtype) for name in COLUMNS},
                            layout_strings=self.layout_strings)
 
+    def with_column(self, name: str, values: np.ndarray | Sequence[int]) -> LayoutTable:
+        """This table with column `name` replaced by `values` (encoded as the column is)."""
+        dtype = getattr(self, name).dtype
+        return LayoutTable(**{n: _frozen(values, dtype) if n == name else getattr(self, n) for n in COLUMNS},
+                           layout_strings=self.layout_strings)
+
     def columns(self) -> Mapping[str, np.ndarray]:
         return {name: getattr(self, name) for name in COLUMNS}
 

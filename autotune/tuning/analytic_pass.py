@@ -26,7 +26,7 @@ from autotune.cost.layout_table import LayoutTable
 from autotune.cost.score import Scores, score_layouts
 from autotune.tuning.ranking import TIE_TOLERANCE, Ranking, complexity, decide, equivalent_to_simpler, pareto_rows
 from search_spaces.job import Job
-from search_spaces.layout import Layout
+from search_spaces.layout import CUDA_GRAPH_CHOICES, Layout
 from search_spaces.measurement import Measurement
 from search_spaces.space import FeasibleSpace
 
@@ -120,7 +120,7 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
     ranking = decide(scores.tokens_per_s_per_gpu, scores.capacity_bytes - scores.total_bytes, complexity(table),
                       eligible=eligible, tolerance=tolerance,
                       band=cal.band_for(job.cluster.gpu, job.training.precision, job.model.is_moe),
-                      band_note=cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
+                      band_note=_band_note(job, table, cal),
                       labels=_Labels(table), memory_bytes=scores.total_bytes,
                       kept_bytes=job.cluster.gpu.memory_bytes - float(scores.capacity_bytes),
                       keep_error_free=keep_error_free)
@@ -128,6 +128,15 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
     return AnalyticAnswer(job=job, space=space, table=table, scores=scores, eligible=eligible, ranking=ranking,
                           cal=cal,
                           seconds={"table_s": t1 - t0, "score_s": t2 - t1, "rank_s": t3 - t2})
+
+
+def _band_note(job: Job, table: LayoutTable, cal: Calibration) -> str | None:
+    """Why the band is wider than the fitted one, and which of the space's CUDA-graph settings are timed as
+    another (`Calibration.unfitted`, `uncredited_graph_settings`), or None."""
+    graphs = (CUDA_GRAPH_CHOICES[int(i)] for i in np.unique(table.cuda_graphs))
+    notes = (cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
+             cal.uncredited_graph_settings(job.cluster.gpu, graphs))
+    return "; ".join(n for n in notes if n) or None
 
 
 class _Labels(Sequence[str]):

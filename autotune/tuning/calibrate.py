@@ -66,6 +66,7 @@ class Fit:
 
     arch: str
     precisions: tuple[str, ...]  # the runs' GEMM precisions: the ones `compute` scales
+    graphs: tuple[str, ...] = ()  # the runs' CUDA-graph settings: their saving is credited once calibrated on
     factors: tuple[tuple[str, float], ...]
     at_bound: tuple[str, ...]  # factors a bound held
     bounds: tuple[tuple[str, float, float], ...]  # (factor, low, high)
@@ -99,6 +100,8 @@ def fit_factors(runs: Sequence[Run], base: Calibration = DEFAULT_CALIBRATION, *,
             raise ValueError(f"a measured step time must be a positive finite number, but got {seconds!r}.")
     arch = _arch(runs) if runs else str(arch)
     precisions = tuple(sorted({r.job.training.precision for r in runs}))
+    graphs = tuple(sorted({r.layout.cuda_graphs for r in runs}))
+    base = base.seen_graphs(arch, graphs)  # the runs measured their graphs: time them as they ran
     bounds = factor_bounds(base, arch, precisions)
     low = np.log([bounds[n][0] for n in FACTORS])
     high = np.log([bounds[n][1] for n in FACTORS])
@@ -143,7 +146,7 @@ def fit_factors(runs: Sequence[Run], base: Calibration = DEFAULT_CALIBRATION, *,
     at_bound = tuple(n for n, v, lo, hi in zip(FACTORS, theta, low, high, strict=True)
                      if v <= lo + 1e-9 or v >= hi - 1e-9)
     k = len(runs)
-    return Fit(arch=arch, precisions=precisions, factors=factors, at_bound=at_bound,
+    return Fit(arch=arch, precisions=precisions, graphs=graphs, factors=factors, at_bound=at_bound,
                bounds=tuple((n, *bounds[n]) for n in FACTORS),
                before=tuple(np.exp(pred0[:k]).tolist()), after=tuple(np.exp(pred[:k]).tolist()),
                calibration=apply_factors(base, arch, dict(factors), precisions),

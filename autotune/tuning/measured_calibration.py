@@ -303,4 +303,5 @@ def run_profile(job: Job, candidates: Sequence[Layout], backend: Any, *,
 def calibration_file(fit: Fit, *, source: str, provenance: dict[str, Any], path: str = "") -> CalibrationFile:
     """The calibration file of `fit` (what a search or a profile writes)."""
     return CalibrationFile(gpu_arch=fit.arch, factors=fit.factors, at_bound=fit.at_bound, precisions=fit.precisions,
+                           graphs=fit.graphs,
                            source=source, provenance=provenance, path=path)

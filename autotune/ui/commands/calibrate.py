@@ -303,6 +303,7 @@ def run(args: argparse.Namespace) -> int:
     fit = fit_factors([Run(job=r.job, layout=r.layout, step_time_s=r.step_time_s, label=r.log.path)
                        for r in logged])
     cal = CalibrationFile(gpu_arch=fit.arch, factors=fit.factors, at_bound=fit.at_bound, precisions=fit.precisions,
+                          graphs=fit.graphs,
                           provenance=_provenance(logged, fit), path=args.output or "")
     if args.output:
         write_calibration(args.output, cal)

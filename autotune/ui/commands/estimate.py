@@ -77,7 +77,7 @@ def estimate_object(measurement, *, usable_bytes: float | None = None, headroom:
     }
 
 
-def _print_rich(job, m, headroom: float, calibration=None) -> None:
+def _print_rich(job, m, headroom: float, calibration=None, cal=None) -> None:
     from autotune.outputs.tables import breakdown_table, make_console
 
     console = make_console()
@@ -117,7 +117,7 @@ def _print_rich(job, m, headroom: float, calibration=None) -> None:
         console.print(f"[bold]step time[/bold] {m.step_time_s:.3f} s: {m.tokens_per_s_per_gpu:,.0f}{band} tokens/s "
                       f"per GPU, {m.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {m.mfu:.1%} (of the "
                       f"{job.training.precision} dense peak)")
-        note = _band_note(job)
+        note = _band_note(job, m.layout, cal)
         if note:
             console.print(f"  band: {note}", markup=False, highlight=False)
         console.print(breakdown_table("seconds", m.time, m.step_time_s, ".4f", ".1%"))
@@ -126,11 +126,15 @@ def _print_rich(job, m, headroom: float, calibration=None) -> None:
         console.print(f"largest term beyond compute: {bound_cell(m)} of the step", markup=False, highlight=False)
 
 
-def _band_note(job) -> str | None:
-    """Why the tokens/s band is wider than the fitted one (`Calibration.unfitted`), or None."""
+def _band_note(job, layout, cal=None) -> str | None:
+    """Why the tokens/s band is wider than the fitted one (`Calibration.unfitted`) and why the layout's CUDA graphs
+    are timed as another setting (`Calibration.uncredited_graphs`), or None."""
     from autotune.cost.efficiency import DEFAULT_CALIBRATION
 
-    return DEFAULT_CALIBRATION.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe)
+    cal = DEFAULT_CALIBRATION if cal is None else cal
+    notes = (cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
+             cal.uncredited_graphs(job.cluster.gpu, layout.cuda_graphs))
+    return "; ".join(n for n in notes if n) or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,12 +156,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**estimate_object(m, usable_bytes=job.cluster.gpu.memory_bytes - headroom,
                                             headroom=headroom, training=job.training), "release": job.training.release,
-                          "band_note": _band_note(job), "nearest": nearest,
+                          "band_note": _band_note(job, layout, cal), "nearest": nearest,
                           "calibration": None if calibration is None else calibration.summary()}, indent=2))
     else:
         from autotune.outputs.tables import print_nearest
 
-        _print_rich(job, m, headroom, calibration)
+        _print_rich(job, m, headroom, calibration, cal)
         if m.status != "ok":
             print_nearest(nearest)
     return 0 if m.status == "ok" else 1
