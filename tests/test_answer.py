@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from autotune.cost.analytic import AnalyticBackend
+from autotune.cost.efficiency import DEFAULT_CALIBRATION
 from autotune.outputs.files import launch_of, result_json
 from autotune.outputs.view import Result
 from autotune.tuning.analytic_pass import analytic_pass
@@ -158,7 +160,9 @@ def test_the_pick_gain_over_a_user_layout_is_split_into_terms_and_flagged_when_l
         assert mine == pytest.approx(yours.time[term]) and theirs == pytest.approx(pick.time.get(term, 0.0))
     gaps = [abs(a - b) for _, a, b in fits.gain_terms]
     assert gaps == sorted(gaps, reverse=True)
-    assert (fits.unverified is not None) is (fits.pick_gain > UNVERIFIED_GAIN)
+    pair_error = math.exp(DEFAULT_CALIBRATION.pair_band) - 1
+    assert (fits.unverified is not None) is (fits.pick_gain > max(UNVERIFIED_GAIN, pair_error))
+    assert (fits.no_measurable_gain is not None) is (0 < fits.pick_gain <= pair_error)
     if fits.unverified is not None:
         assert fits.unverified == fits.gain_terms[0][0] and 0 < fits.unverified_share <= 1
     # a gain above the bar is flagged with the term; one below is not (verdicts.gain_vs_pick on made-up breakdowns)
@@ -166,12 +170,16 @@ def test_the_pick_gain_over_a_user_layout_is_split_into_terms_and_flagged_when_l
     fast = SimpleNamespace(tokens_per_s_per_gpu=130.0, time={"compute": 1.0, "ep_comm": 0.1, "host": 0.05})
     flagged = gain_vs_pick(fast, slow)
     assert flagged["unverified"] == "ep_comm" and flagged["unverified_share"] == pytest.approx(0.4 / 0.45)
-    assert "unverified" not in gain_vs_pick(SimpleNamespace(tokens_per_s_per_gpu=110.0, time=fast.time), slow)
+    inside = gain_vs_pick(SimpleNamespace(tokens_per_s_per_gpu=110.0, time=fast.time), slow)
+    assert "unverified" not in inside and inside["no_measurable_gain"] == pytest.approx(pair_error)  # +10% < +20%
+    assert "no_measurable_gain" not in flagged
     from autotune.outputs.tables import verdict_text
 
     text = " ".join(verdict_text(dataclasses.replace(fits, pick_gain=0.3, unverified="ep_comm",
                                                      unverified_share=0.89)).split())
     assert "UNVERIFIED: the pick's predicted +30% rests mostly on EP all-to-all, 89% of what it saves" in text
+    text = " ".join(verdict_text(dataclasses.replace(fits, pick_gain=0.1, no_measurable_gain=0.2)).split())
+    assert "no measurable gain: the pick's predicted +10.0% lies inside the model's error on two layouts" in text
 
 
 def test_nearest_fitting_changes_the_fewest_fields() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_sweeps import find_sweeps, order_pairs, tabled_rows  # noqa: E402
@@ -45,3 +47,17 @@ def test_known_sweeps_are_found_in_the_published_rows() -> None:
     for rows in sweeps.values():  # one model, GPU count and precision per sweep, and more than one run
         assert len({(r.job.model, r.job.world_size, r.job.training.precision) for r in rows}) == 1
         assert len({(r.job, r.layout) for r in rows}) > 1
+
+
+def test_the_pair_band_is_what_the_published_sweeps_measure() -> None:
+    # Calibration.pair_band: the 90th percentile of the model's error on the gap between two layouts of one job
+    # (held-out GB300 / B300 sweeps left out); a predicted gain inside it is "no measurable gain"
+    from autotune.cost.analytic import AnalyticBackend
+    from autotune.cost.efficiency import DEFAULT_CALIBRATION
+    from bench.bench_sweeps import evaluate_sweep, gap_error_p90
+
+    backend = AnalyticBackend()
+    sweeps = [evaluate_sweep(k, rows, backend, False) for k, rows in find_sweeps(tabled_rows()).items()]
+    assert DEFAULT_CALIBRATION.pair_band == pytest.approx(gap_error_p90(sweeps), abs=5e-5)
+    assert gap_error_p90([{"gpu": "h100", "gap_errors": [0.1] * 9 + [1.0]}, {"gpu": "gb300", "gap_errors": [9.0]}]) \
+        == pytest.approx(0.19)

@@ -149,6 +149,9 @@ class Calibration:
     band_dense: tuple[float, float] = (-0.1416, 0.1220)  # measured: 10th / 90th percentile of log(published /
     band_moe: tuple[float, float] = (-0.2080, 0.1356)  #   predicted) leaving each model out of the fit (bench --loo,
     #   2026-12-02)
+    pair_band: float = 0.0  # measured: 90th percentile of |ln(predicted / published)| of the tokens/s ratio of two
+    #   layouts of one job, over every pair of the published same-job sweeps (bench/bench_sweeps.py prints it): a
+    #   predicted gain of one layout over another inside exp(pair_band) - 1 is no measurable gain
     # what the fit saw: "generation precision kind" (kind: dense or MoE) of which at least MIN_GROUP_ROWS fitted rows
     # came from a software release's published table (bench/bench_throughput.py --fit prints it); a prediction of
     # any other group rests on fractions no run of its kind informed, so its band widens
@@ -275,6 +278,7 @@ DEFAULT_CALIBRATION = Calibration(  # bench/bench_throughput.py --fit --sweeps 6
     step_overhead_s=0.01995,
     fitted_groups=('blackwell bf16 MoE', 'blackwell fp4 dense', 'blackwell fp8 MoE', 'blackwell fp8 dense',
                    'hopper bf16 MoE', 'hopper fp8 MoE', 'hopper fp8 dense'),
+    pair_band=0.1833,  # bench/bench_sweeps.py --no-search (2026-12-07): 13 pairs of 3 H100 MoE sweeps, 0.004-0.30
     fitted_graphs=(('ampere', ('none',)), ('blackwell', ('none', 'local', 'transformer_engine', 'full_iteration')),
                    ('hopper', ('none', 'transformer_engine'))),
     per_release=(

@@ -275,6 +275,10 @@ def verdict_text(v: Any) -> str:
         if v.gain_terms and v.pick_gain is not None and v.pick_gain > 0:
             terms = ", ".join(f"{time_label(t)} {a:.2f} s vs {b:.2f} s" for t, a, b in v.gain_terms[:3])
             text += f"; where the pick gains (per step, yours vs the pick): {terms}"
+        if v.no_measurable_gain is not None and v.pick_gain is not None:
+            text += (f"; no measurable gain: the pick's predicted +{v.pick_gain:.1%} lies inside the model's error "
+                     f"on two layouts of one job (+/-{v.no_measurable_gain:.0%}, NVIDIA's published same-job "
+                     f"sweeps); measure both (--backend megatron) to tell them apart")
         if v.unverified and v.pick_gain is not None:
             share_text = f", {v.unverified_share:.0%} of what it saves" if v.unverified_share is not None else ""
             text += (f"; UNVERIFIED: the pick's predicted +{v.pick_gain:.0%} rests mostly on "

@@ -112,6 +112,8 @@ class Verdict:
     measured: dict[str, Any] | None = None  # what a measuring backend found for it
     pick_gain: float | None = None  # the pick's predicted tokens/s over this layout's, minus 1
     gain_terms: tuple[tuple[str, float, float], ...] = ()  # (term, this layout's s, the pick's s) per step
+    no_measurable_gain: float | None = None  # the pick's gain lies inside this relative error of the model on two
+    #   layouts of one job (exp(Calibration.pair_band) - 1): reported as no measurable gain, not a win
     unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN: the term it rests most on
     unverified_share: float | None = None  # that term's share of the step time the pick saves
     recipe: str | None = None  # where NVIDIA published this layout, when it is the job's baseline

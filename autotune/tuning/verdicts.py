@@ -14,6 +14,7 @@ DP follows from the world size), the fastest first among the equally near. No Ra
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -143,14 +144,21 @@ def gain_terms(pick: Any, yours: Any) -> list[tuple[str, float, float]]:
 
 
 def gain_vs_pick(pick: Any, yours: Any) -> dict[str, Any]:
-    """How the pick's predicted gain over `yours` splits into step-time terms, and, above `UNVERIFIED_GAIN`, the
-    flag: the term the claim rests most on (`unverified`) and its share of the step time the pick saves."""
+    """How the pick's predicted gain over `yours` splits into step-time terms; inside the model's error on two
+    layouts of one job (`Calibration.pair_band`) the flag `no_measurable_gain` (that error); beyond it and above
+    `UNVERIFIED_GAIN`, the flag `unverified`: the term the claim rests most on and its share of the step time the
+    pick saves."""
     if not (pick.tokens_per_s_per_gpu and yours.tokens_per_s_per_gpu):
         return {}
+    from autotune.cost.efficiency import DEFAULT_CALIBRATION
+
     gain = float(pick.tokens_per_s_per_gpu) / float(yours.tokens_per_s_per_gpu) - 1.0
     terms = gain_terms(pick, yours)
     out: dict[str, Any] = {"pick_gain": gain, "gain_terms": tuple(terms[:4])}
-    if gain > UNVERIFIED_GAIN and terms:
+    pair_error = math.exp(DEFAULT_CALIBRATION.pair_band) - 1.0
+    if 0 < gain <= pair_error:
+        out["no_measurable_gain"] = pair_error
+    elif gain > UNVERIFIED_GAIN and terms:
         term, mine, theirs = terms[0]
         saved = sum(a - b for _, a, b in terms if a > b) or (mine - theirs)
         out.update(unverified=term, unverified_share=(mine - theirs) / saved)
