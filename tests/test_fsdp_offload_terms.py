@@ -114,3 +114,36 @@ def test_the_vectorised_scorer_scores_fsdp_and_offload_as_the_scalar_models() ->
         assert scores.breakdown["offload"][i] == pytest.approx(t.breakdown["offload"], rel=1e-9, abs=1e-12)
         assert scores.breakdown["dp_comm"][i] == pytest.approx(t.breakdown["dp_comm"], rel=1e-9)
         assert scores.total_bytes[i] == pytest.approx(m.total_bytes, rel=1e-9)
+
+
+def test_a_layout_whose_offload_overflows_the_host_memory_is_refused_with_one_line(capsys) -> None:
+    # issue 45: host memory per GPU is a cluster fact a layout must fit. llama3-70b at seq 8192 offloading 70 of
+    # its 80 layers at MBS 4 leaves 135 GiB on the GB200 (of 186) but parks 587 GiB per GPU in its 224 GiB of host
+    import json
+
+    from autotune.cost.analytic import AnalyticBackend
+    from autotune.ui.cli import main
+
+    job = Job(model=get_model("llama3-70b"), cluster=build_cluster(nodes=16, gpu="gb200", gpus_per_node=4),
+              training=TrainingSpec(seq_length=8192, global_batch_size=1024))
+    texts = [f"tp=1,pp=1,dp=64,mbs={b},fsdp=true,dist_opt=true,offload_layers={k}" for b, k in ((4, 70), (1, 60))]
+    layouts = [parse_layout(t, world_size=64) for t in texts]
+    host = [offload_host_bytes(job, lay) for lay in layouts]
+    assert host[0] > job.cluster.gpu.host_memory_bytes > host[1]
+    measured = [AnalyticBackend().evaluate(job, lay) for lay in layouts]
+    assert measured[0].status == "oom" and measured[0].memory_bytes < job.cluster.gpu.memory_bytes
+    assert "offloaded activations take 586.8 GiB of host memory per GPU, more than the 223.5 GiB" in measured[0].reason
+    assert measured[1].status == "ok"
+    scores = score_layouts(job, LayoutTable.from_layouts(layouts))  # the search's table agrees
+    assert list(scores.fits) == [False, True] and scores.host_bytes == pytest.approx(host)
+    assert scores.measurement(0).reason == measured[0].reason
+    # where the catalog does not give the host memory (HGX H100), nothing is refused on it
+    h100 = replace(job, cluster=build_cluster(nodes=8, gpu="h100"))
+    assert h100.cluster.gpu.host_memory_bytes is None
+    lay = parse_layout("tp=8,pp=1,dp=8,mbs=4,dist_opt=true,offload_layers=70", world_size=64)
+    assert "host memory" not in AnalyticBackend().evaluate(h100, lay).reason
+    args = ["estimate", "--model", "llama3-70b", "--nodes", "16", "--gpu", "gb200", "--gpus-per-node", "4",
+            "--seq-length", "8192", "--global-batch-size", "1024", "--layout", texts[0]]
+    main([*args, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "oom" and "more than the 223.5 GiB each GPU has; offload fewer layers" in out["reason"]

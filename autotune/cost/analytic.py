@@ -13,13 +13,13 @@ No torch, ray or megatron import anywhere on this path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.score import estimate_time
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement, Status
-from search_spaces.units import GIB
 
 __all__ = ["AnalyticBackend", "check_rules"]
 
@@ -53,16 +53,13 @@ class AnalyticBackend:
                                violations=violations)
         memory = _memory(job, layout)
         time = estimate_time(job, layout, self.calibration)
+        from autotune.cost.memory import memory_status, offload_host_bytes
+
         capacity = job.cluster.gpu.memory_bytes - self.headroom_bytes
         peak = memory.total_bytes
-        status: Status = "ok"
-        reason = ""
-        if peak > capacity:
-            status = "oom"
-            reason = (f"peak memory {peak / GIB:.1f} GiB exceeds {capacity / GIB:.1f} GiB per GPU "
-                      f"(largest term: {memory.dominant})")
+        status, reason = memory_status(job, peak, capacity, offload_host_bytes(job, layout), memory.dominant)
         return Measurement(
-            layout=layout, status=status, source="analytic", reason=reason,
+            layout=layout, status=cast(Status, status), source="analytic", reason=reason,
             memory_bytes=peak, allocated_bytes=memory.allocated_bytes, memory=memory.as_dict(),
             step_time_s=time.step_time_s, time=time.as_dict(),
             tokens_per_s_per_gpu=time.tokens_per_s_per_gpu, tflops_per_gpu=time.tflops_per_gpu, mfu=time.mfu,

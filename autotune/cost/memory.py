@@ -57,6 +57,7 @@ __all__ = [
     "MemoryEstimate",
     "TERMS",
     "offload_host_bytes",
+    "memory_status",
     "offloaded_kinds",
     "microbatch_activation_terms",
     "gemm_weight_bytes_per_param",
@@ -424,6 +425,21 @@ def offload_host_bytes(job: Job, layout: Layout, assumptions: MemoryAssumptions 
     per_microbatch = unit.chunk(dense=dense, moe=moe, has_embedding=False, has_output=False, mamba=mamba,
                                 attention=attention)
     return inflight[0] * per_microbatch
+
+
+def memory_status(job: Job, peak_bytes: float, capacity_bytes: float, host_bytes: float,
+                  dominant: str) -> tuple[str, str]:
+    """("ok" | "oom", reason) of a layout: its device peak must fit `capacity_bytes` (GPU memory minus headroom)
+    and its offloaded activations (`offload_host_bytes`) the host memory per GPU, where the catalog or the cluster
+    file gives it (`GPUSpec.host_memory_bytes`; unknown: not enforced, `estimate` says to check the server's)."""
+    if peak_bytes > capacity_bytes:
+        return "oom", (f"peak memory {peak_bytes / GIB:.1f} GiB exceeds {capacity_bytes / GIB:.1f} GiB per GPU "
+                       f"(largest term: {dominant})")
+    host = job.cluster.gpu.host_memory_bytes
+    if host is not None and host_bytes > host:
+        return "oom", (f"its offloaded activations take {host_bytes / GIB:.1f} GiB of host memory per GPU, more "
+                       f"than the {host / GIB:.1f} GiB each GPU has; offload fewer layers")
+    return "ok", ""
 
 
 def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chunk: int = 0,

@@ -38,6 +38,7 @@ from autotune.cost.memory import (
     _state_bytes,
     bf16_chunk_terms,
     graph_pool_held_bytes,
+    offload_host_bytes,
     offloaded_kinds,
 )
 from autotune.cost.placement import bf16_chunk_kinds, chunk_kinds
@@ -303,8 +304,9 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
     memory = {**{name: result[name] for name in TERMS[:-1]}, "overhead": overhead}
     dominant = np.argmax(np.stack([memory[name] for name in TERMS], axis=1), axis=1)
     out = {"memory": memory, "overhead_terms": overhead_terms, "allocated_bytes": allocated,
-           "total_bytes": allocated + overhead, "memory_stage": stage_out, "optimizer_phase": phase_out,
-           "params_per_gpu": params_out, "dominant_memory_index": dominant}
+           "total_bytes": allocated + overhead, "host_bytes": _host_bytes(job, t, m, assumptions),
+           "memory_stage": stage_out, "optimizer_phase": phase_out, "params_per_gpu": params_out,
+           "dominant_memory_index": dominant}
     if by_name:
         terms = np.zeros((n, a.cols.width))
         for rows, values in named:
@@ -312,6 +314,19 @@ def peak_memory(job: Job, t: Rows, assumptions: MemoryAssumptions, *, by_name: b
         out["columns"], out["activation_columns"] = a.cols, terms
     if every_stage:
         out["stages"] = per_stage
+    return out
+
+
+def _host_bytes(job: Job, t: Rows, m: np.ndarray, assumptions: MemoryAssumptions) -> np.ndarray:
+    """Host memory per GPU of each row's offloaded activations (`memory.offload_host_bytes`; 0 without offload)."""
+    table = t.table
+    out = np.zeros(t.n)
+    rows = np.flatnonzero(table.offload_layers > 0)
+    if len(rows):
+        sub = Rows(table.take(rows))
+        off = group(sub.table.tp, sub.table.sp, sub.table.cp, sub.table.mbs, sub.etp, sub.table.recompute,
+                    sub.table.cuda_graphs, sub.table.offload_layers, sub.table.pp, sub.vpp, m[rows])
+        out[rows] = gather(off.values(lambda i: offload_host_bytes(job, sub.layout(i), assumptions)), off)
     return out
 
 

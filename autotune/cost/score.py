@@ -24,14 +24,13 @@ from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.flops import model_flops_per_step
 from autotune.cost.groups import Rows
 from autotune.cost.layout_table import LayoutTable
-from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, MemoryEstimate
+from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, MemoryEstimate, memory_status
 from autotune.cost.peak_memory import OVERHEAD_TERMS, peak_memory
 from autotune.cost.step_time import step_times
 from autotune.cost.throughput import TIME_KEYS, TimeEstimate
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
-from search_spaces.units import GIB
 
 __all__ = ["Scores", "score_layouts", "OVERHEAD_TERMS", "estimate_time", "estimate_memory", "estimate_memory_per_stage"]
 
@@ -56,6 +55,7 @@ class Scores:
     overhead_terms: Mapping[str, np.ndarray]  # OVERHEAD_TERMS -> bytes
     allocated_bytes: np.ndarray
     total_bytes: np.ndarray  # device memory at the peak: what must fit
+    host_bytes: np.ndarray  # host memory per GPU of the offloaded activations: must fit the host's (when known)
     memory_stage: np.ndarray
     optimizer_phase: np.ndarray  # True where the optimizer step is the memory peak
     params_per_gpu: np.ndarray
@@ -67,8 +67,11 @@ class Scores:
 
     @property
     def fits(self) -> np.ndarray:
-        """AnalyticBackend's verdict: ok where the device peak is at most capacity (GPU memory minus headroom)."""
-        return self.total_bytes <= self.capacity_bytes
+        """AnalyticBackend's verdict (`memory.memory_status`): ok where the device peak is at most capacity (GPU
+        memory minus headroom) and the offloaded activations fit the host memory per GPU (when known)."""
+        host = self.job.cluster.gpu.host_memory_bytes
+        device = self.total_bytes <= self.capacity_bytes
+        return device if host is None else device & (self.host_bytes <= host)
 
     def status(self, i: int) -> str:
         return "ok" if self.fits[i] else "oom"
@@ -83,10 +86,8 @@ class Scores:
         """Row i as the Measurement `AnalyticBackend(headroom_bytes=...).evaluate(job, layout)` returns."""
         layout = self.table.layout(i) if layout is None else layout
         peak = float(self.total_bytes[i])
-        status, reason = self.status(i), ""
-        if status == "oom":
-            reason = (f"peak memory {peak / GIB:.1f} GiB exceeds {self.capacity_bytes / GIB:.1f} GiB per GPU "
-                      f"(largest term: {self.dominant_memory(i)})")
+        status, reason = memory_status(self.job, peak, self.capacity_bytes, float(self.host_bytes[i]),
+                                       self.dominant_memory(i))
         return Measurement(
             layout=layout, status=status, source="analytic", reason=reason,  # type: ignore[arg-type]
             memory_bytes=peak, allocated_bytes=float(self.allocated_bytes[i]),
@@ -135,6 +136,7 @@ def _empty(job: Job, table: LayoutTable, capacity: float) -> Scores:
                   tokens_per_s_per_gpu_low=none(), tokens_per_s_per_gpu_high=none(), tflops_per_gpu=none(), mfu=none(),
                   model_flops_per_step=model_flops_per_step(job.model, job.training), memory={k: none() for k in TERMS},
                   overhead_terms={k: none() for k in OVERHEAD_TERMS}, allocated_bytes=none(), total_bytes=none(),
+                  host_bytes=none(),
                   memory_stage=none(np.int64), optimizer_phase=none(bool), params_per_gpu=none(np.int64),
                   dominant_time_index=none(np.int64), dominant_memory_index=none(np.int64))
 

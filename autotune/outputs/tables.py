@@ -257,6 +257,8 @@ def verdict_text(v: Any) -> str:
 
     if v.status == "invalid":
         text = "invalid: " + "; ".join(v.violations or ("breaks a validity rule",))
+    elif not v.fits and v.host_memory:
+        text = f"does not fit: {v.host_memory}"
     elif not v.fits:
         over = f", {v.over_gib:.1f} GiB over" if v.over_gib is not None else ""
         memory = f"{v.memory_gib:.1f} GiB{over}" if v.memory_gib is not None else v.status

@@ -85,9 +85,13 @@ def space_counts(answer: AnalyticAnswer) -> dict[str, Any]:
     s = answer.scores
     fits = s.fits
     out_of_memory = ~fits & np.isfinite(s.total_bytes)
-    terms = np.bincount(s.dominant_memory_index[out_of_memory].astype(np.int64), minlength=len(TERMS))
+    device = out_of_memory & (s.total_bytes > s.capacity_bytes)  # the rest overflow the host with offload
+    terms = np.bincount(s.dominant_memory_index[device].astype(np.int64), minlength=len(TERMS))
+    by_term = {TERMS[i]: int(n) for i, n in enumerate(terms) if n}
+    if (out_of_memory & ~device).any():
+        by_term["offloaded activations over host memory"] = int((out_of_memory & ~device).sum())
     return {"valid": answer.size, "fit": int(fits.sum()), "out_of_memory": int(out_of_memory.sum()),
-            "out_of_memory_by_term": {TERMS[i]: int(n) for i, n in enumerate(terms) if n},
+            "out_of_memory_by_term": by_term,
             "equivalent_merged": int((fits & ~answer.eligible).sum()),
             "options": {f.name: getattr(answer.space.options, f.name) for f in fields(answer.space.options)}}
 

@@ -93,6 +93,7 @@ class Verdict:
     memory_gib: float | None = None
     free_gib: float | None = None
     over_gib: float | None = None
+    host_memory: str | None = None  # why it does not fit when the device does: offload beyond the host's memory
     violations: tuple[str, ...] = ()
     rank: int | None = None  # among every layout that fits (1 = the fastest)
     of: int | None = None

@@ -122,8 +122,10 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> Verdict:
             out.update(better=str(answer.layout(b)), better_change=float(tokens[b]) / t - 1.0,
                        better_free_gib=float((capacity - s.total_bytes[b]) / GIB))
     else:
-        if m.status == "oom" and m.memory_bytes is not None:
+        if m.status == "oom" and m.memory_bytes is not None and m.memory_bytes > capacity:
             out["over_gib"] = (m.memory_bytes - capacity) / GIB
+        elif m.status == "oom":
+            out["host_memory"] = m.reason  # the device fits: the offloaded activations overflow the host
         near = nearest_fitting(answer, layout)
         if near is not None:
             r, changes = near
