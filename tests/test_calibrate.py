@@ -220,3 +220,32 @@ def test_compute_scales_only_the_gemms_of_the_logs_precision() -> None:
     assert every.gemm_bf16 == pytest.approx(1.2 * base.gemm_bf16)
     scoped = CalibrationFile(gpu_arch="hopper", factors=(("compute", 1.2),), precisions=("fp8",))
     assert "hopper fp8" in scoped.describe()
+
+
+@pytest.mark.parametrize(("arguments", "graphs"), [
+    ({"cuda_graph_impl": "full_iteration"}, "full_iteration"),  # megatron-core 0.19
+    ({"cuda_graph_impl": "local", "cuda_graph_scope": "['full_iteration']"}, "full_iteration"),  # 0.16's spelling
+    ({"cuda_graph_impl": "transformer_engine"}, "transformer_engine"),
+])
+def test_a_log_with_cuda_graphs_calibrates_with_them_and_credits_them(capsys, tmp_path: Path, arguments,
+                                                                      graphs) -> None:
+    """The log's arguments block says which CUDA graphs the run used: calibrate times the run with them (even
+    where no fitted run of the generation used them), and the file it writes credits them from then on."""
+    from dataclasses import replace
+
+    r = _row()
+    layout = replace(r.layout, cuda_graphs=graphs)
+    step = published_step_s(r)
+    log = tmp_path / "run.log"
+    log.write_text(megatron_lm_log(_steps(step), global_batch_size=r.job.training.global_batch_size,
+                                   arguments={**job_arguments(r.job, r.layout), **arguments},
+                                   tflops=logged_tflops(r.job, step)))
+    out_file = tmp_path / "cluster.yaml"
+    code, out, err = _run(capsys, "calibrate", "--log", str(log), "--model", r.model, "--gpu", r.gpu, "--release",
+                          r.release, "--output", str(out_file))
+    assert code == 0, err
+    cal = read_calibration(out_file)
+    assert cal.graphs == (graphs,) and f"cuda_graphs={graphs}" in cal.provenance["logs"][0]["layout"]
+    assert cal.calibration(r.job.cluster.gpu).credited_graphs("hopper", graphs) == graphs
+    assert estimate_time(r.job, layout, cal.calibration(r.job.cluster.gpu)).tokens_per_s_per_gpu \
+        == pytest.approx(r.published, rel=0.03)

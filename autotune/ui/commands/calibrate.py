@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from search_spaces.layout import CUDA_GRAPH_CHOICES
 from search_spaces.units import GIB
 
 __all__ = ["add_arguments", "run"]
@@ -142,7 +143,25 @@ def _layout_text(log: Any) -> str | None:
     granularity = _value(log.argument("recompute_granularity"))
     if granularity is not None:
         items.append(f"recompute={granularity}")
+    graphs = _graphs(log)
+    if graphs is not None:
+        items.append(f"cuda_graphs={graphs}")
     return ",".join(items) or None
+
+
+def _graphs(log: Any) -> str | None:
+    """The log's CUDA graphs as `Layout.cuda_graphs` (None when its arguments block does not say): megatron-core
+    0.19's `cuda_graph_impl`; 0.16's `local` with the scope `full_iteration` is full-iteration graphs, and its
+    older `enable_cuda_graph` megatron-core's own per-layer ones (`megatron_names`)."""
+    impl = _value(log.argument("cuda_graph_impl"))
+    scope = str(log.argument("cuda_graph_scope") or log.argument("cuda_graph_modules") or "")
+    if impl == "local" and "full_iteration" in scope:
+        return "full_iteration"
+    if impl in CUDA_GRAPH_CHOICES:
+        return str(impl)
+    if _value(log.argument("enable_cuda_graph")) is True:
+        return "local"
+    return None
 
 
 def _check_against_log(log: Any, job: Any, layout: Any) -> None:
