@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -47,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.analytic import AnalyticBackend  # noqa: E402
+from autotune.cost.efficiency import DEFAULT_CALIBRATION  # noqa: E402
 from autotune.tuning.analytic_pass import analytic_pass  # noqa: E402
 from autotune.tuning.ranking import TIE_TOLERANCE  # noqa: E402
 from autotune.tuning.verdicts import UNVERIFIED_GAIN  # noqa: E402
@@ -94,9 +96,12 @@ def gains(rows: list[dict[str, Any]]) -> str:
     if not g:
         return "none"
     median = statistics.median(g)
+    inside = math.exp(DEFAULT_CALIBRATION.pair_band) - 1  # no measurable gain within it (verdicts.gain_vs_pick)
+    flag = max(UNVERIFIED_GAIN, inside)
     return (f"median {median:+.1%} (target <= {MEDIAN_TARGET:.0%}: {'met' if median <= MEDIAN_TARGET else 'MISSED'}), "
-            f"max {g[-1]:+.1%}, {sum(v > UNVERIFIED_GAIN for v in g)} of {len(g)} above {UNVERIFIED_GAIN:.0%} "
-            f"(flagged unverified by the search)")
+            f"max {g[-1]:+.1%}, {sum(0 < v <= inside for v in g)} of {len(g)} within the model's {inside:.0%} pair "
+            f"error (reported as no measurable gain), {sum(v > flag for v in g)} above {flag:.0%} (flagged "
+            f"unverified by the search)")
 
 
 def compare(r: RecipeRow) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import autotune.cost.memory as memory_model  # noqa: E402
 import autotune.cost.score as score_model  # noqa: E402
 import autotune.cost.throughput as throughput_model  # noqa: E402
 from autotune.cost.layout_table import LayoutTable  # noqa: E402
+from autotune.cost.memory import memory_status, offload_host_bytes  # noqa: E402
 from autotune.cost.score import score_layouts  # noqa: E402
 from search_spaces.catalog import get_model  # noqa: E402
 from search_spaces.gpus import build_cluster  # noqa: E402
@@ -86,7 +87,8 @@ def bench_job(model: str, nodes: int, seq: int, gbs: int, sample: int) -> None:
     for layout in layouts:
         mem = score_model.estimate_memory(job, layout)
         est = score_model.estimate_time(job, layout)
-        figures.append((est.tokens_per_s_per_gpu, mem.total_bytes, mem.total_bytes <= capacity))
+        status, _ = memory_status(job, mem.total_bytes, capacity, offload_host_bytes(job, layout), mem.dominant)
+        figures.append((est.tokens_per_s_per_gpu, mem.total_bytes, status == "ok"))
     scalar_cpu, scalar_wall = clock.lap()
 
     ref = np.array([f[:2] for f in figures])

@@ -137,3 +137,16 @@ def test_a_cluster_calibrated_on_runs_with_full_graphs_credits_them(tmp_path) ->
     assert cal.credited_graphs("hopper", "full_iteration") == "full_iteration"
     assert estimate_time(job, layout, cal).step_time_s == pytest.approx(raw, rel=0.02)
     assert DEFAULT_CALIBRATION.credited_graphs("hopper", "full_iteration") == "transformer_engine"
+
+
+def test_an_offloading_layout_with_uncredited_graphs_is_timed_as_no_graphs() -> None:
+    # per-layer graphs cannot run with activation offload (megatron-core refuses them), so full-iteration graphs
+    # on Hopper with offload are timed as no graphs, not as Transformer Engine's per-layer ones
+    assert DEFAULT_CALIBRATION.credited_graphs("hopper", "full_iteration", offload=True) == "none"
+    assert DEFAULT_CALIBRATION.credited_graphs("blackwell", "full_iteration", offload=True) == "full_iteration"
+    job = Job(model=get_model("llama3-8b"), cluster=build_cluster(nodes=1, gpu="h100"),
+              training=TrainingSpec(seq_length=8192, global_batch_size=128))
+    base = dict(tp=1, pp=1, dp=8, mbs=1, dist_opt=True, offload_layers=8)
+    full = estimate_time(job, Layout(**base, cuda_graphs="full_iteration"))  # type: ignore[arg-type]
+    none = estimate_time(job, Layout(**base))  # type: ignore[arg-type]
+    assert full.step_time_s == pytest.approx(none.step_time_s) and full.breakdown == pytest.approx(none.breakdown)

@@ -129,9 +129,11 @@ def test_a_layout_whose_offload_overflows_the_host_memory_is_refused_with_one_li
     texts = [f"tp=1,pp=1,dp=64,mbs={b},fsdp=true,dist_opt=true,offload_layers={k}" for b, k in ((4, 70), (1, 60))]
     layouts = [parse_layout(t, world_size=64) for t in texts]
     host = [offload_host_bytes(job, lay) for lay in layouts]
-    assert host[0] > job.cluster.gpu.host_memory_bytes > host[1]
+    have = job.cluster.gpu.host_memory_bytes
+    assert have is not None and host[0] > have > host[1]
     measured = [AnalyticBackend().evaluate(job, lay) for lay in layouts]
-    assert measured[0].status == "oom" and measured[0].memory_bytes < job.cluster.gpu.memory_bytes
+    device = measured[0].memory_bytes
+    assert measured[0].status == "oom" and device is not None and device < job.cluster.gpu.memory_bytes
     assert "offloaded activations take 586.8 GiB of host memory per GPU, more than the 223.5 GiB" in measured[0].reason
     assert measured[1].status == "ok"
     scores = score_layouts(job, LayoutTable.from_layouts(layouts))  # the search's table agrees
@@ -147,3 +149,8 @@ def test_a_layout_whose_offload_overflows_the_host_memory_is_refused_with_one_li
     main([*args, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "oom" and "more than the 223.5 GiB each GPU has; offload fewer layers" in out["reason"]
+    # `check` applies the same rule: the device fits, the host does not, and it names the nearest that fits
+    assert main(["check", *args[1:], "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["fits_in_memory"] is False and "host memory" in out["reason"] and out["nearest"] is not None
+    assert out["host_gib"] == pytest.approx(host[0] / GIB)

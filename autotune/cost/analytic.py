@@ -4,7 +4,7 @@
 - status "invalid" with the violations when a validity rule fails (`search_spaces.rules.check`);
 - status "oom" when the memory model's device peak (allocated bytes plus the allowance outside PyTorch's
   allocator: CUDA context, NCCL, userbuffers, the allocator's reserve) exceeds the GPU's memory minus
-  `headroom_bytes`;
+  `headroom_bytes`, or the offloaded activations the host memory per GPU (`memory.memory_status`);
 - status "ok" otherwise.
 Memory and time figures are filled for "oom" layouts too, so a search can show the closest misses.
 No torch, ray or megatron import anywhere on this path.
@@ -57,7 +57,8 @@ class AnalyticBackend:
 
         capacity = job.cluster.gpu.memory_bytes - self.headroom_bytes
         peak = memory.total_bytes
-        status, reason = memory_status(job, peak, capacity, offload_host_bytes(job, layout), memory.dominant)
+        host = offload_host_bytes(job, layout)
+        status, reason = memory_status(job, peak, capacity, host, memory.dominant)
         return Measurement(
             layout=layout, status=cast(Status, status), source="analytic", reason=reason,
             memory_bytes=peak, allocated_bytes=memory.allocated_bytes, memory=memory.as_dict(),
@@ -67,5 +68,6 @@ class AnalyticBackend:
                    "tokens_per_s_per_gpu_low": time.tokens_per_s_per_gpu_low,
                    "tokens_per_s_per_gpu_high": time.tokens_per_s_per_gpu_high,
                    "model_flops_per_step": time.model_flops_per_step, "memory_stage": memory.stage,
-                   "memory_phase": memory.phase, "memory_overhead": dict(memory.overhead_terms)},
+                   "memory_phase": memory.phase, "memory_overhead": dict(memory.overhead_terms),
+                   "offload_host_bytes": host},
         )

@@ -186,7 +186,7 @@ def read_calibration(path: str | Path) -> CalibrationFile:
         raise _fail(path, f"`precisions` must list some of {', '.join(PRECISION_CHOICES)}, but got "
                           f"{precisions!r}"[:300])
     graphs = data.get("graphs") or []
-    if not isinstance(graphs, list) or not set(graphs) <= set(CUDA_GRAPH_CHOICES):
+    if not isinstance(graphs, list) or not all(isinstance(g, str) and g in CUDA_GRAPH_CHOICES for g in graphs):
         raise _fail(path, f"`graphs` must list some of {', '.join(CUDA_GRAPH_CHOICES)}, but got {graphs!r}"[:300])
     source = data.get("source", "logs")
     if source not in SOURCES:

@@ -149,7 +149,8 @@ class Calibration:
     band_dense: tuple[float, float] = (-0.1416, 0.1220)  # measured: 10th / 90th percentile of log(published /
     band_moe: tuple[float, float] = (-0.2080, 0.1356)  #   predicted) leaving each model out of the fit (bench --loo,
     #   2026-12-02)
-    pair_band: float = 0.0  # measured: 90th percentile of |ln(predicted / published)| of the tokens/s ratio of two
+    pair_band: float = 0.1833  # measured (bench/bench_sweeps.py --no-search, 2026-12-07: 13 pairs of 3 H100 MoE
+    #   sweeps, |ln| 0.004-0.30): 90th percentile of |ln(predicted / published)| of the tokens/s ratio of two
     #   layouts of one job, over every pair of the published same-job sweeps (bench/bench_sweeps.py prints it): a
     #   predicted gain of one layout over another inside exp(pair_band) - 1 is no measurable gain
     # what the fit saw: "generation precision kind" (kind: dense or MoE) of which at least MIN_GROUP_ROWS fitted rows
@@ -186,18 +187,21 @@ class Calibration:
             return low, high
         return low * self.unfitted_band_factor, high * self.unfitted_band_factor
 
-    def credited_graphs(self, arch: str, graphs: str) -> str:
+    def credited_graphs(self, arch: str, graphs: str, offload: bool = False) -> str:
         """The CUDA-graph setting whose time saving a prediction on a GPU generation credits for `graphs`: `graphs`
         itself where a fitted run of that generation used it, else the last fitted setting before it in
         CUDA_GRAPH_CHOICES (none, local, transformer_engine, full_iteration: each removes at least the host work
-        of the ones before it, as far as megatron-core's scopes go), else none. An unfitted setting's saving rests
-        on host constants fitted where host work was only a residual, so it is never the optimistic extreme: it is
-        timed as the nearest setting the fit saw, and the model's own saving is the band's upper edge."""
+        of the ones before it, as far as megatron-core's scopes go) that the layout could run (`offload`: no
+        per-layer graphs with activation offload, megatron-core "CUDA graphs not supported with CPU offloading",
+        `fsdp_rules.offload_cuda_graphs`), else none. An unfitted setting's saving rests on host constants fitted
+        where host work was only a residual, so it is never the optimistic extreme: the step is timed as with the
+        nearest setting the fit saw, and the band's upper edge keeps the model's own figure."""
         if self.fitted_graphs is None:
             return graphs
         seen = dict(self.fitted_graphs).get(arch, ())
         at = CUDA_GRAPH_CHOICES.index(graphs)
-        return next((g for g in reversed(CUDA_GRAPH_CHOICES[:at + 1]) if g in seen), "none")
+        runnable = [g for g in CUDA_GRAPH_CHOICES[:at + 1] if not (offload and g in ("local", "transformer_engine"))]
+        return next((g for g in reversed(runnable) if g in seen), "none")
 
     def seen_graphs(self, arch: str, graphs: Iterable[str]) -> Calibration:
         """This calibration with `graphs` counted as fitted on generation `arch` (a cluster calibrated on runs that
@@ -209,15 +213,15 @@ class Calibration:
         seen[arch] = tuple(g for g in CUDA_GRAPH_CHOICES if g in have)
         return replace(self, fitted_graphs=tuple(sorted(seen.items())))
 
-    def uncredited_graphs(self, gpu: GPUSpec, graphs: str) -> str | None:
+    def uncredited_graphs(self, gpu: GPUSpec, graphs: str, offload: bool = False) -> str | None:
         """Why a layout's CUDA graphs are timed as another setting (None when their saving is credited)."""
-        credited = self.credited_graphs(gpu.arch, graphs)
+        credited = self.credited_graphs(gpu.arch, graphs, offload)
         if credited == graphs:
             return None
         seen = ", ".join(dict(self.fitted_graphs or ()).get(gpu.arch, ())) or "none"
         return (f"no fitted {gpu.arch} run uses cuda_graphs={graphs} (they use {seen}), so its time saving is not "
-                f"credited: the step is timed as with cuda_graphs={credited}, and the model's own saving is the "
-                f"band's upper edge")
+                f"credited: the step is timed as with cuda_graphs={credited} where that is slower, and the band's "
+                f"upper edge keeps the model's own figure")
 
     def uncredited_graph_settings(self, gpu: GPUSpec, settings: Iterable[str]) -> str | None:
         """Which of `settings` (a search's CUDA-graph settings) are timed as another one on `gpu`, or None."""
@@ -227,7 +231,7 @@ class Calibration:
             return None
         return (f"no fitted {gpu.arch} run uses " + ", ".join(f"cuda_graphs={g}" for g, _ in moved)
                 + ", so their time saving is not credited (timed as " + ", ".join(f"{c}" for _, c in moved)
-                + "; the model's own saving is the band's upper edge)")
+                + " where that is slower; the band's upper edge keeps the model's own figure)")
 
     def release_factor(self, release: str, kind: str) -> tuple[float, str]:
         """(factor, the release it was fitted on) of `kind` ("dense" or "moe") for `release`: its own where fitted,
@@ -278,7 +282,6 @@ DEFAULT_CALIBRATION = Calibration(  # bench/bench_throughput.py --fit --sweeps 6
     step_overhead_s=0.01995,
     fitted_groups=('blackwell bf16 MoE', 'blackwell fp4 dense', 'blackwell fp8 MoE', 'blackwell fp8 dense',
                    'hopper bf16 MoE', 'hopper fp8 MoE', 'hopper fp8 dense'),
-    pair_band=0.1833,  # bench/bench_sweeps.py --no-search (2026-12-07): 13 pairs of 3 H100 MoE sweeps, 0.004-0.30
     fitted_graphs=(('ampere', ('none',)), ('blackwell', ('none', 'local', 'transformer_engine', 'full_iteration')),
                    ('hopper', ('none', 'transformer_engine'))),
     per_release=(

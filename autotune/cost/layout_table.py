@@ -187,6 +187,8 @@ class LayoutTable:
 
     def with_column(self, name: str, values: np.ndarray | Sequence[int]) -> LayoutTable:
         """This table with column `name` replaced by `values` (encoded as the column is)."""
+        if name not in COLUMNS:
+            raise ValueError(f"unknown layout column {name!r}; columns: {', '.join(COLUMNS)}.")
         dtype = getattr(self, name).dtype
         return LayoutTable(**{n: _frozen(values, dtype) if n == name else getattr(self, n) for n in COLUMNS},
                            layout_strings=self.layout_strings)

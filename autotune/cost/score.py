@@ -73,6 +73,14 @@ class Scores:
         device = self.total_bytes <= self.capacity_bytes
         return device if host is None else device & (self.host_bytes <= host)
 
+    @property
+    def overflow(self) -> np.ndarray:
+        """How far each row is from fitting, as the larger of device peak / capacity and offloaded activations /
+        host memory per GPU (when known): at most 1 where it fits."""
+        host = self.job.cluster.gpu.host_memory_bytes
+        device = self.total_bytes / max(self.capacity_bytes, 1.0)
+        return device if host is None else np.maximum(device, self.host_bytes / host)
+
     def status(self, i: int) -> str:
         return "ok" if self.fits[i] else "oom"
 
@@ -100,7 +108,8 @@ class Scores:
                    "tokens_per_s_per_gpu_high": float(self.tokens_per_s_per_gpu_high[i]),
                    "model_flops_per_step": self.model_flops_per_step, "memory_stage": int(self.memory_stage[i]),
                    "memory_phase": "optimizer step" if self.optimizer_phase[i] else "activations",
-                   "memory_overhead": {t: float(self.overhead_terms[t][i]) for t in OVERHEAD_TERMS}},
+                   "memory_overhead": {t: float(self.overhead_terms[t][i]) for t in OVERHEAD_TERMS},
+                   "offload_host_bytes": float(self.host_bytes[i])},
         )
 
 
@@ -109,8 +118,8 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
                   time_for: str = "all") -> Scores:
     """Every row of `table` scored as the scalar models score it (see the module docstring).
 
-    `time_for="fits"` computes the step time only for the rows that fit (memory first; the others' time figures
-    are NaN): most of a large space does not fit, and the per-layer terms are the costly part."""
+    `time_for="fits"` computes the step time only for the rows whose device peak fits (memory first; the others'
+    time figures are NaN): most of a large space does not fit, and the per-layer terms are the costly part."""
     if time_for not in ("all", "fits"):
         raise ValueError(f"time_for must be 'all' or 'fits', but got {time_for!r}.")
     capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)

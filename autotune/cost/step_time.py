@@ -219,8 +219,9 @@ def step_times(job: Job, t: Rows, cal: Calibration) -> dict[str, Any]:
     (`Calibration.credited_graphs`), where that is slower; its band's upper edge keeps the model's own figure."""
     cal = cal.for_release(job.training.release)
     out = _assemble(job, t, cal)
-    graphs = np.array([CUDA_GRAPH_CHOICES.index(cal.credited_graphs(job.cluster.gpu.arch, g))
-                       for g in CUDA_GRAPH_CHOICES])[t.table.cuda_graphs]
+    arch, offload = job.cluster.gpu.arch, t.table.offload_layers > 0
+    graphs = np.array([[CUDA_GRAPH_CHOICES.index(cal.credited_graphs(arch, g, off)) for g in CUDA_GRAPH_CHOICES]
+                       for off in (False, True)])[offload.astype(np.int64), t.table.cuda_graphs]
     rows = np.flatnonzero(graphs != t.table.cuda_graphs)
     if len(rows):
         credited = _assemble(job, Rows(t.table.take(rows).with_column("cuda_graphs", graphs[rows])), cal)

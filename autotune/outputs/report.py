@@ -402,6 +402,8 @@ def rejection_groups(df: pd.DataFrame, usable_gib: float | None = None) -> pd.Da
         status, reason = r.get("status"), _text(r.get("reason"))
         if status == "ok":
             keys.append(("runs, but above the usable memory (GPU memory minus headroom)", pos))
+        elif status == "oom" and "host memory" in reason:  # `memory.memory_status`: the offload overflows the host
+            keys.append(("out of host memory: offloaded activations", pos))
         elif status == "oom":
             term = r.get("dominant_memory") or (m.group(1) if (m := _LARGEST.search(reason)) else None)
             keys.append((f"out of memory, largest term {term}" if term else "out of memory", pos))

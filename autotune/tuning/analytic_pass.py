@@ -35,7 +35,7 @@ __all__ = ["AnalyticAnswer", "analytic_pass", "closest_rows"]
 
 
 def closest_rows(memory: np.ndarray, k: int) -> np.ndarray:
-    """The k rows with the least device memory (what came nearest to fitting)."""
+    """The k rows with the least of `memory` (what came nearest to fitting: `Scores.overflow`)."""
     k = min(k, len(memory))
     if k == 0:
         return np.zeros(0, dtype=np.int64)
@@ -100,7 +100,7 @@ class AnalyticAnswer:
         """The rows worth a record: the ranked top, the Pareto front, and, when nothing fits, the closest misses."""
         keep = list(dict.fromkeys([*map(int, self.ranked_rows(top)), *map(int, self.pareto())]))
         if self.ranking.pick is None:
-            keep += [int(i) for i in closest_rows(self.scores.total_bytes, misses) if int(i) not in keep]
+            keep += [int(i) for i in closest_rows(self.scores.overflow, misses) if int(i) not in keep]
         return keep
 
 

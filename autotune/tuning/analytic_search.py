@@ -89,7 +89,7 @@ def space_counts(answer: AnalyticAnswer) -> dict[str, Any]:
     terms = np.bincount(s.dominant_memory_index[device].astype(np.int64), minlength=len(TERMS))
     by_term = {TERMS[i]: int(n) for i, n in enumerate(terms) if n}
     if (out_of_memory & ~device).any():
-        by_term["offloaded activations over host memory"] = int((out_of_memory & ~device).sum())
+        by_term["host memory (offloaded activations)"] = int((out_of_memory & ~device).sum())
     return {"valid": answer.size, "fit": int(fits.sum()), "out_of_memory": int(out_of_memory.sum()),
             "out_of_memory_by_term": by_term,
             "equivalent_merged": int((fits & ~answer.eligible).sum()),

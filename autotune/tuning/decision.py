@@ -115,7 +115,7 @@ class Verdict:
     gain_terms: tuple[tuple[str, float, float], ...] = ()  # (term, this layout's s, the pick's s) per step
     no_measurable_gain: float | None = None  # the pick's gain lies inside this relative error of the model on two
     #   layouts of one job (exp(Calibration.pair_band) - 1): reported as no measurable gain, not a win
-    unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN: the term it rests most on
+    unverified: str | None = None  # a gain above verdicts.UNVERIFIED_GAIN and the pair error: the term it rests on
     unverified_share: float | None = None  # that term's share of the step time the pick saves
     recipe: str | None = None  # where NVIDIA published this layout, when it is the job's baseline
     published_tokens_per_s_per_gpu: float | None = None  # what NVIDIA measured with it (the same job only)

@@ -129,7 +129,11 @@ def search_runs(job: Job, records: Sequence[Any]) -> tuple[list[Run], str]:
         run_layout = m.extra.get("run_layout")
         if training is None or not run_layout:
             continue
-        layout = parse_layout(str(run_layout))
+        # trainers.megatron_job builds none of the searched switches beyond the sizes (no CUDA graphs, EP overlap,
+        # Megatron-FSDP or activation offload reach its TransformerConfig), so the run is timed as it ran: without
+        # them (and a graph saving it never measured is not credited by the file it writes)
+        layout = replace(parse_layout(str(run_layout)), cuda_graphs="none", ep_overlap=False, fsdp=False,
+                         offload_layers=0)
         nodes = len(set(m.extra.get("worker_nodes") or ())) or 1
         per_node = layout.world_size // nodes if layout.world_size % nodes == 0 else layout.world_size
         cluster = replace(job.cluster, nodes=layout.world_size // per_node, gpus_per_node=per_node,

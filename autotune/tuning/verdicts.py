@@ -28,10 +28,11 @@ from search_spaces.units import GIB
 __all__ = ["verdict", "nearest_fitting", "nearest_variant", "distance", "gain_terms", "NEAREST_FIELDS",
            "UNVERIFIED_GAIN"]
 
-# A predicted gain of the pick over the user's own layout (or a published recipe) beyond this is flagged unverified:
-# on NVIDIA's published same-job sweeps the model orders every pair right but its gaps run up to 1.5x too wide
-# (bench/bench_sweeps.py, mostly in the EP all-to-all and host terms), so a claim this large is as likely an error
-# of the model on one of the two layouts as a real gain (issue 25)
+# A predicted gain of the pick over the user's own layout (or a published recipe) inside the model's error on two
+# layouts of one job (exp(Calibration.pair_band) - 1, 20%) is no measurable gain; one beyond both that error and
+# this is flagged unverified: on NVIDIA's published same-job sweeps the model orders every pair right but its gaps
+# run up to 1.35x too wide (bench/bench_sweeps.py, mostly in the EP all-to-all and host terms), so a claim this
+# large is as likely an error of the model on one of the two layouts as a real gain (issue 25)
 UNVERIFIED_GAIN = 0.15
 # (field as people read it, the LayoutTable column, the layout's value as the column codes it)
 NEAREST_FIELDS: tuple[tuple[str, str, Any], ...] = (
@@ -42,6 +43,7 @@ NEAREST_FIELDS: tuple[tuple[str, str, Any], ...] = (
     ("recompute", "recompute", lambda lay: RECOMPUTE_CHOICES.index(lay.recompute)),
     ("cuda_graphs", "cuda_graphs", lambda lay: CUDA_GRAPH_CHOICES.index(lay.cuda_graphs)),
     ("ep_overlap", "ep_overlap", lambda lay: lay.ep_overlap),
+    ("fsdp", "fsdp", lambda lay: lay.fsdp), ("offload_layers", "offload_layers", lambda lay: lay.offload_layers),
 )
 
 
@@ -114,7 +116,7 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> Verdict:
             out["is_pick"] = row is not None and row == d.pick
             out["tied"] = row is not None and bool(np.isin(row, d.tied))
             if not out["is_pick"]:
-                out.update(gain_vs_pick(answer.measurement(d.pick), m))
+                out.update(gain_vs_pick(answer.measurement(d.pick), m, answer.cal.pair_band))
         # the fastest layout that fits in no more memory than this one: does anything beat it outright?
         better = np.flatnonzero(answer.eligible & (s.total_bytes <= m.memory_bytes) & (tokens > t * (1 + 1e-12)))
         if len(better):
@@ -124,8 +126,8 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> Verdict:
     else:
         if m.status == "oom" and m.memory_bytes is not None and m.memory_bytes > capacity:
             out["over_gib"] = (m.memory_bytes - capacity) / GIB
-        elif m.status == "oom":
-            out["host_memory"] = m.reason  # the device fits: the offloaded activations overflow the host
+        elif m.status == "oom" and "host memory" in m.reason:  # `memory.memory_status`: the device fits, the
+            out["host_memory"] = m.reason  # offloaded activations overflow the host
         near = nearest_fitting(answer, layout)
         if near is not None:
             r, changes = near
@@ -145,11 +147,11 @@ def gain_terms(pick: Any, yours: Any) -> list[tuple[str, float, float]]:
     return sorted(rows, key=lambda r: -abs(r[1] - r[2]))
 
 
-def gain_vs_pick(pick: Any, yours: Any) -> dict[str, Any]:
+def gain_vs_pick(pick: Any, yours: Any, pair_band: float | None = None) -> dict[str, Any]:
     """How the pick's predicted gain over `yours` splits into step-time terms; inside the model's error on two
     layouts of one job (`Calibration.pair_band`) the flag `no_measurable_gain` (that error); beyond it and above
     `UNVERIFIED_GAIN`, the flag `unverified`: the term the claim rests most on and its share of the step time the
-    pick saves."""
+    pick saves. `pair_band`: the calibration's (None: DEFAULT_CALIBRATION's)."""
     if not (pick.tokens_per_s_per_gpu and yours.tokens_per_s_per_gpu):
         return {}
     from autotune.cost.efficiency import DEFAULT_CALIBRATION
@@ -157,10 +159,10 @@ def gain_vs_pick(pick: Any, yours: Any) -> dict[str, Any]:
     gain = float(pick.tokens_per_s_per_gpu) / float(yours.tokens_per_s_per_gpu) - 1.0
     terms = gain_terms(pick, yours)
     out: dict[str, Any] = {"pick_gain": gain, "gain_terms": tuple(terms[:4])}
-    pair_error = math.exp(DEFAULT_CALIBRATION.pair_band) - 1.0
+    pair_error = math.exp(DEFAULT_CALIBRATION.pair_band if pair_band is None else pair_band) - 1.0
     if 0 < gain <= pair_error:
         out["no_measurable_gain"] = pair_error
-    elif gain > UNVERIFIED_GAIN and terms:
+    elif gain > max(UNVERIFIED_GAIN, pair_error) and terms:
         term, mine, theirs = terms[0]
         saved = sum(a - b for _, a, b in terms if a > b) or (mine - theirs)
         out.update(unverified=term, unverified_share=(mine - theirs) / saved)

@@ -75,17 +75,23 @@ def check_object(job, layout, violations, memory: dict[str, object] | None = Non
                        for v in violations],
         "notes": notes(job, layout),
         "megatron_core": version_info(job.training.megatron_core),
-        **(memory or {"memory_gib": None, "usable_gib": None, "fits_in_memory": None}),
+        **(memory or {"memory_gib": None, "usable_gib": None, "fits_in_memory": None, "host_gib": None,
+                     "reason": None}),
     }
 
 
 def memory_fit(job, layout, headroom: float) -> dict[str, object]:
-    """The analytic peak memory per GPU against the GPU's memory minus the headroom (a valid layout only)."""
+    """The analytic peak memory per GPU against the GPU's memory minus the headroom, and the offloaded activations
+    against the host memory per GPU (`memory.memory_status`, the search's rule; a valid layout only)."""
+    from autotune.cost.memory import memory_status, offload_host_bytes
     from autotune.cost.score import estimate_memory
 
-    peak = estimate_memory(job, layout).total_bytes
+    memory = estimate_memory(job, layout)
+    peak, host = memory.total_bytes, offload_host_bytes(job, layout)
     usable = job.cluster.gpu.memory_bytes - headroom
-    return {"memory_gib": peak / GIB, "usable_gib": usable / GIB, "fits_in_memory": peak <= usable}
+    status, reason = memory_status(job, peak, usable, host, memory.dominant)
+    return {"memory_gib": peak / GIB, "usable_gib": usable / GIB, "fits_in_memory": status == "ok",
+            "host_gib": host / GIB, "reason": reason}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,8 +155,12 @@ def _print_rich(job, layout, violations, memory: dict[str, object] | None) -> No
             facts.append(f"layers per stage {stage_layers_text(layout, job.model.num_layers)}")
         console.print(f"[green]valid[/green] {release}: {', '.join(facts)}")
         if memory is not None:
-            fits = "fits" if memory["fits_in_memory"] else "[red]does not fit[/red]"
-            console.print(f"memory: peak {memory['memory_gib']:.1f} GiB per GPU, {fits} in {memory['usable_gib']:.1f} "
-                          f"GiB usable (GPU memory minus headroom; `estimate` for the breakdown)")
+            on_device = float(memory["memory_gib"]) <= float(memory["usable_gib"])  # type: ignore[arg-type]
+            device = "fits" if on_device else "[red]does not fit[/red]"
+            console.print(f"memory: peak {memory['memory_gib']:.1f} GiB per GPU, {device} in "
+                          f"{memory['usable_gib']:.1f} GiB usable (GPU memory minus headroom; `estimate` for the "
+                          f"breakdown)")
+            if not memory["fits_in_memory"] and on_device:
+                console.print(f"[red]does not fit[/red]: {escape(str(memory['reason']))}")
     for note in notes(job, layout):
         console.print(f"  note: {escape(note)}")

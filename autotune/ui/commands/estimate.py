@@ -65,6 +65,8 @@ def estimate_object(measurement, *, usable_bytes: float | None = None, headroom:
         "usable_gib": None if usable_bytes is None else usable_bytes / GIB,
         "headroom_gib": None if headroom is None else headroom / GIB,
         "memory": {k: v / GIB for k, v in m.memory.items()},
+        # host memory per GPU of the offloaded activations (0 without offload), held to the host's (`check` too)
+        "offload_host_gib": (m.extra.get("offload_host_bytes") or 0.0) / GIB,
         "step_time_s": m.step_time_s,
         "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
         # the calibration's band (10th-90th percentile of the leave-one-model-out residuals, docs/throughput-model.md)
@@ -133,7 +135,7 @@ def _band_note(job, layout, cal=None) -> str | None:
 
     cal = DEFAULT_CALIBRATION if cal is None else cal
     notes = (cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
-             cal.uncredited_graphs(job.cluster.gpu, layout.cuda_graphs))
+             cal.uncredited_graphs(job.cluster.gpu, layout.cuda_graphs, layout.offload_layers > 0))
     return "; ".join(n for n in notes if n) or None
 
 

@@ -403,6 +403,9 @@ def explain_impossible(result: Any, *, as_text: bool = True) -> Any:
     if data.get("closest"):
         lines.append("Closest to fitting:")
     for row in data.get("closest", []):
+        if row["over_by_gib"] <= 0:  # the device fits: its offload overflows the host (`memory.memory_status`)
+            lines.append(f"  {row['layout']}: {row['memory_gib']:.1f} GiB; {row['reason']}")
+            continue
         lines.append(f"  {row['layout']}: {row['memory_gib']:.1f} GiB, {row['over_by_gib']:.1f} GiB over "
                      f"(largest term: {row['largest_memory_term']})")
     lines.append("Try: " + "; ".join(data["try"]) + ".")
