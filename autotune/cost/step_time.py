@@ -18,7 +18,7 @@ one layout is the one-row case (`autotune.cost.score.estimate_time`). Every fitt
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,20 +32,22 @@ from autotune.cost.placement import bf16_stage_layers, heaviest_stage, stage_par
 from autotune.cost.throughput import (
     BF16_KINDS,
     LAYER_KEYS,
+    LAYER_PARTS,
+    LAYER_VECTOR,
     TIME_KEYS,
     bf16_job,
     dp_comm_s,
-    ep_unpaired_share,
     exposed_dp_s,
     fsdp_comm_s,
     fsdp_exposed_s,
     fsdp_units,
     host_link_bytes_per_s,
-    layer_times,
+    layer_vector,
     offload_exposed_s,
     optimizer_step_s,
     pipeline_bubble_s,
     pipeline_p2p_s,
+    unpaired_share,
 )
 from search_spaces.job import Job
 from search_spaces.layout import CUDA_GRAPH_CHOICES, RECOMPUTE_CHOICES
@@ -56,7 +58,7 @@ FULL = RECOMPUTE_CHOICES.index("full")
 _NO_BF16 = (0, 0, 0, 0, 0)
 # the kinds of layer a stage counts (`LayerTimes`' parts; a GPT model's Mamba and attention-only parts are zero),
 # and their BF16 twins in a low-precision run (the BF16 layers' times less the run's, `placement.bf16_stage_layers`)
-PARTS = ("dense", "moe", "mtp", "mamba", "attention")
+PARTS = LAYER_PARTS
 BF16_PARTS = tuple(f"bf16_{part}" for part in BF16_KINDS)
 
 
@@ -76,7 +78,7 @@ class _Layers:
 
 def _layers(job: Job, t: Rows, cal: Calibration, m: np.ndarray) -> _Layers:
     """`throughput.layer_times` once per distinct (TP, CP, EP, ETP, MBS, SP, recompute, graphs, EP overlap), spread
-    to the rows; with the EP overlap, the share of chunk steps it cannot pair (`throughput.ep_unpaired_share`) takes
+    to the rows; with the EP overlap, the share of chunk steps it cannot pair (`throughput.unpaired_share`) takes
     the unpaired layer times."""
     table, n = t.table, t.n
     full = table.recompute == FULL
@@ -84,58 +86,48 @@ def _layers(job: Job, t: Rows, cal: Calibration, m: np.ndarray) -> _Layers:
     layer = group(table.tp, table.cp, table.ep, t.etp, table.mbs, table.sp & (table.tp > 1), table.recompute, chunks,
                   table.cuda_graphs, table.ep_overlap)
     overlap = table.ep_overlap & (job.model.moe is not None)
-    share = np.zeros(n)
-    for i in np.flatnonzero(overlap):
-        share[i] = ep_unpaired_share(t.layout(int(i)), int(m[i]))
+    share = unpaired_share(overlap, table.pp, t.vpp, m)
+    paired_groups = np.flatnonzero(overlap[layer.first])
+    mixed = np.flatnonzero(overlap)
 
-    def spread(of_job: Job) -> Callable[[Callable[[Any], float]], np.ndarray]:
-        paired = layer.values(lambda i: layer_times(of_job, t.layout(i), cal))
-        # a layout without the overlap is its own (the memo returns the same layer times; its share is 0)
-        alone = layer.values(lambda i: layer_times(of_job, replace(t.layout(i), ep_overlap=False), cal))
-
-        def per_layer(f: Callable[[Any], float]) -> np.ndarray:
-            values = gather([f(lt) for lt in paired], layer)
-            if not overlap.any():
-                return values
-            return (1 - share) * values + share * gather([f(a) for a in alone], layer)
-
-        return per_layer
+    def spread(of_job: Job) -> dict[tuple[str, str], np.ndarray]:
+        """Each `LAYER_VECTOR` figure of every row."""
+        paired = np.array([layer_vector(of_job, t.layout(int(i)), cal) for i in layer.first], dtype=np.float64)
+        alone = paired[paired_groups]  # a layout without the overlap is its own unpaired layout (its share is 0)
+        for j, g in enumerate(paired_groups):
+            alone[j] = layer_vector(of_job, replace(t.layout(int(layer.first[g])), ep_overlap=False), cal)
+        out = {}
+        for j, name in enumerate(LAYER_VECTOR):
+            column = paired[:, j].copy()
+            values = column[layer.inverse]
+            if len(paired_groups):
+                column[paired_groups] = alone[:, j]
+                values[mixed] = (1 - share[mixed]) * values[mixed] + share[mixed] * column[layer.inverse[mixed]]
+            out[name] = values
+        return out
 
     run = spread(job)
-    terms = {part: {k: run(_term(part, k)) for k in LAYER_KEYS} for part in PARTS}
-    total = {part: run(_total(part)) for part in PARTS}
-    wall = {part: {d: run(_wall(part, d)) for d in ("fwd", "bwd")} for part in PARTS}
+    terms = {part: {k: run[part, k] for k in LAYER_KEYS} for part in PARTS}
+    total = {part: _sum(terms[part]) for part in PARTS}
+    wall = {part: {d: run[part, d] for d in ("fwd", "bwd")} for part in PARTS}
     twin = bf16_job(job, cal)
     if twin is not None:  # BF16 layers of a low-precision run: their layer times less the run's
         bf16 = spread(twin)
         for part, name in zip(BF16_KINDS, BF16_PARTS, strict=True):
-            terms[name] = {k: bf16(_term(part, k)) - terms[part][k] for k in LAYER_KEYS}
+            terms[name] = {k: bf16[part, k] - terms[part][k] for k in LAYER_KEYS}
             total[name] = np.sum([terms[name][k] for k in LAYER_KEYS], axis=0)
-            wall[name] = {d: bf16(_wall(part, d)) - wall[part][d] for d in ("fwd", "bwd")}
-    return _Layers(terms=terms, total=total, wall=wall, output={k: run(_term("output", k)) for k in LAYER_KEYS},
-                   output_total=run(_total("output")), embedding=run(lambda lt: lt.embedding_s))
+            wall[name] = {d: bf16[part, d] - wall[part][d] for d in ("fwd", "bwd")}
+    output = {k: run["output", k] for k in LAYER_KEYS}
+    return _Layers(terms=terms, total=total, wall=wall, output=output, output_total=_sum(output),
+                   embedding=run["embedding", ""])
 
 
-def _term(part: str, key: str) -> Callable[[Any], float]:
-    return lambda lt: getattr(lt, part)[key]
-
-
-def _total(part: str) -> Callable[[Any], float]:
-    return lambda lt: sum(getattr(lt, part).values())
-
-
-# each part's pass walls in `LayerTimes`
-_WALLS: dict[tuple[str, str], Callable[[Any], float]] = {
-    ("dense", "fwd"): lambda lt: lt.dense_fwd_s, ("dense", "bwd"): lambda lt: lt.dense_bwd_s,
-    ("moe", "fwd"): lambda lt: lt.moe_fwd_s, ("moe", "bwd"): lambda lt: lt.moe_bwd_s,
-    ("mtp", "fwd"): lambda lt: lt.mtp_fwd_s, ("mtp", "bwd"): lambda lt: lt.mtp_bwd_s,
-    ("mamba", "fwd"): lambda lt: lt.mamba_fwd_s, ("mamba", "bwd"): lambda lt: lt.mamba_bwd_s,
-    ("attention", "fwd"): lambda lt: lt.attention_fwd_s, ("attention", "bwd"): lambda lt: lt.attention_bwd_s,
-}
-
-
-def _wall(part: str, direction: str) -> Callable[[Any], float]:
-    return _WALLS[(part, direction)]
+def _sum(terms: dict[str, np.ndarray]) -> np.ndarray:
+    """The terms' sum, added in LAYER_KEYS order."""
+    out = np.zeros_like(terms[LAYER_KEYS[0]])
+    for k in LAYER_KEYS:
+        out = out + terms[k]
+    return out
 
 
 def _stage_kinds(stages: Sequence[Any], bf16: Sequence[tuple[int, ...]] = ()) -> list[tuple[Any, ...]]:

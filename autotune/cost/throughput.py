@@ -29,7 +29,8 @@ from search_spaces.layout import Layout
 
 __all__ = ["TimeEstimate", "LayerTimes", "layer_times", "pipeline_bubble_s", "pipeline_p2p_s", "dp_comm_s",
            "exposed_dp_s", "fsdp_comm_s", "fsdp_exposed_s", "fsdp_units", "offload_exposed_s", "host_link_bytes_per_s",
-           "optimizer_step_s", "ep_unpaired_share", "TIME_KEYS", "LAYER_KEYS", "BF16_KINDS", "bf16_job"]
+           "optimizer_step_s", "ep_unpaired_share", "unpaired_share", "layer_vector", "LAYER_PARTS", "LAYER_VECTOR",
+           "TIME_KEYS", "LAYER_KEYS", "BF16_KINDS", "bf16_job"]
 
 TIME_KEYS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "host", "pp_p2p", "pp_bubble", "dp_comm",
              "offload", "optimizer", "overhead")
@@ -91,6 +92,28 @@ class LayerTimes:
     attention_fwd_s: float = 0.0
     attention_bwd_s: float = 0.0
 
+    def vector(self) -> tuple[float, ...]:
+        """Every figure in `LAYER_VECTOR` order (each part's terms by LAYER_KEYS and its forward and backward walls,
+        the output layer's terms, the embedding): one row of the array the step-time assembly spreads."""
+        out: list[float] = []
+        for part in LAYER_PARTS:
+            terms = getattr(self, part)
+            out.extend(terms[k] for k in LAYER_KEYS)
+            out.append(getattr(self, f"{part}_fwd_s"))
+            out.append(getattr(self, f"{part}_bwd_s"))
+        out.extend(self.output[k] for k in LAYER_KEYS)
+        out.append(self.embedding_s)
+        return tuple(out)
+
+
+# the kinds of layer `LayerTimes` times (a GPT model's Mamba and attention-only parts are zero), and the layout of
+# `LayerTimes.vector`: per part its terms by LAYER_KEYS then its "fwd" and "bwd" walls, then the output layer's
+# terms, then the embedding
+LAYER_PARTS = ("dense", "moe", "mtp", "mamba", "attention")
+LAYER_VECTOR: tuple[tuple[str, str], ...] = (
+    *((part, key) for part in LAYER_PARTS for key in (*LAYER_KEYS, "fwd", "bwd")),
+    *(("output", key) for key in LAYER_KEYS), ("embedding", ""))
+
 
 def _recompute_pass(job: Job, layout: Layout, blocks: list[dict[str, Pass]]) -> Pass:
     """What the backward recomputes: the whole forward (full), or the `recompute_modules` parts (selective,
@@ -151,13 +174,28 @@ def layer_times(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION
     """Per-layer terms for the layout's (t, c, e, etp, b, SP, recompute); cached per job and calibration, since
     the layouts of a search that differ only in p, v, DP or the optimizer share them."""
     memo = _memo(job, cal)
-    chunks = layout.pp * layout.vpp_size if job.training.recompute_num_layers and layout.recompute == "full" else 0
-    key = (layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
-           layout.recompute, chunks, layout.cuda_graphs, layout.ep_overlap)
+    key = _layer_key(job, layout)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = _layer_times(job, layout, cal)
     return hit
+
+
+def layer_vector(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATION) -> tuple[float, ...]:
+    """`layer_times(job, layout, cal).vector()`, memoised with it."""
+    memo = _memo(job, cal)
+    key = ("vector", *_layer_key(job, layout))
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = layer_times(job, layout, cal).vector()
+    return hit
+
+
+def _layer_key(job: Job, layout: Layout) -> tuple[Any, ...]:
+    """The layout fields the per-layer terms read."""
+    chunks = layout.pp * layout.vpp_size if job.training.recompute_num_layers and layout.recompute == "full" else 0
+    return (layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
+            layout.recompute, chunks, layout.cuda_graphs, layout.ep_overlap)
 
 
 def ep_unpaired_share(layout: Layout, microbatches: int) -> float:
@@ -167,11 +205,13 @@ def ep_unpaired_share(layout: Layout, microbatches: int) -> float:
     plus one more under the overlap, of m v; the mean rank's (p - 1) + (v - 1) p + 1 stands for the pipeline. Without
     pipelining one forward and one backward run alone (`combined_1f1b_schedule_for_no_pipelining`). PP without VPP
     has no overlap (`rules.ep_overlap_needs_vpp`). 0 without the overlap."""
-    if not layout.ep_overlap:
-        return 0.0
-    p, v = layout.pp, layout.vpp_size
-    warm = 1.0 if p == 1 else (p - 1) + (v - 1) * p + 1
-    return min(1.0, warm / (microbatches * v))
+    return float(unpaired_share(layout.ep_overlap, layout.pp, layout.vpp_size, microbatches))
+
+
+def unpaired_share(ep_overlap: Any, pp: Any, vpp: Any, microbatches: Any) -> Any:
+    """`ep_unpaired_share` of numbers or arrays of layouts (the EP overlap, PP, VPP size, micro-batches)."""
+    warm = np.where(pp == 1, 1.0, (pp - 1) + (vpp - 1) * pp + 1)
+    return np.where(ep_overlap, np.minimum(1.0, warm / (microbatches * vpp)), 0.0)
 
 
 def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
