@@ -3,13 +3,14 @@
 Dimensions are chosen in the order `DIMENSIONS`; the options of each depend on the earlier ones:
 
     tp         divisors of the world; heads, query groups and FFN sizes allow it; inside one node by default
-    cp         seq_length % (2*CP) == 0 and TP*CP divides the world
+    cp         seq_length % (2*CP) == 0 and TP*CP divides the world; each rank keeps min_cp_tokens by default
     pp         divides world / (TP*CP), and some vpp below splits the layers  -> DP = world / (TP*CP*PP)
     vpp        None, or v >= 2 with PP >= min_pp_for_vpp; num_layers % (PP*v) == 0 (even split) or else
                `pipeline_split_for(num_layers, PP, v)` gives the one uneven split offered for (PP, VPP):
                the embedding/loss split, first/last stage layers, or a `pipeline_layout` string
     ep         dense: 1. MoE: divides num_experts and TP*CP*DP      (EP*ETP inside one node by default)
-    etp        dense: None (= TP). MoE: explicit, EP*ETP divides TP*CP*DP; 1 when the model has biases
+    etp        dense: None (= TP). MoE: explicit, EP*ETP divides TP*CP*DP; 1 when the model has biases; inside
+               one node by default, as TP
     mbs        GBS % (MBS*DP) == 0; with VPP also num_microbatches % PP == 0
     sp         False when TP == 1; True for MoE with TP > 1; both for dense TP > 1 (when the sequence splits)
     ep_overlap SpaceOptions.ep_overlap; True only for MoE with EP > 1, VPP when PP > 1 (and 0.16.1's MTP rules)
@@ -101,8 +102,13 @@ class SpaceOptions:
     """Search-space choices (not validity rules): what the generator enumerates.
 
     tp_within_node: TP groups stay inside one NVLink domain (`ClusterSpec.nvlink_domain` % TP == 0): a node's 8
-        GPUs on HGX/DGX systems, the 72 GPUs of a GB200 NVL72 rack (its nodes hold 4).
+        GPUs on HGX/DGX systems, the 72 GPUs of a GB200 NVL72 rack (its nodes hold 4). The experts' TP (ETP) too:
+        its GEMMs all-gather and reduce-scatter per layer as TP's do.
     expert_within_node: for MoE, EP*ETP groups stay inside one NVLink domain (nvlink_domain % (EP*ETP) == 0).
+    min_cp_tokens: CP > 1 only while each CP rank keeps at least this many tokens of a sequence (seq_length / CP;
+        0: no limit). Every published run in bench/data keeps 2,048 or more per rank (Bridge's tables 4,096), and
+        below that the ring's per-step attention is too small to hide its KV exchange; without the limit most of a
+        large MoE space is CP 16 to 1,024 at seq 4,096, which the cost model only ranks last.
     min_pp_for_vpp: interleaving needs PP >= this; 2 is megatron-core's rule, 3 is Megatron-LM's
         training-script rule when --overlap-p2p-comm is off.
     cuda_graphs, ep_overlap, fsdp: the values of these layout switches to search (one value: the switch is fixed);
@@ -121,6 +127,7 @@ class SpaceOptions:
     ep_overlap: tuple[bool, ...] = (False, True)
     fsdp: tuple[bool, ...] = (False, True)
     offload_step: int = 5
+    min_cp_tokens: int = 1024
     min_pp_for_vpp: int = 2
     max_tp: int | None = None
     max_cp: int | None = None
@@ -147,6 +154,9 @@ class SpaceOptions:
                                              or any(g not in CUDA_GRAPH_CHOICES for g in self.cuda_graphs)):
             raise ValueError(f"cuda_graphs choices must be a non-empty subset of {CUDA_GRAPH_CHOICES}, "
                              f"but got {self.cuda_graphs}.")
+        if type(self.min_cp_tokens) is not int or self.min_cp_tokens < 0:
+            raise ValueError(f"`min_cp_tokens >= 0` (a whole number; 0: no limit) must hold, but got "
+                             f"({self.min_cp_tokens!r}).")
         if self.min_pp_for_vpp < 2:
             raise ValueError(f"`min_pp_for_vpp >= 2` must hold (megatron-core), but got ({self.min_pp_for_vpp}).")
         for name in ("max_tp", "max_cp", "max_pp", "max_vpp", "max_ep"):
@@ -173,12 +183,29 @@ def _capped(values: tuple[int, ...], cap: int | None) -> tuple[int, ...]:
 # --- search-space restrictions, in the same shape as validity rules (for the rejection report) ----
 def _tp_within_node(job: Job, layout: Layout) -> Violation | None:
     domain = job.cluster.nvlink_domain
-    if domain % layout.tp == 0:
-        return None
-    return Violation(rule="tp_within_node", fields={"tp": layout.tp, "nvlink_domain": domain},
-                     message=f"search space: TP groups stay inside one NVLink domain, but tensor_model_parallel_size "
-                             f"({layout.tp}) does not divide the NVLink domain ({domain} GPUs); lift with "
-                             f"--cross-node-tp.")
+    if domain % layout.tp:
+        return Violation(rule="tp_within_node", fields={"tp": layout.tp, "nvlink_domain": domain},
+                         message=f"search space: TP groups stay inside one NVLink domain, but "
+                                 f"tensor_model_parallel_size ({layout.tp}) does not divide the NVLink domain "
+                                 f"({domain} GPUs); lift with --cross-node-tp.")
+    if job.model.is_moe and domain % layout.expert_tp:
+        return Violation(rule="tp_within_node", fields={"etp": layout.expert_tp, "nvlink_domain": domain},
+                         message=f"search space: expert TP groups stay inside one NVLink domain, as TP's do, but "
+                                 f"expert_tensor_parallel_size ({layout.expert_tp}) does not divide the NVLink domain "
+                                 f"({domain} GPUs); lift with --cross-node-tp.")
+    return None
+
+
+def _cp_min_tokens(min_tokens: int):
+    def cp_min_tokens(job: Job, layout: Layout) -> Violation | None:
+        seq = job.training.seq_length
+        if layout.cp == 1 or seq // layout.cp >= min_tokens:
+            return None
+        return Violation(rule="cp_min_tokens", fields={"cp": layout.cp, "seq_length": seq},
+                         message=f"search space: each CP rank keeps at least {min_tokens:,} tokens, but seq_length "
+                                 f"{seq:,} / context_parallel_size {layout.cp} leaves {seq // layout.cp:,}; lift "
+                                 f"with --min-cp-tokens 0.")
+    return cp_min_tokens
 
 
 def _expert_within_node(job: Job, layout: Layout) -> Violation | None:
@@ -207,7 +234,11 @@ def space_rules(job: Job, options: SpaceOptions) -> tuple[Rule, ...]:
     """The search-space restrictions `options` switch on, as rules (checked after the validity rules)."""
     out = []
     if options.tp_within_node:
-        out.append(Rule(name="tp_within_node", reads=frozenset({"tp"}), check=_tp_within_node, source="search space"))
+        reads = frozenset({"tp", "etp"}) if job.model.is_moe else frozenset({"tp"})
+        out.append(Rule(name="tp_within_node", reads=reads, check=_tp_within_node, source="search space"))
+    if options.min_cp_tokens > 1:
+        out.append(Rule(name="cp_min_tokens", reads=frozenset({"cp"}), check=_cp_min_tokens(options.min_cp_tokens),
+                        source="search space"))
     if options.expert_within_node and job.model.is_moe:
         out.append(Rule(name="expert_within_node", reads=frozenset({"tp", "ep", "etp"}), check=_expert_within_node,
                         source="search space"))
@@ -217,7 +248,7 @@ def space_rules(job: Job, options: SpaceOptions) -> tuple[Rule, ...]:
     return tuple(out)
 
 
-SPACE_RULES: tuple[str, ...] = ("tp_within_node", "expert_within_node", "vpp_min_pp")
+SPACE_RULES: tuple[str, ...] = ("tp_within_node", "cp_min_tokens", "expert_within_node", "vpp_min_pp")
 
 
 def dimension_ranges(job: Job, options: SpaceOptions) -> dict[str, tuple[object, ...]]:
@@ -347,7 +378,7 @@ def _shapes(job: Job, options: SpaceOptions) -> Iterator[tuple]:
     muon = job.training.muon
     for tp in _tp_values(job, options):
         for cp in _capped(divisors(world // tp), options.max_cp):
-            if cp > 1 and seq % (2 * cp) or not mamba_cp_ok(job, tp, cp):
+            if cp > 1 and (seq % (2 * cp) or seq // cp < options.min_cp_tokens) or not mamba_cp_ok(job, tp, cp):
                 continue
             sps = _sp_values(job, tp, cp)
             if not sps:
@@ -418,7 +449,7 @@ def _expert_values(job: Job, options: SpaceOptions, dense_group: int) -> Iterato
                 break
             if moe.expert_ffn_hidden_size % etp:
                 continue
-            if options.expert_within_node and domain % (ep * etp):
+            if options.expert_within_node and domain % (ep * etp) or options.tp_within_node and domain % etp:
                 continue
             dispatcher, backend = job.moe_dispatcher
             if dispatcher == "flex" and ep * etp == 1 and not (backend == "hybridep"

@@ -138,6 +138,16 @@ def test_allow_cross_node_tp_widens_the_space(capsys) -> None:
     assert new_name == wide  # --allow-cross-node-tp is the old name of --cross-node-tp
 
 
+def test_min_cp_tokens_flag_lifts_the_cp_limit(capsys) -> None:
+    # seq 4096 on 16 GPUs: by default each CP rank keeps 1,024 tokens (CP <= 4); 0 lifts it to CP 16
+    args = ("space", "--model", "tiny-gpt", "--nodes", "2", "--json", "--seq-length", "4096")
+    _, out, _ = _run(capsys, *args)
+    _, wide, _ = _run(capsys, *args, "--min-cp-tokens", "0")
+    def cps(text: str) -> set[int]:
+        return {json.loads(line)["context_parallel_size"] for line in text.splitlines()}
+    assert max(cps(out)) == 4 and max(cps(wide)) == 16
+
+
 def test_experts_cross_nodes_unless_kept_inside(capsys) -> None:
     # mixtral (8 experts) on 2 nodes of 8: EP 8 x ETP 2 = 16 spans both nodes, allowed by default
     _, out, _ = _run(capsys, "space", "--model", "mixtral", "--nodes", "2", "--json")

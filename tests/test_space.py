@@ -138,6 +138,30 @@ def test_tp_stays_inside_a_node_unless_lifted() -> None:
     assert default == {1, 2, 4, 8} and lifted == {1, 2, 4, 8, 16}
 
 
+def test_cp_keeps_min_cp_tokens_per_rank_unless_lifted() -> None:
+    # seq 4096 on 16 GPUs: CP 8 and 16 would leave 512 and 256 tokens per rank
+    job = make_job("tiny-gpt", 16, gpus_per_node=8, seq=4096)
+    default = {x.cp for x in feasible_layouts(job)}
+    lifted = {x.cp for x in feasible_layouts(job, SpaceOptions(min_cp_tokens=0))}
+    assert default == {1, 2, 4} and lifted == {1, 2, 4, 8, 16}
+    refused = [r for r in space_rules(job, SpaceOptions()) if r.name == "cp_min_tokens"][0]
+    violation = refused.check(job, Layout(cp=8, dp=2))
+    assert violation is not None and "leaves 512" in violation.message and "--min-cp-tokens 0" in violation.message
+    assert refused.check(job, Layout(cp=4, dp=4)) is None
+    with pytest.raises(ValueError, match="min_cp_tokens"):
+        SpaceOptions(min_cp_tokens=-1)
+
+
+def test_expert_tp_stays_inside_a_node_unless_tp_is_lifted() -> None:
+    job = make_job("tiny-moe", 16, gpus_per_node=4)
+    default = {x.expert_tp for x in feasible_layouts(job, SpaceOptions(expert_within_node=False))}
+    lifted = {x.expert_tp for x in feasible_layouts(job, SpaceOptions(tp_within_node=False, expert_within_node=False))}
+    assert max(default) == 4 and max(lifted) > 4
+    rule = [r for r in space_rules(job, SpaceOptions()) if r.name == "tp_within_node"][0]
+    violation = rule.check(job, Layout(tp=1, ep=1, etp=8, dp=16))
+    assert violation is not None and "expert_tensor_parallel_size (8)" in violation.message
+
+
 def test_tp_stays_inside_the_nvlink_domain_not_the_node() -> None:
     # GB200 NVL72: 4 GPUs per node, 72 on one NVLink fabric; 32 nodes = 128 GPUs. TP may span nodes inside the rack
     # (72 % 8 == 0) but not straddle racks (72 % 16 != 0); on HGX the domain is the node

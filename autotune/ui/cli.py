@@ -185,8 +185,11 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 def _add_space_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("search space (what is kept inside a node's NVLink domain)")
     g.add_argument("--cross-node-tp", "--allow-cross-node-tp", dest="cross_node_tp", action="store_true",
-                   help="let TP groups span nodes (default: TP stays inside a node, where NVLink carries its "
-                        "per-layer all-reduces); --allow-cross-node-tp is the old name")
+                   help="let TP and expert-TP groups span nodes (default: they stay inside a node, where NVLink "
+                        "carries their per-layer all-reduces); --allow-cross-node-tp is the old name")
+    g.add_argument("--min-cp-tokens", type=_count, default=None, metavar="N",
+                   help="search CP only while each CP rank keeps at least N tokens of a sequence, seq / CP "
+                        "(default 1024: every published CP run keeps 2,048 or more; 0 lifts the limit)")
     g.add_argument("--experts-within-node", action="store_true",
                    help="keep EP*ETP groups inside a node (default: expert parallelism may cross nodes, as NVIDIA's "
                         "DeepSeek-V3 and Qwen3 recipes do)")

@@ -58,6 +58,8 @@ def options_from_args(args: argparse.Namespace):
         kwargs["max_vpp"] = args.max_vpp
     if getattr(args, "min_pp_for_vpp", None) is not None:
         kwargs["min_pp_for_vpp"] = args.min_pp_for_vpp
+    if getattr(args, "min_cp_tokens", None) is not None:
+        kwargs["min_cp_tokens"] = args.min_cp_tokens
     if getattr(args, "cuda_graphs", None) is not None:  # a fixed switch: search only that value
         kwargs["cuda_graphs"] = (args.cuda_graphs,)
     if getattr(args, "ep_overlap", None) is not None:
