@@ -66,6 +66,7 @@ DEFAULT_ALLOWANCE = AllowanceAssumptions()
 # (`common/util/multi_stream.cpp`).
 _TE_WORKSPACE = {"ampere": 4 * MIB, "hopper": 32 * MIB + 1024, "blackwell": 32 * MIB + 1024}
 _GROUPED_GEMM_STREAMS = 4
+_UB_STREAMS = 3  # TE `cpp_extensions/gemm.py::_NUM_MAX_UB_STREAMS`
 
 
 def communicators(layout: Layout) -> dict[str, int]:
@@ -87,12 +88,17 @@ def workspace_terms(job: Job, layout: Layout, *, has_output: bool = False) -> di
     - TE's cuBLASLt workspace, and four more for grouped GEMMs (MoE with `moe_grouped_gemm`); PyTorch's own cuBLAS
       workspace for the GEMMs outside TE (the output layer, the router), the same size on Hopper and newer
       (`CUBLAS_WORKSPACE_CONFIG` default, 32 MiB from sm90);
+    - with `tp_comm_overlap`, TE's workspace for the userbuffer GEMMs, one per overlap stream, allocated apart
+      from the plain one (`cpp_extensions/gemm.py::get_cublas_workspace(device, ub=True)`:
+      `get_cublas_workspace_size_bytes() * _NUM_MAX_UB_STREAMS`, 3);
     - megatron-core's global memory buffer (`utils.GlobalMemoryBuffer`), which megatron's own column-parallel
       linears all-gather their sequence-parallel input into: the output layer on the last stage, s * b / cp x h
       bf16 (`tensor_parallel/layers.py`)."""
     one = _TE_WORKSPACE.get(job.cluster.gpu.arch, 32 * MIB)
     grouped = job.model.moe is not None and job.training.moe_grouped_gemm
     terms: dict[str, float] = {"cublas_workspace": one * (2 + (_GROUPED_GEMM_STREAMS if grouped else 0))}
+    if _tp_overlap(job, layout):
+        terms["ub_cublas_workspace"] = one * _UB_STREAMS
     if has_output and layout.sp and layout.tp > 1:
         t = job.training
         terms["sp_gather_buffer"] = BF16 * t.seq_length * layout.mbs / layout.cp * job.model.hidden_size
@@ -102,13 +108,19 @@ def workspace_terms(job: Job, layout: Layout, *, has_output: bool = False) -> di
     return terms
 
 
+def _tp_overlap(job: Job, layout: Layout) -> bool:
+    """TP communication overlap is on: `tp_comm_overlap` with TP > 1 and SP (Megatron-Bridge turns it off otherwise,
+    `training/comm_overlap.py`)."""
+    return bool(job.training.tp_comm_overlap and layout.tp > 1 and layout.sp)
+
+
 def _userbuffers_bytes(job: Job, layout: Layout) -> float:
     """TE userbuffers for `tp_comm_overlap` (TE `module/base.py::initialize_ub`, megatron
     `training/initialize.py::_initialize_tp_communicators`): 12 buffers of (s * mbs / cp) x h elements, the
     8 all-gather ones in FP8 (1 B) under FP8 and bf16 otherwise; Megatron-Bridge turns the overlap off at TP 1 or
     without SP (`training/comm_overlap.py`). Registered outside PyTorch's allocator."""
     t = job.training
-    if not (t.tp_comm_overlap and layout.tp > 1 and layout.sp):
+    if not _tp_overlap(job, layout):
         return 0.0
     elements = t.seq_length * layout.mbs / layout.cp * job.model.hidden_size
     all_gather_bytes = 1 if t.fp8 else BF16
