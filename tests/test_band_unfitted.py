@@ -42,6 +42,20 @@ def test_a_graph_setting_no_fitted_run_of_the_generation_used_is_credited_as_the
     assert why is not None and "cuda_graphs=transformer_engine" in why and "upper edge" in why
 
 
+def test_one_note_names_what_each_setting_is_timed_as_offload_included() -> None:
+    # the search's note and estimate's line are one message; an offloading layout cannot run per-layer graphs, so
+    # on Hopper its Transformer Engine graphs are timed as none, and full-iteration ones as none or TE's
+    cal = DEFAULT_CALIBRATION
+    h100 = build_cluster(nodes=1, gpu="h100").gpu
+    assert cal.uncredited_graph_settings(h100, [("none", False), ("transformer_engine", False)]) is None
+    why = cal.uncredited_graph_settings(h100, [("transformer_engine", True)])
+    assert why is not None and "uses cuda_graphs=transformer_engine" in why and "as with cuda_graphs=none " in why
+    both = cal.uncredited_graph_settings(h100, [("full_iteration", False), ("full_iteration", True)])
+    assert both is not None and "cuda_graphs=none or cuda_graphs=transformer_engine" in both
+    assert cal.uncredited_graphs(h100, "full_iteration") == cal.uncredited_graph_settings(h100,
+                                                                                         [("full_iteration", False)])
+
+
 def test_full_iteration_graphs_on_hopper_keep_the_pipeline_host_work_and_the_model_figure_is_the_upper_edge() -> None:
     # issue 46, majors 1-2: llama3-70b's pick on 8 H100 nodes was tp4 pp2 vpp41 with full-iteration graphs, its PP
     # p2p term 2.36 s without graphs and 0.0004 s with them, at 61.5% MFU: no fitted Hopper run used those graphs

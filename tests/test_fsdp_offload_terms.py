@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,13 @@ def test_a_layout_whose_offload_overflows_the_host_memory_is_refused_with_one_li
     scores = score_layouts(job, LayoutTable.from_layouts(layouts))  # the search's table agrees
     assert list(scores.fits) == [False, True] and scores.host_bytes == pytest.approx(host)
     assert scores.measurement(0).reason == measured[0].reason
+    # the verdict on a user's layout tells a host overflow by its bytes, not by the reason's wording
+    from types import SimpleNamespace
+
+    from autotune.tuning.verdicts import _host_overflows
+    answer: Any = SimpleNamespace(job=job)
+    assert _host_overflows(answer, measured[0]) and not _host_overflows(answer, measured[1])
+    assert not _host_overflows(answer, replace(measured[0], extra={}))
     # where the catalog does not give the host memory (HGX H100), nothing is refused on it
     h100 = replace(job, cluster=build_cluster(nodes=8, gpu="h100"))
     assert h100.cluster.gpu.host_memory_bytes is None

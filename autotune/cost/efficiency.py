@@ -215,23 +215,27 @@ class Calibration:
 
     def uncredited_graphs(self, gpu: GPUSpec, graphs: str, offload: bool = False) -> str | None:
         """Why a layout's CUDA graphs are timed as another setting (None when their saving is credited)."""
-        credited = self.credited_graphs(gpu.arch, graphs, offload)
-        if credited == graphs:
-            return None
-        seen = ", ".join(dict(self.fitted_graphs or ()).get(gpu.arch, ())) or "none"
-        return (f"no fitted {gpu.arch} run uses cuda_graphs={graphs} (they use {seen}), so its time saving is not "
-                f"credited: the step is timed as with cuda_graphs={credited} where that is slower, and the band's "
-                f"upper edge keeps the model's own figure")
+        return self.uncredited_graph_settings(gpu, [(graphs, offload)])
 
-    def uncredited_graph_settings(self, gpu: GPUSpec, settings: Iterable[str]) -> str | None:
-        """Which of `settings` (a search's CUDA-graph settings) are timed as another one on `gpu`, or None."""
-        given = set(settings)
-        moved = [(g, c) for g in CUDA_GRAPH_CHOICES if g in given and (c := self.credited_graphs(gpu.arch, g)) != g]
+    def uncredited_graph_settings(self, gpu: GPUSpec, settings: Iterable[tuple[str, bool]]) -> str | None:
+        """Which of `settings` ((CUDA-graph setting, activation offload) pairs: one layout's, or a search's) are
+        timed as another setting on `gpu` (`credited_graphs`), and as which, or None when every saving is
+        credited."""
+        moved: dict[str, set[str]] = {}
+        for graphs, offload in settings:
+            credited = self.credited_graphs(gpu.arch, graphs, offload)
+            if credited != graphs:
+                moved.setdefault(graphs, set()).add(credited)
         if not moved:
             return None
-        return (f"no fitted {gpu.arch} run uses " + ", ".join(f"cuda_graphs={g}" for g, _ in moved)
-                + ", so their time saving is not credited (timed as " + ", ".join(f"{c}" for _, c in moved)
-                + " where that is slower; the band's upper edge keeps the model's own figure)")
+        seen = ", ".join(dict(self.fitted_graphs or ()).get(gpu.arch, ())) or "none"
+        names = [g for g in CUDA_GRAPH_CHOICES if g in moved]
+        timed_as = [c for c in CUDA_GRAPH_CHOICES if any(c in moved[g] for g in names)]
+        its = "its" if len(names) == 1 else "their"
+        return (f"no fitted {gpu.arch} run uses " + ", ".join(f"cuda_graphs={g}" for g in names)
+                + f" (they use {seen}), so {its} time saving is not credited: the step is timed as with "
+                + " or ".join(f"cuda_graphs={c}" for c in timed_as)
+                + " where that is slower, and the band's upper edge keeps the model's own figure")
 
     def release_factor(self, release: str, kind: str) -> tuple[float, str]:
         """(factor, the release it was fitted on) of `kind` ("dense" or "moe") for `release`: its own where fitted,

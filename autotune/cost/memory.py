@@ -57,6 +57,7 @@ __all__ = [
     "MemoryEstimate",
     "TERMS",
     "offload_host_bytes",
+    "host_overflow_bytes",
     "memory_status",
     "offloaded_kinds",
     "microbatch_activation_terms",
@@ -435,11 +436,18 @@ def memory_status(job: Job, peak_bytes: float, capacity_bytes: float, host_bytes
     if peak_bytes > capacity_bytes:
         return "oom", (f"peak memory {peak_bytes / GIB:.1f} GiB exceeds {capacity_bytes / GIB:.1f} GiB per GPU "
                        f"(largest term: {dominant})")
-    host = job.cluster.gpu.host_memory_bytes
-    if host is not None and host_bytes > host:
+    if host_overflow_bytes(job, host_bytes) > 0:
+        host = float(job.cluster.gpu.host_memory_bytes or 0)
         return "oom", (f"its offloaded activations take {host_bytes / GIB:.1f} GiB of host memory per GPU, more "
                        f"than the {host / GIB:.1f} GiB each GPU has; offload fewer layers")
     return "ok", ""
+
+
+def host_overflow_bytes(job: Job, host_bytes: float) -> float:
+    """How far offloaded activations (`offload_host_bytes`) overflow the host memory per GPU; 0 where they fit or the
+    host memory is unknown (`GPUSpec.host_memory_bytes` None: not enforced)."""
+    host = job.cluster.gpu.host_memory_bytes
+    return 0.0 if host is None else max(0.0, float(host_bytes) - host)
 
 
 def microbatch_activation_terms(job: Job, layout: Layout, *, stage: int = 0, chunk: int = 0,

@@ -214,20 +214,21 @@ def unpaired_share(ep_overlap: Any, pp: Any, vpp: Any, microbatches: Any) -> Any
     return np.where(ep_overlap, np.minimum(1.0, warm / (microbatches * vpp)), 0.0)
 
 
-def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
-    x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
-                 layout.cuda_graphs, layout.ep_overlap)
+def _blocks(job: Job, layout: Layout, cal: Calibration) -> tuple[Any, ...]:
+    """(shape, Mamba block, attention block, dense MLP block, MoE block, output layer terms, embedding time) of the
+    layout's shape (`shape_of`'s fields: no recompute), memoised: the recompute settings of one shape share them."""
+    memo = _memo(job, cal)
+    sp = layout.sp and layout.tp > 1
+    key = ("blocks", layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, sp, layout.cuda_graphs,
+           layout.ep_overlap)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, sp, layout.cuda_graphs,
+                 layout.ep_overlap)
     attn = attention_block(x)
-    hybrid = job.model.is_hybrid
-    zero = dict.fromkeys(LAYER_KEYS, 0.0)
-    mamba, mamba_f, mamba_b = _layer(job, layout, [mamba_block(x)], cal) if job.model.mamba is not None \
-        else (zero, 0.0, 0.0)
-    attn_only, attn_f, attn_b = _layer(job, layout, [attn], cal) if hybrid else (zero, 0.0, 0.0)
-    with_attention = [] if hybrid else [attn]  # a hybrid model's MLP and MoE layers have no attention block
-    dense, dense_f, dense_b = _layer(job, layout, [*with_attention, dense_mlp_block(x)], cal)
-    moe, moe_f, moe_b = (dense, dense_f, dense_b)
-    if job.model.moe is not None:
-        moe, moe_f, moe_b = _layer(job, layout, [*with_attention, moe_block(x, attn)], cal, paired=layout.ep_overlap)
+    mamba = mamba_block(x) if job.model.mamba is not None else None
+    moe = moe_block(x, attn) if job.model.moe is not None else None
     gpu, h = job.cluster.gpu, job.model.hidden_size
     vocab = padded_vocab_size(job.model) / layout.tp
     logits = 3 * gemm_cost(gpu, "bf16", None, cal).time_s(x.rows, vocab, h)  # megatron's output layer is not FP8
@@ -240,6 +241,23 @@ def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
     output["compute"] = out_gpu
     output["host"] = max(0.0, out_host - out_gpu)
     embedding = memory_bound_time_s(3 * x.tokens * h * BF16, gpu=gpu, cal=cal)  # gather fwd, scatter-add bwd
+    hit = memo[key] = (x, mamba, attn, dense_mlp_block(x), moe, output, embedding)
+    return hit
+
+
+def _layer_times(job: Job, layout: Layout, cal: Calibration) -> LayerTimes:
+    x, mamba_blk, attn, dense_blk, moe_blk, shared_output, embedding = _blocks(job, layout, cal)
+    output = dict(shared_output)
+    hybrid = job.model.is_hybrid
+    zero = dict.fromkeys(LAYER_KEYS, 0.0)
+    mamba, mamba_f, mamba_b = _layer(job, layout, [mamba_blk], cal) if mamba_blk is not None \
+        else (zero, 0.0, 0.0)
+    attn_only, attn_f, attn_b = _layer(job, layout, [attn], cal) if hybrid else (zero, 0.0, 0.0)
+    with_attention = [] if hybrid else [attn]  # a hybrid model's MLP and MoE layers have no attention block
+    dense, dense_f, dense_b = _layer(job, layout, [*with_attention, dense_blk], cal)
+    moe, moe_f, moe_b = (dense, dense_f, dense_b)
+    if moe_blk is not None:
+        moe, moe_f, moe_b = _layer(job, layout, [*with_attention, moe_blk], cal, paired=layout.ep_overlap)
     last = (moe, moe_f, moe_b) if job.model.moe is not None else (dense, dense_f, dense_b)
     if hybrid and job.model.mtp_num_layers:  # a hybrid MTP depth is '*E': the attention layer, then the MoE layer
         last = ({k: attn_only[k] + moe[k] for k in moe}, attn_f + moe_f, attn_b + moe_b)

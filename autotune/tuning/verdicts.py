@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.cost.memory import host_overflow_bytes
 from autotune.tuning.analytic_pass import AnalyticAnswer
 from autotune.tuning.answer import largest_time_term
 from autotune.tuning.decision import Verdict
@@ -126,8 +127,8 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> Verdict:
     else:
         if m.status == "oom" and m.memory_bytes is not None and m.memory_bytes > capacity:
             out["over_gib"] = (m.memory_bytes - capacity) / GIB
-        elif m.status == "oom" and "host memory" in m.reason:  # `memory.memory_status`: the device fits, the
-            out["host_memory"] = m.reason  # offloaded activations overflow the host
+        elif m.status == "oom" and _host_overflows(answer, m):
+            out["host_memory"] = m.reason  # `memory.memory_status`: the device fits, the offload overflows the host
         near = nearest_fitting(answer, layout)
         if near is not None:
             r, changes = near
@@ -135,6 +136,12 @@ def verdict(answer: AnalyticAnswer, layout: Layout) -> Verdict:
                        nearest_tokens_per_s_per_gpu=float(tokens[r]),
                        nearest_free_gib=float((capacity - s.total_bytes[r]) / GIB))
     return Verdict(**out)
+
+
+def _host_overflows(answer: AnalyticAnswer, m: Any) -> bool:
+    """The measurement's offloaded activations (`AnalyticBackend`'s `offload_host_bytes`) overflow the host."""
+    host_bytes = m.extra.get("offload_host_bytes", 0.0)
+    return isinstance(host_bytes, (int, float)) and host_overflow_bytes(answer.job, float(host_bytes)) > 0
 
 
 def gain_terms(pick: Any, yours: Any) -> list[tuple[str, float, float]]:
