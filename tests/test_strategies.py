@@ -21,9 +21,9 @@ from search_spaces.training import TrainingSpec
 JOB = Job(model=get_model("tiny-gpt"), cluster=build_cluster(nodes=1, gpus_per_node=4),
           training=TrainingSpec(seq_length=256, global_batch_size=16))
 # the truth ignores graphs; Megatron-FSDP, offload and the one-slot PP 2 x VPP 5 split stay out (the strategies' test
-# needs a space of one kind, and its truth a fixed order)
+# needs a space of one kind, and its truth a fixed order); CP is searched at this toy sequence (min_cp_tokens 0)
 OPTIONS = SpaceOptions(recompute=("none",), dist_opt=(True,), cuda_graphs=("none",), fsdp=(False,), offload_step=0,
-                       max_vpp=4)
+                       max_vpp=4, min_cp_tokens=0)
 
 
 def _truth(answer) -> dict[Layout, float]:

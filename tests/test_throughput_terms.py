@@ -338,3 +338,17 @@ def test_the_power_limit_comes_from_the_datasheets_and_moves_no_fitted_gpu() -> 
     assert power_factor(get_gpu("h100")) == 1.0 and power_factor(replace(get_gpu("gb300"), tdp_watts=None)) == 1.0
     # a precision the GPU has no figure for keeps the BF16 curve (a cluster-YAML GPU without fp4_flops)
     assert power_factor(replace(get_gpu("gb300"), fp4_flops=None), "fp4") == pytest.approx(1.4**k * 2.25 / 2.5)
+
+
+def test_layer_vector_names_each_figure_it_holds() -> None:
+    # the step-time assembly reads LayerTimes through `vector()` by the names in LAYER_VECTOR
+    from autotune.cost.throughput import LAYER_KEYS, LAYER_VECTOR
+
+    job = Job(model=get_model("tiny-moe"), cluster=build_cluster(nodes=1, gpus_per_node=8),
+              training=TrainingSpec(seq_length=1024, global_batch_size=16))
+    lt = layer_times(job, Layout(tp=2, ep=4, dp=4, sp=True, ep_overlap=False))
+    named = dict(zip(LAYER_VECTOR, lt.vector(), strict=True))
+    assert named["moe", "fwd"] == lt.moe_fwd_s and named["dense", "bwd"] == lt.dense_bwd_s
+    assert named["mtp", "fwd"] == lt.mtp_fwd_s and named["attention", "bwd"] == lt.attention_bwd_s
+    assert named["mamba", "fwd"] == lt.mamba_fwd_s and named["embedding", ""] == lt.embedding_s
+    assert all(named["moe", k] == lt.moe[k] and named["output", k] == lt.output[k] for k in LAYER_KEYS)

@@ -95,12 +95,14 @@ class LayerTimes:
     def vector(self) -> tuple[float, ...]:
         """Every figure in `LAYER_VECTOR` order (each part's terms by LAYER_KEYS and its forward and backward walls,
         the output layer's terms, the embedding): one row of the array the step-time assembly spreads."""
+        parts = ((self.dense, self.dense_fwd_s, self.dense_bwd_s), (self.moe, self.moe_fwd_s, self.moe_bwd_s),
+                 (self.mtp, self.mtp_fwd_s, self.mtp_bwd_s), (self.mamba, self.mamba_fwd_s, self.mamba_bwd_s),
+                 (self.attention, self.attention_fwd_s, self.attention_bwd_s))  # in LAYER_PARTS order
         out: list[float] = []
-        for part in LAYER_PARTS:
-            terms = getattr(self, part)
+        for terms, fwd_s, bwd_s in parts:
             out.extend(terms[k] for k in LAYER_KEYS)
-            out.append(getattr(self, f"{part}_fwd_s"))
-            out.append(getattr(self, f"{part}_bwd_s"))
+            out.append(fwd_s)
+            out.append(bwd_s)
         out.extend(self.output[k] for k in LAYER_KEYS)
         out.append(self.embedding_s)
         return tuple(out)
