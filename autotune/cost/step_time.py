@@ -155,12 +155,15 @@ def _pace(job: Job, t: Rows, layers: _Layers) -> tuple[dict[str, np.ndarray], np
     width = max(len(k) for k in kinds)
     pad = [k + [(0, 0, 0, 0, 0, *_NO_BF16, False, False, -1, 0)] * (width - len(k)) for k in kinds]
     names = (*PARTS, *BF16_PARTS, "emb", "out", "last", "count")
-    kind = {name: np.array([[row[j] for row in k] for k in pad])[t.placement.inverse] for j, name in enumerate(names)}
-    stage_s = sum(kind[part] * layers.total[part][:, None] for part in counted)
+    per_group = {name: np.array([[row[j] for row in k] for k in pad]) for j, name in enumerate(names)}
+    present = [part for part in counted if per_group[part].any()]  # a part no stage holds adds nothing
+    kind = {name: per_group[name][t.placement.inverse] for name in (*present, "emb", "out", "last", "count")}
+    stage_s = sum((kind[part] * layers.total[part][:, None] for part in present), np.zeros((t.n, width)))
     stage_s = np.where(kind["out"], stage_s + layers.output_total[:, None], stage_s)
     stage_s = np.where(kind["emb"], stage_s + layers.embedding[:, None], stage_s)
     slow = np.argmax(np.where(kind["last"] >= 0, stage_s, -np.inf), axis=1)
-    pace = {name: kind[name][rows, slow] for name in (*counted, "emb", "out")}
+    pace = {name: kind[name][rows, slow] if name in kind else np.zeros(t.n, dtype=np.int64)
+            for name in (*counted, "emb", "out")}
     bubble = pipeline_bubble_s((kind["count"] * stage_s).sum(axis=1), stage_s[rows, slow], t.vpp)
     return pace, bubble, stage_lists
 

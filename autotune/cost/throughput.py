@@ -100,10 +100,9 @@ class LayerTimes:
                  (self.attention, self.attention_fwd_s, self.attention_bwd_s))  # in LAYER_PARTS order
         out: list[float] = []
         for terms, fwd_s, bwd_s in parts:
-            out.extend(terms[k] for k in LAYER_KEYS)
-            out.append(fwd_s)
-            out.append(bwd_s)
-        out.extend(self.output[k] for k in LAYER_KEYS)
+            out += [terms[k] for k in LAYER_KEYS]
+            out += (fwd_s, bwd_s)
+        out += [self.output[k] for k in LAYER_KEYS]
         out.append(self.embedding_s)
         return tuple(out)
 
