@@ -115,7 +115,7 @@ def _layers(job: Job, t: Rows, cal: Calibration, m: np.ndarray) -> _Layers:
         bf16 = spread(twin)
         for part, name in zip(BF16_KINDS, BF16_PARTS, strict=True):
             terms[name] = {k: bf16[part, k] - terms[part][k] for k in LAYER_KEYS}
-            total[name] = np.sum([terms[name][k] for k in LAYER_KEYS], axis=0)
+            total[name] = _sum(terms[name])
             wall[name] = {d: bf16[part, d] - wall[part][d] for d in ("fwd", "bwd")}
     output = {k: run["output", k] for k in LAYER_KEYS}
     return _Layers(terms=terms, total=total, wall=wall, output=output, output_total=_sum(output),

@@ -192,11 +192,17 @@ def layer_vector(job: Job, layout: Layout, cal: Calibration = DEFAULT_CALIBRATIO
     return hit
 
 
-def _layer_key(job: Job, layout: Layout) -> tuple[Any, ...]:
-    """The layout fields the per-layer terms read."""
-    chunks = layout.pp * layout.vpp_size if job.training.recompute_num_layers and layout.recompute == "full" else 0
+def _shape_key(layout: Layout) -> tuple[Any, ...]:
+    """The layout fields a layer's blocks read: `shape_of`'s arguments."""
     return (layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, layout.sp and layout.tp > 1,
-            layout.recompute, chunks, layout.cuda_graphs, layout.ep_overlap)
+            layout.cuda_graphs, layout.ep_overlap)
+
+
+def _layer_key(job: Job, layout: Layout) -> tuple[Any, ...]:
+    """The layout fields the per-layer terms read: the shape's, the recompute and, with the block method, the chunks
+    it counts layers in."""
+    chunks = layout.pp * layout.vpp_size if job.training.recompute_num_layers and layout.recompute == "full" else 0
+    return (*_shape_key(layout), layout.recompute, chunks)
 
 
 def ep_unpaired_share(layout: Layout, microbatches: int) -> float:
@@ -219,14 +225,12 @@ def _blocks(job: Job, layout: Layout, cal: Calibration) -> tuple[Any, ...]:
     """(shape, Mamba block, attention block, dense MLP block, MoE block, output layer terms, embedding time) of the
     layout's shape (`shape_of`'s fields: no recompute), memoised: the recompute settings of one shape share them."""
     memo = _memo(job, cal)
-    sp = layout.sp and layout.tp > 1
-    key = ("blocks", layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, sp, layout.cuda_graphs,
-           layout.ep_overlap)
+    shape = _shape_key(layout)
+    key = ("blocks", *shape)
     hit = memo.get(key)
     if hit is not None:
         return hit
-    x = shape_of(job, cal, layout.tp, layout.cp, layout.ep, layout.expert_tp, layout.mbs, sp, layout.cuda_graphs,
-                 layout.ep_overlap)
+    x = shape_of(job, cal, *shape)
     attn = attention_block(x)
     mamba = mamba_block(x) if job.model.mamba is not None else None
     moe = moe_block(x, attn) if job.model.moe is not None else None

@@ -133,9 +133,8 @@ def analytic_pass(job: Job, space: FeasibleSpace, *, capacity_bytes: float | Non
 def _band_note(job: Job, table: LayoutTable, cal: Calibration) -> str | None:
     """Why the band is wider than the fitted one, and which of the space's CUDA-graph settings are timed as
     another (`Calibration.unfitted`, `uncredited_graph_settings`), or None."""
-    pairs = np.unique(np.stack([table.cuda_graphs, table.offload_layers > 0]), axis=1) if len(table) \
-        else np.zeros((2, 0), dtype=np.int64)
-    settings = [(CUDA_GRAPH_CHOICES[int(g)], bool(off)) for g, off in pairs.T]
+    codes = np.unique(2 * table.cuda_graphs.astype(np.int64) + (table.offload_layers > 0))  # (graphs, offload)
+    settings = [(CUDA_GRAPH_CHOICES[int(c) // 2], bool(c % 2)) for c in codes]
     notes = (cal.unfitted(job.cluster.gpu, job.training.precision, job.model.is_moe),
              cal.uncredited_graph_settings(job.cluster.gpu, settings))
     return "; ".join(n for n in notes if n) or None
