@@ -18,6 +18,11 @@ figure.
 (2.4 s), in FP8 7.6 s (3.0 s); Qwen3-235B FP4 on 64 GB300 nodes 12.7 s (8.1 s). Before that stop's changes
 (c83d531, one run): DeepSeek-V3 23.5 s (17.8 s), Qwen3-235B FP4 38.8 s (32.3 s). About 3 s of each wall is fixed
 (imports, study.db, plots, report); the 5 s goal is met by none of the three large jobs.
+
+Since study.db is written by a forked child while the report and plots are drawn (`study_db.start_study_write`),
+2026-12-07, 2 cores, `farm-bench --vs` with FORCE_COLOR=1 (status line on), median wall, before -> after: the
+README job 6.8 -> 5.0 s (6 pairs); DeepSeek-V3 128 nodes 7.8 -> 5.5 s, in FP8 7.9 -> 6.9 s; Qwen3-235B FP4 on 64
+GB300 nodes 15.2 -> 12.0 s (3 pairs each; this machine ran about 1.3x slower than the figures above).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -275,6 +276,52 @@ def test_the_study_of_an_analytic_search_opens_with_both_objectives(readme) -> N
     assert kept <= {str(r.layout) for r in readme.records} and len(done) == len(kept)
     first = next(t for t in done if t.user_attrs["layout"] == readme.answer.decision.pick)
     assert first.values[0] == pytest.approx(readme.best.tokens_per_s_per_gpu)
+
+
+def test_the_study_writer_child_reports_its_failure_and_threads_keep_it_in_process(readme, tmp_path,
+                                                                                    monkeypatch) -> None:
+    # an analytic search writes study.db in a forked child while the report is drawn (`start_study_write`): its
+    # failure comes back as the OutputError the in-process writer raises, and with a thread running that is no
+    # daemon (a user's, Ray's) nothing forks: the file is in place before the wait
+    import threading
+
+    import optuna
+
+    from autotune.tuning import study_db
+    from autotune.tuning.run_folder import OutputError
+    from autotune.tuning.study_db import start_study_write
+    from search_spaces.space import feasible_space as space_of
+
+    space = space_of(readme.job, DEFAULT_SPACE)
+    naming = json.loads((Path(str(readme.output_dir)) / "search.json").read_text())["naming"]
+    records = readme.records[:3]
+    forks: list[int] = []
+    fork = os.fork
+    def counted_fork() -> int:
+        forks.append(1)
+        return fork()
+
+    monkeypatch.setattr(os, "fork", counted_fork)
+    alone = study_db._can_fork()  # an earlier test's thread (Ray's) keeps the writer in process
+    wait = start_study_write(records, space, tmp_path / "missing" / "study.db", naming=naming,
+                             capacity_bytes=readme.capacity_bytes)
+    with pytest.raises(OutputError, match=r"cannot write .*missing/study\.db: ") as failed:
+        wait()
+    assert failed.value.errno and not list(tmp_path.iterdir()) and forks == ([1] if alone else [])
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=False)
+    other.start()
+    try:
+        wait = start_study_write(records, space, tmp_path / "study.db", naming=naming,
+                                 capacity_bytes=readme.capacity_bytes)
+        assert (tmp_path / "study.db").exists()
+    finally:
+        stop.set()
+        other.join()
+    wait()
+    assert forks == ([1] if alone else [])
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert sorted(t.user_attrs["layout"] for t in study.get_trials()) == sorted(str(r.layout) for r in records)
 
 
 def test_the_studys_bulk_rows_read_back_as_optunas_own_writer_gives(readme, tmp_path, monkeypatch) -> None:

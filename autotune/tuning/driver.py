@@ -197,20 +197,31 @@ def _user_layouts(job: Job, compare: Sequence[str], baseline: bool,
     return user, recipe
 
 
-def _concluded(plan: SearchPlan, mode: str, records: list[TrialRecord], interrupted: bool, *, user: list[Layout],
-               recipe: tuple[PublishedRecipe, Layout] | None, cal: Any, stats: dict[str, Any],
-               verbose: bool) -> SearchResult:
-    """The search's result from its records: study.db written (every mode: optuna-dashboard opens it), the
-    decision with the verdicts on the user's layouts and the recipe, what the GPUs measured kept for the next
-    search."""
-    job, folder = plan.job, plan.folder
-    t_write = time.perf_counter()
-    if len(records) > len(plan.done) or not (folder / STUDY_DB).exists():
-        from autotune.tuning.study_db import write_study
+def _start_study(plan: SearchPlan, records: list[TrialRecord], stats: dict[str, Any],
+                 verbose: bool) -> Callable[[], None]:
+    """Begin writing study.db (every mode: optuna-dashboard opens it) unless it holds these records already; the
+    wait returned records how long it took (`study_write_s`) and raises a failure (`study_db.start_study_write`:
+    on the analytic path a child process writes it while the report is drawn)."""
+    folder, t_write = plan.folder, time.perf_counter()
+    if len(records) <= len(plan.done) and (folder / STUDY_DB).exists():
+        return lambda: None
+    from autotune.tuning.study_db import start_study_write
 
-        write_study(records, plan.space, folder / STUDY_DB, naming=plan.naming, capacity_bytes=plan.capacity_bytes,
-                    verbose=verbose)
-    stats["timings"]["study_write_s"] = time.perf_counter() - t_write
+    wait = start_study_write(records, plan.space, folder / STUDY_DB, naming=plan.naming,
+                             capacity_bytes=plan.capacity_bytes, verbose=verbose)
+
+    def waited() -> None:
+        wait()
+        stats["timings"]["study_write_s"] = time.perf_counter() - t_write
+
+    return waited
+
+
+def _concluded(plan: SearchPlan, mode: str, records: list[TrialRecord], interrupted: bool, *, user: list[Layout],
+               recipe: tuple[PublishedRecipe, Layout] | None, cal: Any, stats: dict[str, Any]) -> SearchResult:
+    """The search's result from its records: the decision with the verdicts on the user's layouts and the recipe,
+    what the GPUs measured kept for the next search."""
+    job, folder = plan.job, plan.folder
     decision = _decision(mode, records, plan.capacity_bytes, plan.analytic, user)
     if mode != "analytic" and plan.backend_name != "analytic":  # what the GPUs measured, for the next search
         stats["measured_calibration"] = write_measured_calibration(job, records, folder)
@@ -396,11 +407,18 @@ def run_search(
                 say("starting Ray for the measured stage")
                 records, interrupted = _run_trials(plan, address=address, verbose=verbose, stats=stats)
             meta["finished_trials"] = len(records)
-            result = _concluded(plan, mode, records, interrupted, user=[s.layout for s in user], recipe=recipe,
-                                cal=cal, stats=stats, verbose=verbose)
-            if finish is not None:
-                say("writing best.json, the launch files and report.html")
-                finish(result)  # best.json, launch files, report: still under the lock, before `completed`
+            wait_for_study = _start_study(plan, records, stats, verbose)
+            try:
+                result = _concluded(plan, mode, records, interrupted, user=[s.layout for s in user],
+                                    recipe=recipe, cal=cal, stats=stats)
+                if finish is not None:
+                    say("writing best.json, the launch files and report.html")
+                    finish(result)  # best.json, launch files, report: still under the lock, before `completed`
+            except BaseException:
+                with contextlib.suppress(Exception):  # the first error is the one to report
+                    wait_for_study()
+                raise
+            wait_for_study()
         except BaseException:
             with contextlib.suppress(Exception):  # say how far it got; the first error is the one to report
                 meta["finished_trials"] = len(read_trials(folder, capacity, job=fingerprint))
