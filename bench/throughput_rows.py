@@ -36,7 +36,7 @@ from search_spaces.layout import Layout, parse_layout  # noqa: E402
 from search_spaces.releases import release_names  # noqa: E402
 from search_spaces.training import training_spec  # noqa: E402
 
-__all__ = ["Row", "load_rows", "sweep_rows", "EXTRA_CSV", "SWEEPS_CSV", "HELD_OUT_GPUS"]
+__all__ = ["Row", "load_rows", "sweep_rows", "paper_job", "EXTRA_CSV", "SWEEPS_CSV", "HELD_OUT_GPUS"]
 
 DATA = Path(__file__).resolve().parent / "data"
 EXTRA_CSV = DATA / "published_throughput_extra.csv"
@@ -126,24 +126,29 @@ def _paper_rows(path: Path = PAPER_CSV) -> list[Row]:
             tokens = float_or(r["tokens_per_sec_per_gpu"])
             if tokens is None or r["trust"].strip() not in ("A", "B") or not (r["tp"].strip() and r["pp"].strip()):
                 continue
-            recompute, modules = _paper_recompute(r)
-            job = job_of(r)
-            source = r["source_id"]
-            switches: dict[str, Any] = {}
-            if source == "moe-modelzoo":
-                switches = {"moe_router_force_load_balancing": True,
-                            "moe_token_dispatcher": "flex" if "deepep" in r["moe_dispatcher"].lower() else "alltoall"}
-            elif source.startswith("mlm-readme"):
-                switches = {"grad_reduce_in_fp32": True, "cross_entropy_fusion": "native"}
-            if job.cluster.gpu.arch == "ampere":
-                switches = {"tp_comm_overlap": False, "grad_reduce_in_fp32": True, "cross_entropy_fusion": "native"}
-            if modules:
-                switches["recompute_modules"] = modules
-            switches["release"] = REFERENCE_RELEASE  # papers name no NeMo release: the base constants describe them
-            job = replace(job, training=replace(job.training, **switches))
-            rows.append(Row(source=source, model=r["model"], gpu=r["gpu_type"].lower(), job=job,
+            recompute, _ = _paper_recompute(r)
+            rows.append(Row(source=r["source_id"], model=r["model"], gpu=r["gpu_type"].lower(), job=paper_job(r),
                             layout=layout_of(r, recompute), published=tokens))  # type: ignore[arg-type]
     return rows
+
+
+def paper_job(r: dict[str, str]) -> Job:
+    """The Job of one calibration-runs.csv row with the training switches its source's scripts used."""
+    _, modules = _paper_recompute(r)
+    job = job_of(r)
+    source = r["source_id"]
+    switches: dict[str, Any] = {}
+    if source == "moe-modelzoo":
+        switches = {"moe_router_force_load_balancing": True,
+                    "moe_token_dispatcher": "flex" if "deepep" in r["moe_dispatcher"].lower() else "alltoall"}
+    elif source.startswith("mlm-readme"):
+        switches = {"grad_reduce_in_fp32": True, "cross_entropy_fusion": "native"}
+    if job.cluster.gpu.arch == "ampere":
+        switches = {"tp_comm_overlap": False, "grad_reduce_in_fp32": True, "cross_entropy_fusion": "native"}
+    if modules:
+        switches["recompute_modules"] = modules
+    switches["release"] = REFERENCE_RELEASE  # papers name no NeMo release: the base constants describe them
+    return replace(job, training=replace(job.training, **switches))
 
 
 def _recipe_rows() -> list[Row]:
