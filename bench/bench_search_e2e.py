@@ -23,6 +23,10 @@ Since study.db is written by a forked child while the report and plots are drawn
 2026-12-07, 2 cores, `farm-bench --vs` with FORCE_COLOR=1 (status line on), median wall, before -> after: the
 README job 6.8 -> 5.0 s (6 pairs); DeepSeek-V3 128 nodes 7.8 -> 5.5 s, in FP8 7.9 -> 6.9 s; Qwen3-235B FP4 on 64
 GB300 nodes 15.2 -> 12.0 s (3 pairs each; this machine ran about 1.3x slower than the figures above).
+With a table of 20,000 rows or more also scored half in a forked child (`score.PARALLEL_ROWS`), same method,
+against 7298b75 (neither change): the README job 6.9 -> 4.5 s; DeepSeek-V3 128 nodes 7.0 -> 5.5 s, in FP8 7.1 ->
+4.7 s; Qwen3-235B FP4 on 64 GB300 nodes 14.2 -> 9.5 s. DeepSeek-V3 in BF16 now waits on study.db (~2 s of
+Optuna's storage set-up and rows in the child) and Qwen3-235B FP4 on its 639,384 layouts: both still above 5 s.
 """
 
 from __future__ import annotations

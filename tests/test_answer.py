@@ -287,9 +287,9 @@ def test_the_study_writer_child_reports_its_failure_and_threads_keep_it_in_proce
 
     import optuna
 
-    from autotune.tuning import study_db
     from autotune.tuning.run_folder import OutputError
     from autotune.tuning.study_db import start_study_write
+    from search_spaces.forked import can_fork
     from search_spaces.space import feasible_space as space_of
 
     space = space_of(readme.job, DEFAULT_SPACE)
@@ -297,12 +297,13 @@ def test_the_study_writer_child_reports_its_failure_and_threads_keep_it_in_proce
     records = readme.records[:3]
     forks: list[int] = []
     fork = os.fork
+
     def counted_fork() -> int:
         forks.append(1)
         return fork()
 
     monkeypatch.setattr(os, "fork", counted_fork)
-    alone = study_db._can_fork()  # an earlier test's thread (Ray's) keeps the writer in process
+    alone = can_fork()  # an earlier test's thread (Ray's) keeps the writer in process
     wait = start_study_write(records, space, tmp_path / "missing" / "study.db", naming=naming,
                              capacity_bytes=readme.capacity_bytes)
     with pytest.raises(OutputError, match=r"cannot write .*missing/study\.db: ") as failed:

@@ -9,7 +9,9 @@ Row i gets the step time and every breakdown term, tokens/s per GPU with its ban
 peak stage and phase (`autotune/cost/peak_memory.py`, the one memory assembly); and `AnalyticBackend`'s verdict (ok,
 or oom above capacity minus headroom). The rows are assumed valid (the feasible space builds only valid layouts);
 rules are not checked here. No Python object is made per layout on the hot path: each term is computed once per
-distinct value of the layout fields it reads (`autotune/cost/groups.py`).
+distinct value of the layout fields it reads (`autotune/cost/groups.py`). A table of `PARALLEL_ROWS` or more is
+scored in two halves that share no layer shape, one in a forked child on the second core where forking is safe
+(`search_spaces.forked`); the figures are the single pass's, bit for bit.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import numpy as np
 
 from autotune.cost.efficiency import DEFAULT_CALIBRATION, Calibration
 from autotune.cost.flops import model_flops_per_step
-from autotune.cost.groups import Rows
+from autotune.cost.groups import Rows, group
 from autotune.cost.layout_table import LayoutTable
 from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, MemoryEstimate, memory_status
 from autotune.cost.peak_memory import OVERHEAD_TERMS, peak_memory
 from autotune.cost.step_time import step_times
 from autotune.cost.throughput import TIME_KEYS, TimeEstimate
+from search_spaces.forked import start_forked
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
@@ -125,6 +128,33 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
     capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)
     if len(table) == 0:
         return _empty(job, table, capacity)
+    if len(table) >= PARALLEL_ROWS:
+        halves = _halves(table)
+        wait = start_forked(lambda: _scored(job, table.take(halves[1]), cal, assumptions, capacity, time_for))
+        if wait is not None:
+            mine = _scored(job, table.take(halves[0]), cal, assumptions, capacity, time_for)
+            return _merged(job, table, capacity, halves, (mine, wait()))
+    return Scores(job=job, table=table, capacity_bytes=capacity,
+                  **_scored(job, table, cal, assumptions, capacity, time_for))
+
+
+# a table this large is scored in two halves, one in a forked child (`search_spaces.forked`), on the machine's
+# second core: below it the fork and the transfer of the child's arrays cost more than the half saves
+PARALLEL_ROWS = 20_000
+
+
+def _halves(table: LayoutTable) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of `table` in two sets that share no TP, CP, EP, expert-TP and micro-batch size, alternating over
+    those shapes: the per-layer times (`throughput._blocks`) and most memory terms are memoised per shape, so
+    each half computes its own."""
+    shape = group(table.tp, table.cp, table.ep, table.expert_tp, table.mbs)
+    odd = (shape.inverse % 2).astype(bool)
+    return np.flatnonzero(~odd), np.flatnonzero(odd)
+
+
+def _scored(job: Job, table: LayoutTable, cal: Calibration, assumptions: MemoryAssumptions, capacity: float,
+            time_for: str) -> dict[str, Any]:
+    """The fields of `Scores` beyond job, table and capacity, for every row of `table`."""
     t = Rows(table)
     memory = peak_memory(job, t, assumptions)
     if time_for == "all" or len(table) == 0:
@@ -132,7 +162,27 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
     else:
         rows = np.flatnonzero(memory["total_bytes"] <= capacity)
         time = _spread(step_times(job, Rows(table.take(rows)), cal) if len(rows) else None, rows, len(table))
-    return Scores(job=job, table=table, capacity_bytes=capacity, **time, **memory)
+    return {**time, **memory}
+
+
+def _merged(job: Job, table: LayoutTable, capacity: float, halves: tuple[np.ndarray, np.ndarray],
+            parts: tuple[dict[str, Any], dict[str, Any]]) -> Scores:
+    """The Scores of `table` from the fields of its two halves (`_halves`), each row where it came from."""
+    def placed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.empty(len(table), dtype=np.result_type(a, b))
+        out[halves[0]], out[halves[1]] = a, b
+        return out
+
+    fields: dict[str, Any] = {}
+    for name, a in parts[0].items():
+        b = parts[1][name]
+        if isinstance(a, np.ndarray):
+            fields[name] = placed(a, b)
+        elif isinstance(a, Mapping):
+            fields[name] = {k: placed(a[k], b[k]) for k in a}
+        else:  # a figure of the job, not of a row (the model FLOPs per step); NaN in a half whose rows all failed
+            fields[name] = a if np.isfinite(a) else b
+    return Scores(job=job, table=table, capacity_bytes=capacity, **fields)
 
 
 def _empty(job: Job, table: LayoutTable, capacity: float) -> Scores:

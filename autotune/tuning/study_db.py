@@ -4,20 +4,16 @@ The study is made from the same records as trials.csv (one Optuna trial per reco
 space; user layouts outside it have no parameters), so it always agrees with trials.csv and `--resume`
 rebuilds a missing or damaged study.db without Ray. It is written whole to a temporary file, fsynced and
 renamed over study.db; a failure raises `OutputError` and the search does not count as completed.
-`start_study_write` writes it in a forked child process where that is safe (an analytic search: one thread, no
-Ray), so the parent draws the report and plots on the other core meanwhile; its wait raises the child's error.
+`start_study_write` writes it in a forked child process where that is safe (an analytic search: no Ray, daemon
+threads only), so the parent draws the report and plots on the other core meanwhile; its wait raises the child's
+error.
 
 Imports Optuna (not Ray); `objective` is also what the Tune glue tells the live sampler.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import signal
-import sys
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +22,7 @@ from typing import Any
 from autotune.tuning.results import TrialRecord
 from autotune.tuning.run_folder import OutputError
 from autotune.tuning.space_sampler import Naming, distributions_of, params_of
+from search_spaces.forked import start_forked
 from search_spaces.measurement import Measurement
 from search_spaces.space import FeasibleSpace
 from search_spaces.units import GIB
@@ -150,7 +147,8 @@ def write_study(records: Sequence[TrialRecord], space: FeasibleSpace, path: Path
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.unlink(missing_ok=True)
-        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp.resolve()}")
+        # a new file, its tables made by this Optuna: nothing to check against (saves reading the migrations)
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp.resolve()}", skip_compatibility_check=True)
         try:
             _fast_sqlite(storage)
             out = optuna.create_study(storage=storage, study_name=STUDY_NAME, directions=["maximize", "minimize"])
@@ -178,60 +176,14 @@ def start_study_write(records: Sequence[TrialRecord], space: FeasibleSpace, path
                       capacity_bytes: float, verbose: bool = False) -> Callable[[], None]:
     """Begin `write_study`; returns the wait, which blocks until study.db is in place and raises its OutputError.
 
-    Where the process can fork safely (POSIX, Ray not started, every other thread a daemon such as the terminal's
-    status line: the analytic path; not `verbose`, whose log lines the child would print) the study is written by a
-    forked child (`os.fork`: it shares the records without copying them) while this process goes on; elsewhere it
-    is written now and the wait returns at once. The child prints nothing (its streams are fresh ones on
-    /dev/null, logging off), so no lock another thread held at the fork is ever taken; its failure comes back
-    through a pipe. Ctrl-C while waiting stops the child too."""
-    if verbose or not _can_fork():
+    Where the process can fork safely (`search_spaces.forked.can_fork`: the analytic path) and not `verbose`
+    (whose log lines the child would not print), a forked child writes it while this process goes on; elsewhere it
+    is written now and the wait returns at once."""
+    def write() -> None:
         write_study(records, space, path, naming=naming, capacity_bytes=capacity_bytes, verbose=verbose)
+
+    wait = None if verbose else start_forked(write)
+    if wait is None:
+        write()
         return lambda: None
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with warnings.catch_warnings():  # native library threads (BLAS) are idle; the child runs Python alone
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: write, say what failed through the pipe, leave without the parent's exit handlers
-        code = 0
-        try:
-            os.close(read_end)
-            sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the child ends with os._exit
-            logging.disable(logging.CRITICAL)
-            write_study(records, space, path, naming=naming, capacity_bytes=capacity_bytes, verbose=verbose)
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent as one line
-            code = 1
-            text = (f"{e.errno}\n{e.strerror}" if isinstance(e, OutputError)
-                    else f"28\ncannot write {path}: {_first_line(e)}")
-            os.write(write_end, text.encode()[:4000])
-        finally:
-            os._exit(code)
-    os.close(write_end)
-
-    def wait() -> None:
-        try:
-            with os.fdopen(read_end, "rb") as pipe:
-                message = pipe.read().decode(errors="replace")
-            _, status = os.waitpid(pid, 0)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(pid, signal.SIGTERM)
-                os.waitpid(pid, 0)
-            Path(path).with_name(f".{path.name}.tmp-{pid}").unlink(missing_ok=True)
-            raise
-        if os.waitstatus_to_exitcode(status) != 0:
-            number, _, text = message.partition("\n")
-            if not text:
-                text = f"cannot write {path}: its writer ended with status {os.waitstatus_to_exitcode(status)}"
-            raise OutputError(int(number) if number.isdigit() and int(number) else 28, text)
-
     return wait
-
-
-def _can_fork() -> bool:
-    """Whether a forked child may write the study: POSIX, Ray not started, no other thread but daemons."""
-    ray = sys.modules.get("ray")
-    if not hasattr(os, "fork") or (ray is not None and getattr(ray, "is_initialized", lambda: False)()):
-        return False
-    return all(t.daemon for t in threading.enumerate() if t is not threading.current_thread())
