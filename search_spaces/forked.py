@@ -1,8 +1,8 @@
 """One call run in a forked child process while this one goes on: the second core of a laptop or CI machine.
 
-    wait = start_forked(lambda: work(a, b))   # None where forking is unsafe: run it here instead
-    ...                                       # this process's own share
-    result = wait()                           # the child's return value, or its exception raised here
+    child = start_forked(lambda: work(a, b))  # None where forking is unsafe: run it here instead
+    ...                                       # this process's own share (on failure: child.cancel())
+    result = child.result()                   # the child's return value, or its exception raised here
 
 The child shares this process's memory as it was at the fork (nothing is pickled on the way in) and sends its
 result back pickled through a pipe. Forking is used only where it is safe (`can_fork`): POSIX, Ray not started,
@@ -22,9 +22,9 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["can_fork", "start_forked"]
+__all__ = ["Forked", "can_fork", "start_forked"]
 
 T = TypeVar("T")
 
@@ -37,9 +37,42 @@ def can_fork() -> bool:
     return all(t.daemon for t in threading.enumerate() if t is not threading.current_thread())
 
 
-def start_forked(fn: Callable[[], T]) -> Callable[[], T] | None:
-    """Run `fn()` in a forked child; returns the wait for its result (which re-raises its exception), or None
-    without forking where `can_fork` says no."""
+class Forked(Generic[T]):
+    """A call running in a forked child: `result()` waits for it (and re-raises its exception), `cancel()` stops
+    it (what a caller does when its own share fails, so no child outlives the work)."""
+
+    def __init__(self, pid: int, read_end: int) -> None:
+        self._pid, self._read_end = pid, read_end
+
+    def result(self) -> T:
+        try:
+            with os.fdopen(self._read_end, "rb") as pipe:
+                payload = pipe.read()
+            _, status = os.waitpid(self._pid, 0)
+        except BaseException:
+            self._kill()
+            raise
+        if not payload:
+            raise RuntimeError(f"the forked worker ended with status {os.waitstatus_to_exitcode(status)} and no "
+                               f"result")
+        ok, value = pickle.loads(payload)
+        if not ok:
+            raise value
+        return value
+
+    def cancel(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._read_end)
+        self._kill()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(self._pid, signal.SIGTERM)
+            os.waitpid(self._pid, 0)
+
+
+def start_forked(fn: Callable[[], T]) -> Forked[T] | None:
+    """Run `fn()` in a forked child and return it as `Forked`, or None without forking where `can_fork` says no."""
     if not can_fork():
         return None
     read_end, write_end = os.pipe()
@@ -51,26 +84,7 @@ def start_forked(fn: Callable[[], T]) -> Callable[[], T] | None:
     if pid == 0:
         _child(fn, read_end, write_end)
     os.close(write_end)
-
-    def wait() -> T:
-        try:
-            with os.fdopen(read_end, "rb") as pipe:
-                payload = pipe.read()
-            _, status = os.waitpid(pid, 0)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(pid, signal.SIGTERM)
-                os.waitpid(pid, 0)
-            raise
-        code = os.waitstatus_to_exitcode(status)
-        if not payload:
-            raise RuntimeError(f"the forked worker ended with status {code} and no result")
-        ok, value = pickle.loads(payload)
-        if not ok:
-            raise value
-        return value
-
-    return wait
+    return Forked(pid, read_end)
 
 
 def _child(fn: Callable[[], Any], read_end: int, write_end: int) -> None:

@@ -10,10 +10,10 @@ from search_spaces.forked import can_fork, start_forked
 
 
 def _forked(fn):
-    wait = start_forked(fn)
-    if wait is None:
+    child = start_forked(fn)
+    if child is None:
         pytest.skip("this test process cannot fork safely (another test left a thread running)")
-    return wait
+    return child.result
 
 
 def test_the_childs_value_and_exception_come_back() -> None:
@@ -34,6 +34,19 @@ def test_the_childs_value_and_exception_come_back() -> None:
 
     with pytest.raises(RuntimeError, match="Unpicklable: no way back"):
         _forked(fails_oddly)()
+
+
+def test_a_cancelled_child_is_gone() -> None:
+    import os
+    import time
+
+    child = start_forked(lambda: time.sleep(60))
+    if child is None:
+        pytest.skip("this test process cannot fork safely (another test left a thread running)")
+    pid = child._pid
+    child.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, 0)  # reaped: no such child any more
 
 
 def test_a_thread_that_is_no_daemon_keeps_the_work_here() -> None:

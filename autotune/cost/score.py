@@ -130,10 +130,14 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
         return _empty(job, table, capacity)
     if len(table) >= PARALLEL_ROWS:
         halves = _halves(table)
-        wait = start_forked(lambda: _scored(job, table.take(halves[1]), cal, assumptions, capacity, time_for))
-        if wait is not None:
-            mine = _scored(job, table.take(halves[0]), cal, assumptions, capacity, time_for)
-            return _merged(job, table, capacity, halves, (mine, wait()))
+        child = start_forked(lambda: _scored(job, table.take(halves[1]), cal, assumptions, capacity, time_for))
+        if child is not None:
+            try:
+                mine = _scored(job, table.take(halves[0]), cal, assumptions, capacity, time_for)
+            except BaseException:  # Ctrl-C in a notebook reaches this process only: stop the child too
+                child.cancel()
+                raise
+            return _merged(job, table, capacity, halves, (mine, child.result()))
     return Scores(job=job, table=table, capacity_bytes=capacity,
                   **_scored(job, table, cal, assumptions, capacity, time_for))
 

@@ -182,8 +182,8 @@ def start_study_write(records: Sequence[TrialRecord], space: FeasibleSpace, path
     def write() -> None:
         write_study(records, space, path, naming=naming, capacity_bytes=capacity_bytes, verbose=verbose)
 
-    wait = None if verbose else start_forked(write)
-    if wait is None:
+    child = None if verbose else start_forked(write)
+    if child is None:
         write()
         return lambda: None
-    return wait
+    return child.result
