@@ -2,13 +2,18 @@
 
     child = start_forked(lambda: work(a, b))  # None where forking is unsafe: run it here instead
     ...                                       # this process's own share (on failure: child.cancel())
-    result = child.result()                   # the child's return value, or its exception raised here
+    try:
+        result = child.result()               # the child's return value, or its exception raised here
+    except ForkFailed:                        # the child died without an answer (killed, out of memory)
+        result = work(a, b)
 
 The child shares this process's memory as it was at the fork (nothing is pickled on the way in) and sends its
-result back pickled through a pipe. Forking is used only where it is safe (`can_fork`): POSIX, Ray not started,
-and no thread but daemons (a terminal status line's refresher); the child prints nothing (fresh streams on
-/dev/null, logging off), so no lock another thread held at the fork is ever taken there, and it leaves with
-`os._exit`, running none of the parent's exit handlers. Ctrl-C while waiting stops the child too.
+result back pickled through a pipe. Forking is used only where it is safe (`can_fork`): Linux (macOS frameworks
+are not fork-safe, which is why Python's own multiprocessing spawns there), at least two usable CPUs, Ray never
+imported (its native threads are invisible to `threading`), and no Python thread but daemons (a terminal status
+line's refresher). The child's `sys.stdout` and `sys.stderr` go to /dev/null and logging is off, so it prints
+nothing; Ctrl-C and SIGTERM end it at once (their default actions); it leaves with `os._exit`, running none of the
+parent's exit handlers. A failed pipe or fork is no error: the caller does the work itself.
 """
 
 from __future__ import annotations
@@ -20,26 +25,33 @@ import pickle
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Forked", "can_fork", "start_forked"]
+__all__ = ["Forked", "ForkFailed", "can_fork", "start_forked"]
 
 T = TypeVar("T")
 
 
+class ForkFailed(RuntimeError):
+    """The forked child ended without a usable answer (killed, out of memory, a result that would not unpickle):
+    the caller does the work itself."""
+
+
 def can_fork() -> bool:
-    """Whether a forked child may run Python code safely: POSIX, Ray not started, no other thread but daemons."""
-    ray = sys.modules.get("ray")
-    if not hasattr(os, "fork") or (ray is not None and getattr(ray, "is_initialized", lambda: False)()):
+    """Whether a forked child may run Python code safely (module docstring): Linux, two CPUs or more, Ray never
+    imported, no other thread but daemons."""
+    if not sys.platform.startswith("linux") or "ray" in sys.modules or len(os.sched_getaffinity(0)) < 2:
         return False
     return all(t.daemon for t in threading.enumerate() if t is not threading.current_thread())
 
 
 class Forked(Generic[T]):
-    """A call running in a forked child: `result()` waits for it (and re-raises its exception), `cancel()` stops
-    it (what a caller does when its own share fails, so no child outlives the work)."""
+    """A call running in a forked child: `result()` waits for it and re-raises its exception (`ForkFailed` when
+    it left no answer), `cancel()` stops it (what a caller does when its own share fails, so no child outlives
+    the work)."""
 
     def __init__(self, pid: int, read_end: int) -> None:
         self._pid, self._read_end = pid, read_end
@@ -48,14 +60,15 @@ class Forked(Generic[T]):
         try:
             with os.fdopen(self._read_end, "rb") as pipe:
                 payload = pipe.read()
-            _, status = os.waitpid(self._pid, 0)
+            code = self._reap()
         except BaseException:
             self._kill()
             raise
-        if not payload:
-            raise RuntimeError(f"the forked worker ended with status {os.waitstatus_to_exitcode(status)} and no "
-                               f"result")
-        ok, value = pickle.loads(payload)
+        try:
+            ok, value = pickle.loads(payload)
+        except Exception as e:  # nothing came (the child was killed), or only part of it
+            raise ForkFailed(f"the forked worker ended with status {code} and no usable result "
+                             f"({type(e).__name__})") from None
         if not ok:
             raise value
         return value
@@ -65,22 +78,37 @@ class Forked(Generic[T]):
             os.close(self._read_end)
         self._kill()
 
+    def _reap(self) -> int | None:
+        with contextlib.suppress(ChildProcessError):  # already reaped (SIGCHLD ignored)
+            return os.waitstatus_to_exitcode(os.waitpid(self._pid, 0)[1])
+        return None
+
     def _kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, ChildProcessError):
-            os.kill(self._pid, signal.SIGTERM)
-            os.waitpid(self._pid, 0)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._pid, signal.SIGKILL)
+        self._reap()
 
 
 def start_forked(fn: Callable[[], T]) -> Forked[T] | None:
-    """Run `fn()` in a forked child and return it as `Forked`, or None without forking where `can_fork` says no."""
+    """Run `fn()` in a forked child and return it as `Forked`; None, without a child, where `can_fork` says no or
+    the pipe or the fork fails (too many processes or open files, no memory to copy the page tables)."""
     if not can_fork():
         return None
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with warnings.catch_warnings():  # native library threads (BLAS) are idle; the child runs Python alone
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing to flush
+            stream.flush()
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        with warnings.catch_warnings():  # native library threads (BLAS) are idle; the child runs Python alone
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
     if pid == 0:
         _child(fn, read_end, write_end)
     os.close(write_end)
@@ -91,6 +119,8 @@ def _child(fn: Callable[[], Any], read_end: int, write_end: int) -> None:
     """The forked child: run `fn`, send (True, result) or (False, exception) back, leave without cleanup."""
     code = 0
     try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the parent's handlers (SIGTERM as Ctrl-C) are not ours
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.close(read_end)
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the child ends with os._exit
         logging.disable(logging.CRITICAL)
@@ -98,6 +128,7 @@ def _child(fn: Callable[[], Any], read_end: int, write_end: int) -> None:
             payload = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
         except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
             code = 1
+            e.add_note("in the forked worker:\n" + traceback.format_exc())
             try:
                 payload = pickle.dumps((False, e), protocol=pickle.HIGHEST_PROTOCOL)
             except Exception:  # an exception that does not pickle: its type and text

@@ -162,41 +162,6 @@ def test_verdicts_follow_the_headroom() -> None:
     np.testing.assert_array_equal(tight.fits, tight.total_bytes <= job.cluster.gpu.memory_bytes - 20 * GIB)
 
 
-def test_a_large_table_scored_in_two_processes_equals_one(monkeypatch) -> None:
-    # a table of PARALLEL_ROWS or more is scored half in a forked child (`score._halves`): every figure of every
-    # row is the one the single pass gives, bit for bit, with the time left out of the rows that do not fit
-    import os
-
-    from autotune.cost import score
-    from search_spaces.forked import can_fork
-
-    job = CASES[4][1]  # mixtral-8x7b on 2 nodes
-    table = LayoutTable.from_space(feasible_space(job))
-    forks: list[int] = []
-    fork = os.fork
-
-    def counted_fork() -> int:
-        forks.append(1)
-        return fork()
-
-    monkeypatch.setattr(score, "PARALLEL_ROWS", len(table) // 2)
-    monkeypatch.setattr(os, "fork", counted_fork)
-    alone = can_fork()  # an earlier test's thread (Ray's) keeps it in one process
-    split = score_layouts(job, table, time_for="fits")
-    assert forks == ([1] if alone else [])
-    monkeypatch.setattr(score, "PARALLEL_ROWS", len(table) + 1)
-    whole = score_layouts(job, table, time_for="fits")
-    assert forks == ([1] if alone else [])
-    halves = score._halves(table)
-    assert len(halves[0]) and len(halves[1]) and len(halves[0]) + len(halves[1]) == len(table)
-    for name in whole.__slots__:
-        a, b = getattr(split, name), getattr(whole, name)
-        pairs = [(a, b)] if isinstance(a, np.ndarray) else [(a[k], b[k]) for k in b] if isinstance(a, dict) else []
-        for x, y in pairs:
-            np.testing.assert_array_equal(x, y, err_msg=name)
-    assert np.isnan(whole.step_time_s[~whole.fits]).all() and split.model_flops_per_step == whole.model_flops_per_step
-
-
 def test_layouts_outside_the_space() -> None:
     # valid layouts the default space leaves out: cross-node TP with ETP = TP (etp=None), an explicit vpp=1,
     # an uneven split given by hand

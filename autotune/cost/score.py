@@ -30,7 +30,7 @@ from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, 
 from autotune.cost.peak_memory import OVERHEAD_TERMS, peak_memory
 from autotune.cost.step_time import step_times
 from autotune.cost.throughput import TIME_KEYS, TimeEstimate
-from search_spaces.forked import start_forked
+from search_spaces.forked import ForkFailed, start_forked
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
@@ -128,22 +128,30 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
     capacity = job.cluster.gpu.memory_bytes - float(headroom_bytes)
     if len(table) == 0:
         return _empty(job, table, capacity)
-    if len(table) >= PARALLEL_ROWS:
-        halves = _halves(table)
-        child = start_forked(lambda: _scored(job, table.take(halves[1]), cal, assumptions, capacity, time_for))
+    halves = _halves(table) if len(table) >= PARALLEL_ROWS else None
+    if halves is not None and len(halves[0]) and len(halves[1]):
+        def theirs() -> dict[str, Any]:
+            return _scored(job, table.take(halves[1]), cal, assumptions, capacity, time_for)
+
+        child = start_forked(theirs)
         if child is not None:
             try:
                 mine = _scored(job, table.take(halves[0]), cal, assumptions, capacity, time_for)
-            except BaseException:  # Ctrl-C in a notebook reaches this process only: stop the child too
+            except BaseException:  # this half failed (or Ctrl-C): the child's half is of no use
                 child.cancel()
                 raise
-            return _merged(job, table, capacity, halves, (mine, child.result()))
+            try:
+                other = child.result()
+            except ForkFailed:  # the child was killed (out of memory ...): its half is scored here
+                other = theirs()
+            return _merged(job, table, capacity, halves, (mine, other))
     return Scores(job=job, table=table, capacity_bytes=capacity,
                   **_scored(job, table, cal, assumptions, capacity, time_for))
 
 
 # a table this large is scored in two halves, one in a forked child (`search_spaces.forked`), on the machine's
-# second core: below it the fork and the transfer of the child's arrays cost more than the half saves
+# second core: below it the fork and the transfer of the child's arrays cost more than the half saves (a table
+# whose rows all share one shape is scored whole)
 PARALLEL_ROWS = 20_000
 
 
@@ -173,8 +181,10 @@ def _merged(job: Job, table: LayoutTable, capacity: float, halves: tuple[np.ndar
             parts: tuple[dict[str, Any], dict[str, Any]]) -> Scores:
     """The Scores of `table` from the fields of its two halves (`_halves`), each row where it came from."""
     def placed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        out = np.empty(len(table), dtype=np.result_type(a, b))
+        assert a.dtype == b.dtype, (a.dtype, b.dtype)
+        out = np.empty(len(table), dtype=a.dtype)
         out[halves[0]], out[halves[1]] = a, b
+        out.flags.writeable = a.flags.writeable  # the time arrays are read-only, as `step_times` leaves them
         return out
 
     fields: dict[str, Any] = {}

@@ -200,8 +200,8 @@ def _user_layouts(job: Job, compare: Sequence[str], baseline: bool,
 def _start_study(plan: SearchPlan, records: list[TrialRecord], stats: dict[str, Any],
                  verbose: bool) -> Callable[[], None]:
     """Begin writing study.db (every mode: optuna-dashboard opens it) unless it holds these records already; the
-    wait returned records how long it took (`study_write_s`) and raises a failure (`study_db.start_study_write`:
-    on the analytic path a child process writes it while the report is drawn)."""
+    wait returned raises a failure and records `study_write_s`, from the start until the file is in place
+    (`study_db.start_study_write`: on the analytic path a child process writes it while the report is drawn)."""
     folder, t_write = plan.folder, time.perf_counter()
     if len(records) <= len(plan.done) and (folder / STUDY_DB).exists():
         return lambda: None

@@ -4,9 +4,9 @@ The study is made from the same records as trials.csv (one Optuna trial per reco
 space; user layouts outside it have no parameters), so it always agrees with trials.csv and `--resume`
 rebuilds a missing or damaged study.db without Ray. It is written whole to a temporary file, fsynced and
 renamed over study.db; a failure raises `OutputError` and the search does not count as completed.
-`start_study_write` writes it in a forked child process where that is safe (an analytic search: no Ray, daemon
-threads only), so the parent draws the report and plots on the other core meanwhile; its wait raises the child's
-error.
+`start_study_write` writes it in a forked child process where that is safe (`search_spaces.forked.can_fork`: an
+analytic search on Linux), so the parent draws the report and plots on the other core meanwhile; its wait raises
+the child's error, and writes the file itself when the child died without finishing.
 
 Imports Optuna (not Ray); `objective` is also what the Tune glue tells the live sampler.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from autotune.tuning.results import TrialRecord
 from autotune.tuning.run_folder import OutputError
 from autotune.tuning.space_sampler import Naming, distributions_of, params_of
-from search_spaces.forked import start_forked
+from search_spaces.forked import ForkFailed, start_forked
 from search_spaces.measurement import Measurement
 from search_spaces.space import FeasibleSpace
 from search_spaces.units import GIB
@@ -176,9 +176,9 @@ def start_study_write(records: Sequence[TrialRecord], space: FeasibleSpace, path
                       capacity_bytes: float, verbose: bool = False) -> Callable[[], None]:
     """Begin `write_study`; returns the wait, which blocks until study.db is in place and raises its OutputError.
 
-    Where the process can fork safely (`search_spaces.forked.can_fork`: the analytic path) and not `verbose`
-    (whose log lines the child would not print), a forked child writes it while this process goes on; elsewhere it
-    is written now and the wait returns at once."""
+    Where the process can fork safely (`search_spaces.forked.can_fork`: the analytic path on Linux) and not
+    `verbose` (whose log lines the child would not print), a forked child writes it while this process goes on;
+    elsewhere it is written now and the wait returns at once."""
     def write() -> None:
         write_study(records, space, path, naming=naming, capacity_bytes=capacity_bytes, verbose=verbose)
 
@@ -186,4 +186,11 @@ def start_study_write(records: Sequence[TrialRecord], space: FeasibleSpace, path
     if child is None:
         write()
         return lambda: None
-    return child.result
+
+    def wait() -> None:
+        try:
+            child.result()
+        except ForkFailed:  # the child was killed before it finished: write the file here
+            write()
+
+    return wait
