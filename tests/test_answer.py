@@ -304,10 +304,9 @@ def test_the_study_writer_child_reports_its_failure_and_threads_keep_it_in_proce
 
     monkeypatch.setattr(os, "fork", counted_fork)
     alone = can_fork()  # an earlier test's thread (Ray's) keeps the writer in process
-    wait = start_study_write(records, space, tmp_path / "missing" / "study.db", naming=naming,
-                             capacity_bytes=readme.capacity_bytes)
-    with pytest.raises(OutputError, match=r"cannot write .*missing/study\.db: ") as failed:
-        wait()
+    with pytest.raises(OutputError, match=r"cannot write .*missing/study\.db: ") as failed:  # at once, or on wait
+        start_study_write(records, space, tmp_path / "missing" / "study.db", naming=naming,
+                          capacity_bytes=readme.capacity_bytes)()
     assert failed.value.errno and not list(tmp_path.iterdir()) and forks == ([1] if alone else [])
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, daemon=False)
