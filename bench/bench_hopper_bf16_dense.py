@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.cost.score import estimate_time  # noqa: E402
+from autotune.cost.throughput import TimeEstimate  # noqa: E402
 from bench.published_runs import CSV_PATH  # noqa: E402
 from bench.throughput_rows import load_rows, paper_job  # noqa: E402
 from search_spaces.layout import parse_layout  # noqa: E402
@@ -39,10 +40,9 @@ STRONG_LAYOUTS = ("tp=8,pp=12,dp=1,mbs=1,sp=true,dist_opt=true", "tp=8,pp=12,vpp
                   "tp=4,pp=24,dp=1,mbs=1,sp=true,dist_opt=true")
 
 
-def _shares(estimate: object) -> str:
-    step = estimate.step_time_s  # type: ignore[attr-defined]
-    parts = estimate.breakdown  # type: ignore[attr-defined]
-    return " ".join(f"{label} {parts.get(key, 0.0) / step:4.0%}" for key, label in SHARES)
+def _shares(estimate: TimeEstimate) -> str:
+    return " ".join(f"{label} {estimate.breakdown.get(key, 0.0) / estimate.step_time_s:4.0%}"
+                    for key, label in SHARES)
 
 
 def weak_scaling() -> None:

@@ -2,10 +2,7 @@
 
     child = start_forked(lambda: work(a, b))  # None where forking is unsafe: run it here instead
     ...                                       # this process's own share (on failure: child.cancel())
-    try:
-        result = child.result()               # the child's return value, or its exception raised here
-    except ForkFailed:                        # the child died without an answer (killed, out of memory)
-        result = work(a, b)
+    result = child.result()                   # the child's return value, or its exception raised here
 
 The child shares this process's memory as it was at the fork (nothing is pickled on the way in) and sends its
 result back pickled through a pipe. Forking is used only where it is safe (`can_fork`): Linux (macOS frameworks
@@ -13,7 +10,8 @@ are not fork-safe, which is why Python's own multiprocessing spawns there), at l
 imported (its native threads are invisible to `threading`), and no Python thread but daemons (a terminal status
 line's refresher). The child's `sys.stdout` and `sys.stderr` go to /dev/null and logging is off, so it prints
 nothing; Ctrl-C and SIGTERM end it at once (their default actions); it leaves with `os._exit`, running none of the
-parent's exit handlers. A failed pipe or fork is no error: the caller does the work itself.
+parent's exit handlers. A failed pipe or fork is no error (no child: the caller does the work itself), nor is a
+child that dies without an answer (killed, out of memory): `result()` then runs the call here.
 """
 
 from __future__ import annotations
@@ -30,14 +28,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Forked", "ForkFailed", "can_fork", "start_forked"]
+__all__ = ["Forked", "can_fork", "start_forked"]
 
 T = TypeVar("T")
-
-
-class ForkFailed(RuntimeError):
-    """The forked child ended without a usable answer (killed, out of memory, a result that would not unpickle):
-    the caller does the work itself."""
 
 
 def can_fork() -> bool:
@@ -49,26 +42,25 @@ def can_fork() -> bool:
 
 
 class Forked(Generic[T]):
-    """A call running in a forked child: `result()` waits for it and re-raises its exception (`ForkFailed` when
-    it left no answer), `cancel()` stops it (what a caller does when its own share fails, so no child outlives
-    the work)."""
+    """A call running in a forked child: `result()` waits for it and re-raises its exception (and runs the call
+    here when the child left no answer), `cancel()` stops it (what a caller does when its own share fails, so no
+    child outlives the work)."""
 
-    def __init__(self, pid: int, read_end: int) -> None:
-        self._pid, self._read_end = pid, read_end
+    def __init__(self, fn: Callable[[], T], pid: int, read_end: int) -> None:
+        self._fn, self._pid, self._read_end = fn, pid, read_end
 
     def result(self) -> T:
         try:
             with os.fdopen(self._read_end, "rb") as pipe:
                 payload = pipe.read()
-            code = self._reap()
+            self._reap()
         except BaseException:
             self._kill()
             raise
         try:
             ok, value = pickle.loads(payload)
-        except Exception as e:  # nothing came (the child was killed), or only part of it
-            raise ForkFailed(f"the forked worker ended with status {code} and no usable result "
-                             f"({type(e).__name__})") from None
+        except Exception:  # nothing came (the child was killed), or only part of it
+            return self._fn()
         if not ok:
             raise value
         return value
@@ -78,10 +70,9 @@ class Forked(Generic[T]):
             os.close(self._read_end)
         self._kill()
 
-    def _reap(self) -> int | None:
+    def _reap(self) -> None:
         with contextlib.suppress(ChildProcessError):  # already reaped (SIGCHLD ignored)
-            return os.waitstatus_to_exitcode(os.waitpid(self._pid, 0)[1])
-        return None
+            os.waitpid(self._pid, 0)
 
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -112,7 +103,7 @@ def start_forked(fn: Callable[[], T]) -> Forked[T] | None:
     if pid == 0:
         _child(fn, read_end, write_end)
     os.close(write_end)
-    return Forked(pid, read_end)
+    return Forked(fn, pid, read_end)
 
 
 def _child(fn: Callable[[], Any], read_end: int, write_end: int) -> None:

@@ -30,7 +30,7 @@ from autotune.cost.memory import DEFAULT_ASSUMPTIONS, TERMS, MemoryAssumptions, 
 from autotune.cost.peak_memory import OVERHEAD_TERMS, peak_memory
 from autotune.cost.step_time import step_times
 from autotune.cost.throughput import TIME_KEYS, TimeEstimate
-from search_spaces.forked import ForkFailed, start_forked
+from search_spaces.forked import start_forked
 from search_spaces.job import Job
 from search_spaces.layout import Layout
 from search_spaces.measurement import Measurement
@@ -140,11 +140,7 @@ def score_layouts(job: Job, table: LayoutTable, *, cal: Calibration = DEFAULT_CA
             except BaseException:  # this half failed (or Ctrl-C): the child's half is of no use
                 child.cancel()
                 raise
-            try:
-                other = child.result()
-            except ForkFailed:  # the child was killed (out of memory ...): its half is scored here
-                other = theirs()
-            return _merged(job, table, capacity, halves, (mine, other))
+            return _merged(job, table, capacity, halves, (mine, child.result()))
     return Scores(job=job, table=table, capacity_bytes=capacity,
                   **_scored(job, table, cal, assumptions, capacity, time_for))
 

@@ -6,7 +6,7 @@ rebuilds a missing or damaged study.db without Ray. It is written whole to a tem
 renamed over study.db; a failure raises `OutputError` and the search does not count as completed.
 `start_study_write` writes it in a forked child process where that is safe (`search_spaces.forked.can_fork`: an
 analytic search on Linux), so the parent draws the report and plots on the other core meanwhile; its wait raises
-the child's error, and writes the file itself when the child died without finishing.
+the child's error (and writes the file itself when the child died without finishing: `Forked.result`).
 
 Imports Optuna (not Ray); `objective` is also what the Tune glue tells the live sampler.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from autotune.tuning.results import TrialRecord
 from autotune.tuning.run_folder import OutputError
 from autotune.tuning.space_sampler import Naming, distributions_of, params_of
-from search_spaces.forked import ForkFailed, start_forked
+from search_spaces.forked import start_forked
 from search_spaces.measurement import Measurement
 from search_spaces.space import FeasibleSpace
 from search_spaces.units import GIB
@@ -186,11 +186,4 @@ def start_study_write(records: Sequence[TrialRecord], space: FeasibleSpace, path
     if child is None:
         write()
         return lambda: None
-
-    def wait() -> None:
-        try:
-            child.result()
-        except ForkFailed:  # the child was killed before it finished: write the file here
-            write()
-
-    return wait
+    return child.result
